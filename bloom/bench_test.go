@@ -1,0 +1,117 @@
+package bloom
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+// design100k is a digest at its design load: 100k keys at 1%, the upper end
+// of one pod's KV capacity (libraries.md §2.2).
+func design100k() (*Digest, []blockkey.Key) {
+	keys := uniformKeys(50, 100_000)
+	return Build(Header{Node: "pod-a", Epoch: 1, Version: 1, Params: ParamsFor(100_000, 0.01)}, keys), keys
+}
+
+func BenchmarkTest(b *testing.B) {
+	d, keys := design100k()
+	absent := uniformKeys(51, 4096)
+	b.Run("present", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if !d.Test(keys[i%len(keys)]) {
+				b.Fatal("false negative")
+			}
+		}
+	})
+	b.Run("absent", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			d.Test(absent[i%len(absent)])
+		}
+	})
+}
+
+func BenchmarkBuild100k(b *testing.B) {
+	keys := uniformKeys(52, 100_000)
+	p := ParamsFor(100_000, 0.01)
+	b.ReportAllocs()
+	for b.Loop() {
+		Build(Header{Params: p}, keys)
+	}
+	b.ReportMetric(float64(Build(Header{Node: "pod-a", Params: p}, keys).Size()), "wire-bytes")
+}
+
+// BenchmarkPrefixLen32k walks a 32k-token prompt (2048 keys at block 16), all
+// present, against a 100k-key digest: the worst case per peer.
+func BenchmarkPrefixLen32k(b *testing.B) {
+	d, keys := design100k()
+	chain := keys[:2048]
+	b.ReportAllocs()
+	for b.Loop() {
+		if n := d.PrefixLen(chain); n != len(chain) {
+			b.Fatalf("PrefixLen = %d; want %d", n, len(chain))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(chain)), "ns/key")
+}
+
+func BenchmarkMarshal(b *testing.B) {
+	d, _ := design100k()
+	b.ReportAllocs()
+	b.SetBytes(int64(d.Size()))
+	for b.Loop() {
+		if _, err := d.MarshalBinary(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkUnmarshal(b *testing.B) {
+	d, _ := design100k()
+	buf, err := d.MarshalBinary()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		if _, err := Unmarshal(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkApplyDelta applies a 64-key delta to a 100k-key digest, copy on
+// write included.
+func BenchmarkApplyDelta(b *testing.B) {
+	d, _ := design100k()
+	x := Delta{Node: "pod-a", Epoch: 1, From: 1, To: 2, Keys: uniformKeys(53, 64)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := d.Apply(x); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDeltaCodec(b *testing.B) {
+	x := Delta{Node: "pod-a", Epoch: 1, From: 1, To: 2, Keys: uniformKeys(54, 64)}
+	buf, err := MarshalDelta(x)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			MarshalDelta(x)
+		}
+		b.ReportMetric(float64(len(buf)), "wire-bytes")
+	})
+	b.Run("unmarshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			UnmarshalDelta(buf)
+		}
+	})
+}

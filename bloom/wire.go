@@ -1,0 +1,148 @@
+package bloom
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Wire format of a digest, all integers big-endian:
+//
+//	"KVRD" | format u8 | key scheme u8 | hash scheme u8 | node len u8 | node |
+//	epoch u64 | version u64 | count u64 | M u64 | K u32 | M/64 words u64
+//
+// The size is fixed by M and the node name (Size), so a receiver checks the
+// length before it allocates anything.
+const (
+	digestMagic = "KVRD"
+	// FormatVersion is the wire format version written by MarshalBinary and
+	// MarshalDelta; decoders refuse others.
+	FormatVersion uint8 = 1
+	// MaxNodeBytes bounds the node name (a Kubernetes pod name is at most 253).
+	MaxNodeBytes = 255
+
+	digestFixedBytes = len(digestMagic) + 4 + 3*8 + 8 + 4
+)
+
+var (
+	// ErrMalformed is wrapped by every decode error caused by the input bytes.
+	ErrMalformed = errors.New("malformed")
+	// ErrUnsupported is wrapped when the input is well formed but uses a format
+	// version or hash scheme this build cannot read.
+	ErrUnsupported = errors.New("unsupported")
+	// ErrInvalid is wrapped when a value cannot be encoded (a node name over
+	// MaxNodeBytes, too many delta keys, a delta that does not advance).
+	ErrInvalid = errors.New("invalid")
+)
+
+// Size returns the length of d's binary form in bytes.
+func (d *Digest) Size() int {
+	if d.empty() {
+		return 0
+	}
+	return digestFixedBytes + len(d.h.Node) + int(d.h.M/8)
+}
+
+// MarshalBinary returns d's wire form. It fails only when the node name is
+// longer than MaxNodeBytes or d is nil or zero.
+func (d *Digest) MarshalBinary() ([]byte, error) {
+	if d.empty() {
+		return nil, fmt.Errorf("marshal digest: empty digest: %w", ErrInvalid)
+	}
+	if len(d.h.Node) > MaxNodeBytes {
+		return nil, fmt.Errorf("marshal digest: node name of %d bytes: %w", len(d.h.Node), ErrInvalid)
+	}
+	b := make([]byte, 0, d.Size())
+	b = append(b, digestMagic...)
+	b = append(b, FormatVersion, d.h.KeyScheme, d.h.HashScheme, uint8(len(d.h.Node)))
+	b = append(b, d.h.Node...)
+	b = binary.BigEndian.AppendUint64(b, d.h.Epoch)
+	b = binary.BigEndian.AppendUint64(b, d.h.Version)
+	b = binary.BigEndian.AppendUint64(b, d.h.Count)
+	b = binary.BigEndian.AppendUint64(b, d.h.M)
+	b = binary.BigEndian.AppendUint32(b, d.h.K)
+	off := len(b)
+	b = b[:d.Size()]
+	for _, w := range d.bits.Words() {
+		binary.BigEndian.PutUint64(b[off:off+8], w)
+		off += 8
+	}
+	return b, nil
+}
+
+// Unmarshal decodes a digest written by MarshalBinary. It checks the magic,
+// format version and hash scheme, that M is a positive multiple of 64 up to
+// MaxBits, that K is in 1..MaxK, and that the input holds exactly M/64 words:
+// no more, no less. The result does not alias b.
+func Unmarshal(b []byte) (*Digest, error) {
+	r := reader{b: b}
+	if string(r.bytes(len(digestMagic))) != digestMagic {
+		return nil, fmt.Errorf("unmarshal digest: bad magic: %w", ErrMalformed)
+	}
+	format, keyScheme, hashScheme, nodeLen := r.u8(), r.u8(), r.u8(), r.u8()
+	if r.short {
+		return nil, fmt.Errorf("unmarshal digest: truncated header: %w", ErrMalformed)
+	}
+	if format != FormatVersion {
+		return nil, fmt.Errorf("unmarshal digest: format version %d: %w", format, ErrUnsupported)
+	}
+	if hashScheme != HashScheme {
+		return nil, fmt.Errorf("unmarshal digest: hash scheme %d: %w", hashScheme, ErrUnsupported)
+	}
+	h := Header{KeyScheme: keyScheme, HashScheme: hashScheme}
+	h.Node = string(r.bytes(int(nodeLen)))
+	h.Epoch, h.Version, h.Count = r.u64(), r.u64(), r.u64()
+	h.M, h.K = r.u64(), r.u32()
+	if r.short {
+		return nil, fmt.Errorf("unmarshal digest: truncated header: %w", ErrMalformed)
+	}
+	if !h.Params.valid() {
+		return nil, fmt.Errorf("unmarshal digest: M=%d K=%d out of range: %w", h.M, h.K, ErrMalformed)
+	}
+	if rest := uint64(len(r.b)); rest != h.M/8 {
+		return nil, fmt.Errorf("unmarshal digest: %d bytes of bits for M=%d: %w", rest, h.M, ErrMalformed)
+	}
+	words := make([]uint64, h.M/64)
+	for i := range words {
+		words[i] = binary.BigEndian.Uint64(r.b[8*i : 8*i+8])
+	}
+	return newDigest(h, words), nil
+}
+
+// reader consumes big-endian fields; after a short read it returns zeros and
+// sets short, so a decoder checks once per group of fields.
+type reader struct {
+	b     []byte
+	short bool
+}
+
+func (r *reader) bytes(n int) []byte {
+	if n > len(r.b) {
+		r.short, r.b = true, nil
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) u8() uint8 {
+	if v := r.bytes(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if v := r.bytes(4); v != nil {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *reader) u64() uint64 {
+	if v := r.bytes(8); v != nil {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}

@@ -1,0 +1,452 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/rs/zerolog"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/route"
+)
+
+// Response headers that say who served a request and why.
+const (
+	ServedByHeader = "X-Kvroute-Served-By"
+	DecisionHeader = "X-Kvroute-Decision"
+)
+
+// Peers is the peer table as the front needs it; *gossip.Mesh satisfies it.
+type Peers interface {
+	// Snapshot returns every live peer, the local pod included (Local set).
+	Snapshot(now time.Time) []route.PeerView
+	// MarkFailed records that a forward to peer failed at the given time.
+	MarkFailed(peer string, at time.Time)
+}
+
+// Tokenizer returns the token ids vLLM will use for a prompt (the local
+// vLLM's /tokenize renders chat templates exactly).
+type Tokenizer interface {
+	Tokenize(ctx context.Context, p Prompt) ([]uint32, error)
+}
+
+// Config of the front. DefaultConfig documents the defaults.
+type Config struct {
+	// Self is this node's name in the mesh (the local PeerView's ID).
+	Self string
+	// VLLM is the local vLLM's base URL.
+	VLLM *url.URL
+	// Model is the base model name block keys are seeded with. A request
+	// naming another model is treated as a LoRA adapter of it.
+	Model string
+	// Scheme is the routing key scheme (block size and stride).
+	Scheme blockkey.Scheme
+	// MaxBodyBytes bounds request bodies (413 above). Default 32 MiB.
+	MaxBodyBytes int64
+	// Retry bounds attempts before the first response byte. Default 3.
+	Retry RetryConfig
+	// HopKey authenticates hop headers between sidecars. HopMaxAge is how
+	// old (or how far in the future) a header may be. Default 30 s.
+	HopKey    []byte
+	HopMaxAge time.Duration
+	// TokenizeTimeout bounds the /tokenize call; past it the request is
+	// routed by load alone. Default 2 s.
+	TokenizeTimeout time.Duration
+	// Route and Recent configure the choice (route.DefaultConfig).
+	Route  route.Config
+	Recent route.RecentConfig
+	// DialTimeout bounds connecting to a peer or the local vLLM. Default 1 s,
+	// so a dead peer costs little before the next candidate is tried.
+	DialTimeout time.Duration
+}
+
+// DefaultConfig returns the defaults described on Config.
+func DefaultConfig() Config {
+	return Config{
+		Scheme:          blockkey.DefaultScheme(),
+		MaxBodyBytes:    32 << 20,
+		Retry:           RetryConfig{MaxAttempts: 3},
+		HopMaxAge:       30 * time.Second,
+		TokenizeTimeout: 2 * time.Second,
+		Route:           route.DefaultConfig(),
+		Recent:          route.DefaultRecentConfig(),
+		DialTimeout:     time.Second,
+	}
+}
+
+// Handler is the sidecar's OpenAI front: it routes completions and passes
+// everything else to the local vLLM.
+type Handler struct {
+	cfg     Config
+	peers   Peers
+	tok     Tokenizer
+	log     zerolog.Logger
+	metrics *Metrics
+	proxy   *httputil.ReverseProxy
+	hop     Hop
+	now     func() time.Time
+
+	mu       sync.Mutex // guards recent, inflight and policy use
+	recent   *route.Recent
+	policy   route.Policy
+	inflight map[string]int
+
+	draining   atomic.Bool
+	localReady atomic.Bool
+	active     sync.WaitGroup
+	seq        atomic.Uint64
+}
+
+// New builds a Handler. metrics may be nil (then nothing is exported).
+func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger) *Handler {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	h := &Handler{
+		cfg: cfg, peers: peers, tok: tok, log: log, metrics: m,
+		hop: NewHop(cfg.HopKey, cfg.HopMaxAge), now: time.Now,
+		recent: route.NewRecent(cfg.Recent), inflight: map[string]int{},
+	}
+	h.localReady.Store(true)
+	h.policy = route.DefaultChain(cfg.Route, h.recent)
+	dialer := &httpDialer{timeout: cfg.DialTimeout}
+	base := &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	tr := &attempts{base: base, hop: h.hop, self: cfg.Self, retry: cfg.Retry, now: h.now,
+		failed: func(peer string, at time.Time) {
+			m.retries.Inc()
+			if peers != nil {
+				peers.MarkFailed(peer, at)
+			}
+		}}
+	h.proxy = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(cfg.VLLM)
+			r.Out.Host = cfg.VLLM.Host
+		},
+		Transport:      tr,
+		FlushInterval:  -1,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.proxyError,
+	}
+	return h
+}
+
+// Register mounts the front on r.
+func (h *Handler) Register(r gin.IRoutes) {
+	r.POST("/v1/chat/completions", h.serveRouted(true))
+	r.POST("/v1/completions", h.serveRouted(false))
+}
+
+// Passthrough serves any other path from the local vLLM (mount it as gin's
+// NoRoute handler).
+func (h *Handler) Passthrough(c *gin.Context) {
+	h.proxy.ServeHTTP(c.Writer, c.Request)
+}
+
+// SetDraining makes the front refuse forwarded requests with 503, so peers
+// retry elsewhere, while client requests are still served.
+func (h *Handler) SetDraining(d bool) { h.draining.Store(d) }
+
+// SetLocalReady tells the front whether the local vLLM can take work; when
+// it cannot, routing prefers peers (DESIGN.md D6).
+func (h *Handler) SetLocalReady(ok bool) { h.localReady.Store(ok) }
+
+// Wait blocks until every request in flight has finished or ctx is done.
+func (h *Handler) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { h.active.Wait(); close(done) }() // exits when all requests end
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// InFlight returns the number of requests this front has sent to each peer
+// ("" is the local vLLM) and not yet finished.
+func (h *Handler) InFlight() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]int, len(h.inflight))
+	for k, v := range h.inflight {
+		out[k] = v
+	}
+	return out
+}
+
+type reqState struct {
+	id        string
+	decision  route.Decision
+	reason    string // what DecisionHeader says
+	predicted int    // cached tokens the choice expects at the target
+	plan      *plan
+	started   time.Time
+}
+
+type stateKey struct{}
+
+func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		h.active.Add(1)
+		defer h.active.Done()
+		r := c.Request
+		body, err := io.ReadAll(http.MaxBytesReader(c.Writer, r.Body, h.cfg.MaxBodyBytes))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				h.metrics.badRequests.WithLabelValues("too_large").Inc()
+				writeError(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes))
+				return
+			}
+			h.metrics.badRequests.WithLabelValues("read").Inc()
+			writeError(c, http.StatusBadRequest, "could not read request body: "+err.Error())
+			return
+		}
+		st := &reqState{id: h.requestID(r), started: h.now()}
+		if v := r.Header.Get(HopHeader); v != "" {
+			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
+			if err == nil {
+				if h.draining.Load() {
+					h.metrics.decisions.WithLabelValues("refused", "draining").Inc()
+					writeError(c, http.StatusServiceUnavailable, "node is draining")
+					return
+				}
+				st.reason = "hop"
+				h.metrics.decisions.WithLabelValues("local", "hop").Inc()
+				h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
+				h.serve(c, body, st, []target{{URL: h.cfg.VLLM}})
+				return
+			}
+			h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
+			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
+			r.Header.Del(HopHeader)
+		}
+		p, perr := ParsePrompt(body, chat)
+		if errors.Is(perr, errBadJSON) {
+			h.metrics.badRequests.WithLabelValues("bad_json").Inc()
+			writeError(c, http.StatusBadRequest, perr.Error())
+			return
+		}
+		keys, tokens := h.keys(r.Context(), p, perr)
+		st.decision = h.choose(p.Model, keys, tokens)
+		targets := h.targets(st.decision)
+		st.reason = st.decision.Reason
+		if len(keys) == 0 && st.reason != route.ReasonNone {
+			st.reason += "-nokeys"
+		}
+		for _, cd := range st.decision.Candidates {
+			if cd.Chosen {
+				st.predicted = cd.MatchedTokens
+			}
+		}
+		if len(keys) > 0 && len(targets) > 0 && targets[0].Peer != "" {
+			h.mu.Lock()
+			h.recent.Record(targets[0].Peer, keys, h.now())
+			h.mu.Unlock()
+		}
+		outcome := "local"
+		if targets[0].Peer != "" {
+			outcome = "forwarded"
+		} else if st.decision.Reason == route.ReasonNone {
+			outcome = "fallback"
+		}
+		h.metrics.decisions.WithLabelValues(outcome, st.decision.Reason).Inc()
+		h.serve(c, body, st, targets)
+	}
+}
+
+// keys computes the request's routing keys; any failure returns nil keys and
+// the request is routed by load alone (DESIGN.md D6).
+func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Key, int) {
+	if perr != nil {
+		return nil, 0
+	}
+	tokens := p.Tokens
+	if tokens == nil && h.tok != nil {
+		tctx, cancel := context.WithTimeout(ctx, h.cfg.TokenizeTimeout)
+		t0 := time.Now()
+		ids, err := h.tok.Tokenize(tctx, p)
+		cancel()
+		h.metrics.tokenizeSeconds.Observe(time.Since(t0).Seconds())
+		if err != nil {
+			h.metrics.tokenizeErrors.Inc()
+			h.log.Debug().Err(err).Msg("tokenize failed; routing by load")
+			return nil, 0
+		}
+		tokens = ids
+	}
+	if len(tokens) == 0 {
+		return nil, 0
+	}
+	lora := ""
+	if p.Model != "" && p.Model != h.cfg.Model {
+		lora = p.Model
+	}
+	return h.cfg.Scheme.Request(blockkey.Root(h.cfg.Model, lora, ""), tokens), len(tokens)
+}
+
+// choose runs the policy on a snapshot of the peer table, with this front's
+// own in-flight counts as the freshest load signal.
+func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) route.Decision {
+	now := h.now()
+	var peers []route.PeerView
+	if h.peers != nil {
+		peers = h.peers.Snapshot(now)
+	}
+	if model == "" {
+		model = h.cfg.Model
+	}
+	if model == h.cfg.Model {
+		model = "" // the base model: every peer of this deployment serves it
+	}
+	req := route.Request{Model: model, Keys: keys, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: tokens}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range peers {
+		id := peers[i].ID
+		if peers[i].Local {
+			id = ""
+			if !h.localReady.Load() {
+				peers[i].LastFailure = now
+			}
+		}
+		peers[i].Load.InFlight = h.inflight[id]
+	}
+	return h.policy.Choose(req, peers, now)
+}
+
+// targets turns a decision into the ordered attempts: the chosen peer, the
+// next best eligible peer, then the local vLLM.
+func (h *Handler) targets(d route.Decision) []target {
+	var out []target
+	addr := map[string]string{}
+	if h.peers != nil && d.Target != "" && !d.Local {
+		for _, pv := range h.peers.Snapshot(h.now()) {
+			addr[pv.ID] = pv.Addr
+		}
+		if a := addr[d.Target]; a != "" {
+			out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
+		}
+		var next []route.Candidate
+		for _, cd := range d.Candidates {
+			if cd.Eligible && !cd.Local && !cd.Chosen && !cd.Over && addr[cd.ID] != "" {
+				next = append(next, cd)
+			}
+		}
+		sort.SliceStable(next, func(i, j int) bool { return next[i].Load < next[j].Load })
+		for _, cd := range next {
+			if len(out)+1 >= h.cfg.Retry.MaxAttempts {
+				break
+			}
+			out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
+		}
+	}
+	return append(out, target{URL: h.cfg.VLLM})
+}
+
+func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []target) {
+	st.plan = &plan{targets: targets, body: body, served: -1}
+	first := targets[0].Peer
+	h.mu.Lock()
+	h.inflight[first]++
+	h.mu.Unlock()
+	h.metrics.inflight.Inc()
+	defer func() {
+		h.mu.Lock()
+		if h.inflight[first]--; h.inflight[first] <= 0 {
+			delete(h.inflight, first)
+		}
+		h.mu.Unlock()
+		h.metrics.inflight.Dec()
+	}()
+	r := c.Request
+	ctx := withPlan(context.WithValue(r.Context(), stateKey{}, st), st.plan)
+	r = r.WithContext(ctx)
+	r.Body = io.NopCloser(http.NoBody)
+	r.ContentLength = int64(len(body))
+	h.proxy.ServeHTTP(c.Writer, r)
+}
+
+// modifyResponse labels the response and taps its usage for the
+// predicted-vs-actual cache metric.
+func (h *Handler) modifyResponse(resp *http.Response) error {
+	st, _ := resp.Request.Context().Value(stateKey{}).(*reqState)
+	if st == nil {
+		return nil
+	}
+	p := st.plan
+	served := h.cfg.Self
+	if p.served >= 0 && p.targets[p.served].Peer != "" {
+		served = p.targets[p.served].Peer
+	}
+	if resp.Header.Get(ServedByHeader) == "" {
+		resp.Header.Set(ServedByHeader, served)
+	}
+	reason := st.reason
+	if p.served > 0 {
+		reason += "-retried"
+	}
+	resp.Header.Set(DecisionHeader, reason)
+	where := "local"
+	if served != h.cfg.Self {
+		where = "peer"
+	}
+	h.metrics.forwardSeconds.WithLabelValues(where).Observe(h.now().Sub(st.started).Seconds())
+	if resp.StatusCode == http.StatusOK && st.reason != "hop" {
+		resp.Body = newUsageTap(resp.Body, func(cached int) {
+			h.metrics.cachedTokens.WithLabelValues("actual").Add(float64(cached))
+			h.metrics.cachedTokens.WithLabelValues("predicted").Add(float64(st.predicted))
+		})
+	}
+	h.log.Debug().Str("req", st.id).Str("served_by", served).Str("decision", reason).
+		Strs("tried", p.tried).Int("predicted_cached", st.predicted).Msg("routed")
+	return nil
+}
+
+func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		h.metrics.canceled.Inc()
+		return // the client went away; nobody to answer
+	}
+	h.metrics.badRequests.WithLabelValues("upstream").Inc()
+	h.log.Warn().Err(err).Str("path", r.URL.Path).Msg("upstream failed")
+	writeJSON(w, http.StatusBadGateway, newAPIError(http.StatusBadGateway, "upstream unavailable: "+err.Error()))
+}
+
+func (h *Handler) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
+		return id
+	}
+	return h.cfg.Self + "-" + strconv.FormatUint(h.seq.Add(1), 10)
+}
+
+func hopReason(err error) string {
+	switch {
+	case errors.Is(err, ErrHopBadMAC):
+		return "bad_mac"
+	case errors.Is(err, ErrHopStale):
+		return "stale"
+	case errors.Is(err, ErrHopOtherNode):
+		return "other_node"
+	}
+	return "malformed"
+}

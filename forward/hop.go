@@ -1,0 +1,82 @@
+package forward
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// HopHeader marks a request one sidecar forwarded to another. The receiver
+// serves a request carrying a valid header locally: one hop, never a loop
+// (DESIGN.md D5).
+const HopHeader = "X-Kvroute-Hop"
+
+// Hop errors say why a header was not trusted; the handler counts them and
+// routes the request as if the header were absent.
+var (
+	ErrHopMalformed = errors.New("hop header malformed")
+	ErrHopBadMAC    = errors.New("hop header signature mismatch")
+	ErrHopStale     = errors.New("hop header outside its validity window")
+	ErrHopOtherNode = errors.New("hop header addressed to another node")
+)
+
+// Hop signs and verifies hop headers with the cluster's hop key. A header is
+// bound to its target node and to a time window, so a captured header cannot
+// be replayed against another pod or long after.
+type Hop struct {
+	key    []byte
+	maxAge time.Duration
+}
+
+// NewHop returns a signer with key (derived from the cluster secret) that
+// accepts headers at most maxAge old (and at most maxAge in the future, to
+// tolerate clock skew between nodes).
+func NewHop(key []byte, maxAge time.Duration) Hop {
+	return Hop{key: append([]byte(nil), key...), maxAge: maxAge}
+}
+
+// Sign returns the header value for a request forwarded from node from to
+// node to at time now. Format: "v1;from;to;unixmillis;mac".
+func (h Hop) Sign(from, to string, now time.Time) string {
+	body := "v1;" + from + ";" + to + ";" + strconv.FormatInt(now.UnixMilli(), 10)
+	return body + ";" + h.mac(body)
+}
+
+// Verify checks value for a request arriving at node self and returns the
+// sending node.
+func (h Hop) Verify(value, self string, now time.Time) (from string, err error) {
+	i := strings.LastIndexByte(value, ';')
+	if i < 0 {
+		return "", ErrHopMalformed
+	}
+	body, mac := value[:i], value[i+1:]
+	parts := strings.Split(body, ";")
+	if len(parts) != 4 || parts[0] != "v1" {
+		return "", ErrHopMalformed
+	}
+	ms, err := strconv.ParseInt(parts[3], 10, 64)
+	if err != nil {
+		return "", ErrHopMalformed
+	}
+	if !hmac.Equal([]byte(mac), []byte(h.mac(body))) {
+		return "", ErrHopBadMAC
+	}
+	if parts[2] != self {
+		return "", ErrHopOtherNode
+	}
+	age := now.Sub(time.UnixMilli(ms))
+	if age > h.maxAge || age < -h.maxAge {
+		return "", ErrHopStale
+	}
+	return parts[1], nil
+}
+
+func (h Hop) mac(body string) string {
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(body))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}

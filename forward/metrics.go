@@ -1,0 +1,72 @@
+package forward
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the front's Prometheus series (namespace kvroute, base units).
+type Metrics struct {
+	decisions       *prometheus.CounterVec
+	badRequests     *prometheus.CounterVec
+	hopRejected     *prometheus.CounterVec
+	forwardSeconds  *prometheus.HistogramVec
+	tokenizeSeconds prometheus.Histogram
+	tokenizeErrors  prometheus.Counter
+	retries         prometheus.Counter
+	canceled        prometheus.Counter
+	cachedTokens    *prometheus.CounterVec
+	inflight        prometheus.Gauge
+}
+
+// NewMetrics creates the front's metrics and registers them with reg (nil:
+// not registered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	latency := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "routing_decisions_total",
+			Help: "Routing decisions by outcome (local, forwarded, fallback, refused) and the policy that decided.",
+		}, []string{"outcome", "reason"}),
+		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "request_errors_total",
+			Help: "Requests answered with an error by the sidecar itself, by kind.",
+		}, []string{"kind"}),
+		hopRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "hop_rejected_total",
+			Help: "Hop headers that were not trusted (forged, stale, misaddressed), by reason.",
+		}, []string{"reason"}),
+		forwardSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "kvroute", Name: "forward_duration_seconds",
+			Help:    "Time from receiving a routed request to the upstream's response headers, by where it was served.",
+			Buckets: latency, NativeHistogramBucketFactor: 1.1,
+		}, []string{"target"}),
+		tokenizeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kvroute", Name: "tokenize_duration_seconds",
+			Help:    "Latency of the local vLLM's /tokenize calls.",
+			Buckets: latency, NativeHistogramBucketFactor: 1.1,
+		}),
+		tokenizeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "tokenize_errors_total",
+			Help: "Failed /tokenize calls; those requests were routed by load alone.",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "forward_retries_total",
+			Help: "Forward attempts to a peer that failed before the first response byte.",
+		}),
+		canceled: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "client_canceled_total",
+			Help: "Requests whose client went away before the upstream answered.",
+		}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "cached_tokens_total",
+			Help: "Prefix-cache tokens: predicted by the routing choice, and actual as vLLM reported (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"kind"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kvroute", Name: "inflight_requests",
+			Help: "Routed requests in flight through this sidecar.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions, m.badRequests, m.hopRejected, m.forwardSeconds, m.tokenizeSeconds,
+			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.inflight)
+	}
+	return m
+}

@@ -1,0 +1,93 @@
+package forward
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// target is one place a request may be served: a peer's sidecar (with a hop
+// header, so it serves locally) or this pod's own vLLM.
+type target struct {
+	Peer string // node name; "" for the local vLLM
+	URL  *url.URL
+}
+
+// plan is one request's ordered list of targets, shared between the handler
+// and the transport through the request context. The transport records which
+// target served.
+type plan struct {
+	targets []target
+	body    []byte
+	served  int // index into targets; -1 until an attempt gets a response
+	tried   []string
+}
+
+type planKey struct{}
+
+func withPlan(ctx context.Context, p *plan) context.Context {
+	return context.WithValue(ctx, planKey{}, p)
+}
+
+// attempts is an http.RoundTripper that walks a request's plan: it tries
+// each target in turn while retryable says the failure happened before the
+// upstream could have started serving. ReverseProxy calls it once and writes
+// nothing to the client until it returns, so every retry here is before the
+// first response byte (DESIGN.md D5).
+type attempts struct {
+	base  http.RoundTripper
+	hop   Hop
+	self  string
+	retry RetryConfig
+	now   func() time.Time
+	// failed is told about a peer whose attempt failed, so routing avoids it.
+	failed func(peer string, at time.Time)
+}
+
+func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
+	p, _ := r.Context().Value(planKey{}).(*plan)
+	if p == nil {
+		return a.base.RoundTrip(r)
+	}
+	var lastErr error
+	for i, tg := range p.targets {
+		out := r.Clone(r.Context())
+		out.URL.Scheme, out.URL.Host = tg.URL.Scheme, tg.URL.Host
+		out.Host = tg.URL.Host
+		out.Body = io.NopCloser(bytes.NewReader(p.body))
+		out.ContentLength = int64(len(p.body))
+		out.Header.Del(HopHeader)
+		if tg.Peer != "" {
+			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
+		}
+		p.tried = append(p.tried, peerName(tg.Peer))
+		resp, err := a.base.RoundTrip(out)
+		if err == nil && tg.Peer != "" && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			err = &UpstreamStatusError{Peer: tg.Peer, Status: resp.StatusCode}
+		}
+		if err == nil {
+			p.served = i
+			return resp, nil
+		}
+		lastErr = err
+		if tg.Peer != "" && a.failed != nil && r.Context().Err() == nil {
+			a.failed(tg.Peer, a.now())
+		}
+		if !retryable(err, false, i, a.retry) {
+			return nil, err
+		}
+	}
+	return nil, lastErr
+}
+
+func peerName(p string) string {
+	if p == "" {
+		return "local"
+	}
+	return p
+}

@@ -1,0 +1,54 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net"
+	"syscall"
+)
+
+// RetryConfig bounds how a request is retried before its first response
+// byte reaches the client (DESIGN.md D5).
+type RetryConfig struct {
+	// MaxAttempts counts every try, the final local one included.
+	// Default 3: the chosen peer, the next candidate, then local vLLM.
+	MaxAttempts int
+}
+
+// UpstreamStatusError is an upstream answer that means "try elsewhere":
+// a peer that is draining or overloaded answered 503 before any body byte
+// was written to the client.
+type UpstreamStatusError struct {
+	Peer   string
+	Status int
+}
+
+func (e *UpstreamStatusError) Error() string {
+	return "upstream " + e.Peer + " answered " + http.StatusText(e.Status)
+}
+
+// retryable reports whether a failed attempt may be tried again on the next
+// candidate. It is safe only while nothing has reached the client, and only
+// for failures where the upstream cannot have started serving the request:
+// the connection was never made (dial), was refused or reset before a
+// response, or the upstream refused the work (503). A client that went away
+// is never retried.
+func retryable(err error, wroteFirstByte bool, attempt int, c RetryConfig) bool {
+	if err == nil || wroteFirstByte || attempt+1 >= c.MaxAttempts {
+		return false
+	}
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	var st *UpstreamStatusError
+	if errors.As(err, &st) {
+		return st.Status == 503
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
+}

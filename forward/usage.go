@@ -1,0 +1,69 @@
+package forward
+
+import (
+	"bytes"
+	"io"
+)
+
+var cachedField = []byte(`"cached_tokens":`)
+
+// usageTap passes a response body through untouched and calls found once
+// with the first cached_tokens figure it sees, in a plain JSON body or in
+// an SSE stream's usage chunk. It keeps a short tail so a figure split
+// across reads is still seen.
+type usageTap struct {
+	rc    io.ReadCloser
+	found func(int)
+	tail  []byte
+	done  bool
+}
+
+func newUsageTap(rc io.ReadCloser, found func(int)) *usageTap {
+	return &usageTap{rc: rc, found: found}
+}
+
+func (u *usageTap) Read(p []byte) (int, error) {
+	n, err := u.rc.Read(p)
+	if n > 0 && !u.done {
+		u.scan(p[:n])
+	}
+	return n, err
+}
+
+func (u *usageTap) Close() error { return u.rc.Close() }
+
+func (u *usageTap) scan(b []byte) {
+	buf := append(u.tail, b...)
+	if i := bytes.Index(buf, cachedField); i >= 0 {
+		rest := bytes.TrimLeft(buf[i+len(cachedField):], " ")
+		v, ok, complete := leadingInt(rest)
+		if complete {
+			u.done = true
+			if ok {
+				u.found(v)
+			}
+			return
+		}
+		u.tail = append([]byte(nil), buf[i:]...)
+		return
+	}
+	keep := len(cachedField) + 24
+	if len(buf) > keep {
+		buf = buf[len(buf)-keep:]
+	}
+	u.tail = append(u.tail[:0], buf...)
+}
+
+// leadingInt parses the digits at the start of b. complete is false when b
+// ends inside the number (more bytes may follow).
+func leadingInt(b []byte) (v int, ok, complete bool) {
+	i := 0
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' && i < 12 {
+		v = v*10 + int(b[i]-'0')
+		i++
+	}
+	if i == len(b) {
+		return 0, false, false
+	}
+	return v, i > 0, true
+}

@@ -1,0 +1,42 @@
+// Package kvindex is the exact index of what the local vLLM holds in its
+// GPU prefix cache (DESIGN.md D2, D7). It is a pure state machine: the
+// event loop in vllmclient feeds it decoded batches and passes on the
+// Change it returns; it has no sockets, clocks or goroutines.
+//
+// The loop it expects:
+//
+//	ix := kvindex.New(cfg)
+//	for b := range batches {
+//		if next, ok := ix.NextSeq(b); ok && b.Seq > next && replay != nil {
+//			for _, r := range replay(next, b.Seq) { // oldest first
+//				ix.ApplyReplayed(r) // applied only if it is the next seq
+//			}
+//		}
+//		ch := ix.Apply(b)
+//		if ch.Gap != nil {
+//			ix.SetUncertain(true) // replay missed something
+//		}
+//		if ch.Restarted || ch.Cleared {
+//			// New epoch: rebuild the digest from ix.Keys().
+//		} else {
+//			// Delta: ch.Added, ch.Removed.
+//		}
+//	}
+//
+// What it maps: vLLM's block hash → (our blockkey.Key, block position,
+// physical copies). Keys are chained from the event's token ids, seeded by
+// blockkey.Root(model, lora, ""), so they match what blockkey's
+// Scheme.Request computes for a prompt on any pod. vLLM does not send
+// cache_salt in events: salted blocks are keyed as unsalted, so a salted
+// request never matches them and an unsalted request may match them
+// (a routing miss, never a correctness problem).
+//
+// The routing set is the set of keys at Scheme.Routed positions held by at
+// least one resident hash. Two vLLM hashes can share one key (vLLM seeds
+// differ, LoRA ids), so each key is reference counted by resident hashes,
+// and each hash by its physical copies.
+//
+// An Index is safe for concurrent use: Apply takes a write lock, the
+// accessors a read lock, so request handlers may call PrefixLen while the
+// event loop applies batches.
+package kvindex

@@ -1,0 +1,358 @@
+package kvindex
+
+import (
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/kvevent"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// blockToks returns n blocks of bs tokens, block i filled with base+i.
+func blockToks(base uint32, n, bs int) []uint32 {
+	t := make([]uint32, 0, n*bs)
+	for i := range n {
+		for range bs {
+			t = append(t, base+uint32(i))
+		}
+	}
+	return t
+}
+
+func stored(parent *uint64, toks []uint32, hashes ...uint64) kvevent.Event {
+	return kvevent.Event{Kind: kvevent.BlockStored, BlockHashes: hashes, Parent: parent, TokenIDs: toks, BlockSize: 4}
+}
+
+func removed(hashes ...uint64) kvevent.Event {
+	return kvevent.Event{Kind: kvevent.BlockRemoved, BlockHashes: hashes}
+}
+
+func TestApply(t *testing.T) {
+	root := blockkey.Root("m", "", "")
+	abc := blockToks(100, 3, 4)
+	k := blockkey.Chain(root, abc, 4)
+	tests := []struct {
+		name    string
+		cfg     Config
+		batches [][]kvevent.Event
+		want    Change // of the last batch
+		keys    []blockkey.Key
+		refs    map[uint64]int
+	}{
+		{
+			name:    "store keys every block",
+			batches: [][]kvevent.Event{{stored(nil, abc, 1, 2, 3)}},
+			want:    Change{Added: []blockkey.Key{k[0], k[1], k[2]}},
+			keys:    k, refs: map[uint64]int{1: 1, 2: 1, 3: 1},
+		},
+		{
+			name:    "duplicate copy increments refs",
+			batches: [][]kvevent.Event{{stored(nil, abc, 1, 2, 3)}, {stored(ptr[uint64](1), abc[4:8], 2)}},
+			want:    Change{},
+			keys:    k, refs: map[uint64]int{1: 1, 2: 2, 3: 1},
+		},
+		{
+			name:    "removal of one copy keeps the key",
+			batches: [][]kvevent.Event{{stored(nil, abc, 1, 2, 3), stored(ptr[uint64](1), abc[4:8], 2)}, {removed(2)}},
+			want:    Change{},
+			keys:    k, refs: map[uint64]int{1: 1, 2: 1, 3: 1},
+		},
+		{
+			name:    "last copy removed drops the key",
+			batches: [][]kvevent.Event{{stored(nil, abc, 1, 2, 3)}, {removed(3, 2)}},
+			want:    Change{Removed: []blockkey.Key{k[2], k[1]}},
+			keys:    k[:1], refs: map[uint64]int{1: 1},
+		},
+		{
+			name:    "unknown removal counted",
+			batches: [][]kvevent.Event{{stored(nil, abc[:4], 1)}, {removed(7, 8)}},
+			want:    Change{UnknownRemoved: 2},
+			keys:    k[:1], refs: map[uint64]int{1: 1},
+		},
+		{
+			name: "not GPU ignored",
+			batches: [][]kvevent.Event{{
+				{Kind: kvevent.BlockStored, BlockHashes: []uint64{1}, TokenIDs: abc[:4], BlockSize: 4, Medium: ptr("CPU")},
+				{Kind: kvevent.BlockStored, BlockHashes: []uint64{2, 3}, BlockSize: 4},
+			}},
+			want: Change{Ignored: 3},
+			refs: map[uint64]int{},
+		},
+		{
+			name:    "uncovered hashes ignored",
+			batches: [][]kvevent.Event{{stored(nil, abc[:7], 1, 2, 3)}},
+			want:    Change{Added: k[:1], Ignored: 2},
+			keys:    k[:1], refs: map[uint64]int{1: 1},
+		},
+		{
+			name: "zero block size falls back to the scheme",
+			cfg:  Config{Scheme: blockkey.Scheme{BlockSize: 4}},
+			batches: [][]kvevent.Event{{
+				{Kind: kvevent.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: abc[:8]},
+			}},
+			want: Change{Added: k[:2]},
+			keys: k[:2], refs: map[uint64]int{1: 1, 2: 1},
+		},
+		{
+			name:    "unseen parent held aside",
+			batches: [][]kvevent.Event{{stored(ptr[uint64](9), abc[4:12], 2, 3)}},
+			want:    Change{Orphaned: 2},
+			refs:    map[uint64]int{},
+		},
+		{
+			name:    "negative orphan limit holds none",
+			cfg:     Config{OrphanLimit: -1},
+			batches: [][]kvevent.Event{{stored(ptr[uint64](9), abc[4:12], 2, 3)}},
+			want:    Change{Expired: 2},
+			refs:    map[uint64]int{},
+		},
+		{
+			name:    "cleared",
+			batches: [][]kvevent.Event{{stored(nil, abc, 1, 2, 3)}, {{Kind: kvevent.AllBlocksCleared}}},
+			want:    Change{Cleared: true},
+			refs:    map[uint64]int{},
+		},
+		{
+			name:    "over capacity",
+			cfg:     Config{CapacityBlocks: 1},
+			batches: [][]kvevent.Event{{stored(nil, abc, 1, 2, 3)}},
+			want:    Change{Added: k, OverCapacity: true},
+			keys:    k, refs: map[uint64]int{1: 1, 2: 1, 3: 1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			cfg.Model = "m"
+			ix := New(cfg)
+			var ch Change
+			for i, evs := range tt.batches {
+				ch = ix.Apply(kvevent.Batch{Seq: uint64(i), Events: evs})
+			}
+			if diff := cmp.Diff(tt.want, ch); diff != "" {
+				t.Errorf("last Change mismatch (-want +got):\n%s", diff)
+			}
+			wantKeys := append([]blockkey.Key{}, tt.keys...)
+			slices.Sort(wantKeys)
+			if diff := cmp.Diff(wantKeys, ix.Keys()); diff != "" {
+				t.Errorf("Keys() mismatch (-want +got):\n%s", diff)
+			}
+			got := map[uint64]int{}
+			for _, r := range ix.Resident() {
+				got[r.Hash] = r.Refs
+			}
+			if diff := cmp.Diff(tt.refs, got); diff != "" {
+				t.Errorf("refs mismatch (-want +got):\n%s", diff)
+			}
+			if ch.OverCapacity != ix.Uncertain() {
+				t.Errorf("Uncertain() = %v; want %v", ix.Uncertain(), ch.OverCapacity)
+			}
+		})
+	}
+}
+
+func TestSequence(t *testing.T) {
+	rank := func(r int64) *int64 { return &r }
+	tests := []struct {
+		name      string
+		seqs      []kvevent.Batch // applied live; the last one is checked
+		gap       *Gap
+		restarted bool
+		epoch     uint64
+	}{
+		{"first batch any seq", []kvevent.Batch{{Seq: 17}}, nil, false, 0},
+		{"in order", []kvevent.Batch{{Seq: 0}, {Seq: 1}}, nil, false, 0},
+		{"gap", []kvevent.Batch{{Seq: 0, Topic: "kv"}, {Seq: 3, Topic: "kv"}}, &Gap{"kv", 1, 3}, false, 0},
+		{"gap with rank", []kvevent.Batch{{Seq: 0, DPRank: rank(2)}, {Seq: 5, DPRank: rank(2)}}, &Gap{"#dp2", 1, 5}, false, 0},
+		{"backwards is a restart", []kvevent.Batch{{Seq: 8}, {Seq: 9}, {Seq: 0}}, nil, true, 1},
+		{"repeat is a restart", []kvevent.Batch{{Seq: 8}, {Seq: 8}}, nil, true, 1},
+		{"streams are independent", []kvevent.Batch{{Seq: 8}, {Seq: 0, DPRank: rank(1)}, {Seq: 9}}, nil, false, 0},
+		{"nil rank differs from rank 0", []kvevent.Batch{{Seq: 8}, {Seq: 3, DPRank: rank(0)}}, nil, false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := New(DefaultConfig())
+			var ch Change
+			for _, b := range tt.seqs {
+				ch = ix.Apply(b)
+			}
+			if diff := cmp.Diff(tt.gap, ch.Gap); diff != "" {
+				t.Errorf("Gap mismatch (-want +got):\n%s", diff)
+			}
+			if ch.Restarted != tt.restarted || ix.Epoch() != tt.epoch {
+				t.Errorf("Restarted, Epoch = %v, %d; want %v, %d", ch.Restarted, ix.Epoch(), tt.restarted, tt.epoch)
+			}
+		})
+	}
+}
+
+func TestApplyReplayed(t *testing.T) {
+	toks := blockToks(1, 2, 4)
+	ix := New(Config{Model: "m", Scheme: blockkey.Scheme{BlockSize: 4}})
+	if next, ok := ix.NextSeq(kvevent.Batch{}); ok {
+		t.Fatalf("NextSeq on a new index = %d, true; want false", next)
+	}
+	ix.Apply(kvevent.Batch{Seq: 0, Events: []kvevent.Event{stored(nil, toks[:4], 1)}})
+	live := kvevent.Batch{Seq: 3, Events: []kvevent.Event{removed(2)}}
+	if next, ok := ix.NextSeq(live); !ok || next != 1 {
+		t.Fatalf("NextSeq = %d, %v; want 1, true", next, ok)
+	}
+	steps := []struct {
+		b     kvevent.Batch
+		stale bool
+	}{
+		{kvevent.Batch{Seq: 2}, true}, // ahead: would skip 1
+		{kvevent.Batch{Seq: 1, Events: []kvevent.Event{stored(ptr[uint64](1), toks[4:], 2)}}, false},
+		{kvevent.Batch{Seq: 1, Events: []kvevent.Event{stored(ptr[uint64](1), toks[4:], 2)}}, true}, // twice
+		{kvevent.Batch{Seq: 2}, false},
+	}
+	for i, s := range steps {
+		if ch := ix.ApplyReplayed(s.b); ch.Stale != s.stale {
+			t.Errorf("step %d: ApplyReplayed(seq %d).Stale = %v; want %v", i, s.b.Seq, ch.Stale, s.stale)
+		}
+	}
+	if got := ix.Resident(); len(got) != 2 || got[1].Refs != 1 {
+		t.Fatalf("Resident() = %+v; want hashes 1, 2 with one copy each", got)
+	}
+	if ch := ix.Apply(live); ch.Gap != nil || len(ch.Removed) != 1 {
+		t.Errorf("Apply(live after replay) = %+v; want no gap, one removal", ch)
+	}
+	if st := ix.Stats(); st.Stale != 2 {
+		t.Errorf("Stats().Stale = %d; want 2", st.Stale)
+	}
+}
+
+func TestAccessors(t *testing.T) {
+	s := blockkey.Scheme{BlockSize: 4, Stride: 1}
+	root := blockkey.Root("m", "", "")
+	toks := blockToks(7, 6, 4)
+	ix := New(Config{Model: "m", Scheme: s})
+	ix.Apply(kvevent.Batch{Events: []kvevent.Event{stored(nil, toks[:12], 1, 2, 3)}})
+	req := s.Request(root, append(toks, 99)) // 6 reusable blocks, 3 cached
+	tests := []struct {
+		name string
+		got  int
+		want int
+	}{
+		{"PrefixLen", ix.PrefixLen(req), 3},
+		{"PrefixLen empty", ix.PrefixLen(nil), 0},
+		{"PrefixLen miss first", ix.PrefixLen(req[3:]), 0},
+		{"Len", ix.Len(), 3},
+		{"Blocks", ix.Blocks(), 3},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s = %d; want %d", tt.name, tt.got, tt.want)
+		}
+	}
+	if !ix.Contains(req[2]) || ix.Contains(req[3]) {
+		t.Errorf("Contains(req[2], req[3]) = %v, %v; want true, false", ix.Contains(req[2]), ix.Contains(req[3]))
+	}
+	ix.SetUncertain(true)
+	if !ix.Uncertain() || !ix.Stats().Uncertain {
+		t.Error("SetUncertain(true) not reflected")
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	d := DefaultConfig()
+	if d.Scheme != blockkey.DefaultScheme() || d.OrphanLimit != 4096 || d.CapacityBlocks != 0 {
+		t.Errorf("DefaultConfig() = %+v", d)
+	}
+	if got := (Config{}).normalized(); got.Scheme != d.Scheme || got.OrphanLimit != d.OrphanLimit {
+		t.Errorf("Config{}.normalized() = %+v; want the defaults", got)
+	}
+	if got := New(Config{Epoch: 42}).Epoch(); got != 42 {
+		t.Errorf("Epoch() = %d; want Config.Epoch 42", got)
+	}
+}
+
+// The real capture's 25 blocks key exactly as blockkey.Chain keys its
+// 400 tokens (with and without LoRA "Alice").
+func TestFixtureKeys(t *testing.T) {
+	for _, f := range []string{"kv_event_base.json", "kv_event_lora.json"} {
+		t.Run(f, func(t *testing.T) {
+			fx, ev := loadFixture(t, f)
+			if len(fx.BlockHashes) != 25 || len(fx.TokenIDs) != 400 {
+				t.Fatalf("fixture has %d hashes, %d tokens; want 25, 400", len(fx.BlockHashes), len(fx.TokenIDs))
+			}
+			ix := New(Config{Model: fx.ModelName})
+			ch := ix.Apply(kvevent.Batch{Events: []kvevent.Event{ev}})
+			lora := ""
+			if fx.LoRAName != nil {
+				lora = *fx.LoRAName
+			}
+			want := blockkey.Chain(blockkey.Root(fx.ModelName, lora, ""), fx.TokenIDs, 16)
+			if diff := cmp.Diff(want, ch.Added); diff != "" {
+				t.Errorf("Added mismatch (-Chain +got):\n%s", diff)
+			}
+			for _, r := range ix.Resident() {
+				if want[r.Pos] != r.Key {
+					t.Errorf("hash %d at pos %d: key %#x; want %#x", r.Hash, r.Pos, uint64(r.Key), uint64(want[r.Pos]))
+				}
+			}
+		})
+	}
+}
+
+// Readers run while batches apply; -race checks the locking.
+func TestConcurrentReaders(t *testing.T) {
+	ix := New(Config{Model: "m", Scheme: blockkey.Scheme{BlockSize: 4}})
+	toks := blockToks(1, 64, 4)
+	keys := blockkey.Chain(blockkey.Root("m", "", ""), toks, 4)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_ = ix.PrefixLen(keys)
+					_ = ix.Stats()
+				}
+			}
+		}()
+	}
+	for i := range 200 {
+		hs := make([]uint64, 64)
+		for j := range hs {
+			hs[j] = uint64(j + 1)
+		}
+		ix.Apply(kvevent.Batch{Seq: uint64(2 * i), Events: []kvevent.Event{stored(nil, toks, hs...)}})
+		ix.Apply(kvevent.Batch{Seq: uint64(2*i + 1), Events: []kvevent.Event{removed(hs...)}})
+	}
+	close(stop)
+	wg.Wait()
+	if ix.Blocks() != 0 {
+		t.Errorf("Blocks() = %d; want 0", ix.Blocks())
+	}
+}
+
+func BenchmarkApply(b *testing.B) {
+	const blocks, bs = 64, 16
+	ix := New(Config{Model: "m", Scheme: blockkey.Scheme{BlockSize: bs, Stride: 1}})
+	toks := blockToks(1000, blocks, bs)
+	hs := make([]uint64, blocks)
+	rm := make([]uint64, blocks)
+	seq := uint64(0)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range hs {
+			hs[j] = uint64(i)<<8 | uint64(j) + 1
+			rm[blocks-1-j] = hs[j] // tail first, as vLLM evicts
+		}
+		toks[0] = uint32(i) // a new prompt each time: new keys
+		ix.Apply(kvevent.Batch{Seq: seq, Events: []kvevent.Event{{Kind: kvevent.BlockStored, BlockHashes: hs, TokenIDs: toks, BlockSize: bs}}})
+		ix.Apply(kvevent.Batch{Seq: seq + 1, Events: []kvevent.Event{{Kind: kvevent.BlockRemoved, BlockHashes: rm}}})
+		seq += 2
+	}
+	b.ReportMetric(float64(b.N*blocks)/b.Elapsed().Seconds(), "blocks/s")
+}

@@ -1,0 +1,93 @@
+package route
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+// benchMatcher costs about what a Bloom test does per key: a map probe
+// plus the hashing of k positions.
+type benchMatcher map[blockkey.Key]struct{}
+
+var sink uint64
+
+func (m benchMatcher) PrefixLen(keys []blockkey.Key) int {
+	for i, k := range keys {
+		h := uint64(k)
+		for range 4 { // k=7 Bloom positions come from two hashes; this is about that work
+			h = mix(h)
+		}
+		sink += h
+		if _, ok := m[k]; !ok {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+func BenchmarkMatcherPerKey(b *testing.B) {
+	keys := keysN(1, 2048)
+	m := benchMatcher{}
+	for _, k := range keys {
+		m[k] = struct{}{}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		m.PrefixLen(keys)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2048, "ns/key")
+}
+
+// BenchmarkChoose routes one request through DefaultChain. Realistic
+// matches: every peer holds the 4-key system prompt and misses after it;
+// one peer holds three quarters of the prompt (a conversation's history).
+func BenchmarkChoose(b *testing.B) {
+	for _, peersN := range []int{8, 64, 256} {
+		for _, tokens := range []int{1024, 32768} {
+			b.Run(fmt.Sprintf("peers=%d/tokens=%d", peersN, tokens), func(b *testing.B) {
+				keys := keysN(1, tokens/16)
+				peers := make([]PeerView, peersN)
+				for i := range peers {
+					m := benchMatcher{}
+					held := 4
+					if i == peersN/2 {
+						held = len(keys) * 3 / 4
+					}
+					for _, k := range keys[:held] {
+						m[k] = struct{}{}
+					}
+					peers[i] = PeerView{ID: fmt.Sprintf("pod-%03d", i), KeyScheme: blockkey.Version,
+						Digest: m, DigestAt: t0, LoadAt: t0, Load: Load{Running: i % 7, Waiting: i % 3, KVUsage: 0.5}}
+				}
+				policy := DefaultChain(DefaultConfig(), NewRecent(DefaultRecentConfig()))
+				req := Request{Keys: keys, TokensPerKey: 16}
+				b.ReportAllocs()
+				for b.Loop() {
+					d := policy.Choose(req, peers, t0)
+					if d.Reason != ReasonAffinity {
+						b.Fatalf("Reason = %s; want affinity", d.Reason)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkRecent measures the speculative-entry cost per forward.
+func BenchmarkRecent(b *testing.B) {
+	r := NewRecent(DefaultRecentConfig())
+	keys := keysN(1, 2048)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		now := t0.Add(time.Duration(i) * time.Microsecond)
+		r.Record("pod-1", keys, now)
+		if r.PrefixLen("pod-1", keys, now) != len(keys) {
+			b.Fatal("recorded chain not found")
+		}
+		i++
+	}
+}

@@ -1,0 +1,190 @@
+package route
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+// assessment is the part of a Decision every policy shares: who is
+// eligible, each peer's load, and the load bound.
+type assessment struct {
+	d       Decision
+	allOver bool // every eligible peer is over the bound, so none is passed over
+}
+
+// assess checks eligibility and computes load and the bound for every
+// peer. It does not match keys: only Affinity pays for that.
+func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment {
+	cs := make([]Candidate, len(peers))
+	var sum float64
+	for i, p := range peers {
+		c := &cs[i]
+		c.ID, c.Local = p.ID, p.Local
+		c.Excluded = excluded(cfg, p, req.Model, now)
+		if c.Excluded != "" {
+			continue
+		}
+		c.Eligible = true
+		var stale bool
+		c.Load, stale = load(cfg, p, now)
+		if stale {
+			c.Note = addTag(c.Note, "stale load")
+		}
+		sum += c.Load
+	}
+	a := assessment{d: Decision{Candidates: cs}}
+	for _, c := range cs {
+		if c.Eligible {
+			a.d.Eligible++
+		}
+	}
+	if a.d.Eligible == 0 {
+		return a
+	}
+	m := (sum + 1) / float64(a.d.Eligible)
+	a.d.Mean = m
+	a.d.Bound = max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
+	a.allOver = true
+	for i := range cs {
+		if !cs[i].Eligible {
+			continue
+		}
+		cs[i].Over = cs[i].Load+1 > a.d.Bound
+		if !cs[i].Over {
+			a.allOver = false
+		}
+	}
+	if a.allOver {
+		a.d.Note = addNote(a.d.Note, "every peer over the bound")
+	}
+	return a
+}
+
+// inBound reports whether a policy that respects the bound may pick c.
+func (a *assessment) inBound(i int) bool {
+	c := &a.d.Candidates[i]
+	return c.Eligible && (!c.Over || a.allOver)
+}
+
+// excluded returns why p may not serve a request for model, or "".
+func excluded(cfg Config, p PeerView, model string, now time.Time) string {
+	switch {
+	case p.Draining:
+		return "draining"
+	case !p.LastFailure.IsZero() && now.Sub(p.LastFailure) < cfg.FailFor:
+		return fmt.Sprintf("failed %s ago", now.Sub(p.LastFailure).Round(time.Millisecond))
+	case model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, model):
+		return "model"
+	}
+	return ""
+}
+
+// load returns p's load in requests and whether the report was stale:
+//
+//	Running + Waiting + InFlight + KVWeight*KVUsage + QueuedPrefillTokens/PrefillTokensPerLoad
+//
+// or InFlight alone when the report is older than LoadTTL (or never came).
+func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
+	l := p.Load
+	inflight := float64(max(l.InFlight, 0))
+	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && now.Sub(p.LoadAt) > cfg.LoadTTL) {
+		return inflight, true
+	}
+	x := float64(max(l.Running, 0)+max(l.Waiting, 0)) + inflight
+	if kv := l.KVUsage; kv > 0 && !math.IsNaN(kv) {
+		x += cfg.KVWeight * min(kv, 1)
+	}
+	if cfg.PrefillTokensPerLoad > 0 && l.QueuedPrefillTokens > 0 {
+		x += float64(l.QueuedPrefillTokens) / float64(cfg.PrefillTokensPerLoad)
+	}
+	return x, false
+}
+
+// rendezvousKey returns the key that stands for the request's first
+// RendezvousKeys routing keys, and false for a prompt with no keys.
+func rendezvousKey(cfg Config, keys []blockkey.Key) (blockkey.Key, bool) {
+	if len(keys) == 0 {
+		return 0, false
+	}
+	return keys[min(max(cfg.RendezvousKeys, 1), len(keys))-1], true
+}
+
+// weight is the highest-random-weight hash of (peer, key): FNV-1a of the ID
+// folded into a splitmix64 finaliser. Every sidecar computes the same value.
+func weight(id string, k blockkey.Key) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(id); i++ {
+		h ^= uint64(id[i])
+		h *= 1099511628211
+	}
+	return mix(h ^ mix(uint64(k)))
+}
+
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// unit maps a weight to [0, 1) for display.
+func unit(w uint64) float64 { return float64(w>>11) / (1 << 53) }
+
+// better reports whether candidate i outranks j: higher score, then higher
+// rendezvous weight for key k, then the smaller ID. The order of peers
+// never matters.
+func better(cs []Candidate, k blockkey.Key, i, j int) bool {
+	if cs[i].Score != cs[j].Score {
+		return cs[i].Score > cs[j].Score
+	}
+	if wi, wj := weight(cs[i].ID, k), weight(cs[j].ID, k); wi != wj {
+		return wi > wj
+	}
+	return cs[i].ID < cs[j].ID
+}
+
+// choose marks candidate i chosen and fills the Decision's target.
+func (a *assessment) choose(i int, reason string) Decision {
+	d := a.d
+	d.Candidates[i].Chosen = true
+	d.Target, d.Local, d.Reason = d.Candidates[i].ID, d.Candidates[i].Local, reason
+	return d
+}
+
+// decline returns the Decision with no target and why.
+func (a *assessment) decline(why string) Decision {
+	d := a.d
+	d.Reason = ReasonNone
+	d.Note = addNote(d.Note, why)
+	return d
+}
+
+func addNote(note, s string) string {
+	if note == "" {
+		return s
+	}
+	return note + "; " + s
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, word)
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+func addTag(note, s string) string {
+	if s == "" {
+		return note
+	}
+	if note == "" {
+		return s
+	}
+	return note + ", " + s
+}

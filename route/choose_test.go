@@ -1,0 +1,186 @@
+package route
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+// fresh returns a peer with a load report taken at t0.
+func fresh(id string, l Load) PeerView {
+	return PeerView{ID: id, KeyScheme: blockkey.Version, Load: l, LoadAt: t0}
+}
+
+func keysN(start, n int) []blockkey.Key {
+	ks := make([]blockkey.Key, n)
+	for i := range ks {
+		ks[i] = blockkey.Key(start + i)
+	}
+	return ks
+}
+
+func holds(keys ...[]blockkey.Key) keySet {
+	s := keySet{}
+	for _, ks := range keys {
+		for _, k := range ks {
+			s[k] = true
+		}
+	}
+	return s
+}
+
+func TestExcluded(t *testing.T) {
+	cfg := DefaultConfig()
+	tests := []struct {
+		name  string
+		p     PeerView
+		model string
+		want  string
+	}{
+		{"healthy", PeerView{}, "llama", ""},
+		{"draining", PeerView{Draining: true}, "llama", "draining"},
+		{"failed just now", PeerView{LastFailure: t0}, "", "failed 0s ago"},
+		{"failed 9.9s ago", PeerView{LastFailure: t0.Add(-9900 * time.Millisecond)}, "", "failed 9.9s ago"},
+		{"failed exactly FailFor ago", PeerView{LastFailure: t0.Add(-10 * time.Second)}, "", ""},
+		{"failure in the future (clock skew)", PeerView{LastFailure: t0.Add(time.Second)}, "", "failed -1s ago"},
+		{"other model", PeerView{Models: []string{"qwen"}}, "llama", "model"},
+		{"one of its models", PeerView{Models: []string{"qwen", "llama"}}, "llama", ""},
+		{"empty Models serves all", PeerView{}, "anything", ""},
+		{"request without model", PeerView{Models: []string{"qwen"}}, "", ""},
+		{"draining wins over failure", PeerView{Draining: true, LastFailure: t0}, "", "draining"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := excluded(cfg, tt.p, tt.model, t0); got != tt.want {
+				t.Errorf("excluded(%+v, %q) = %q; want %q", tt.p, tt.model, got, tt.want)
+			}
+		})
+	}
+	if got := excluded(Config{}, PeerView{LastFailure: t0}, "", t0); got != "" {
+		t.Errorf("FailFor 0: excluded = %q; want eligible", got)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	cfg := DefaultConfig()
+	tests := []struct {
+		name      string
+		l         Load
+		at        time.Time
+		want      float64
+		wantStale bool
+	}{
+		{"idle", Load{}, t0, 0, false},
+		{"sum of requests", Load{Running: 3, Waiting: 2, InFlight: 1}, t0, 6, false},
+		{"kv usage", Load{KVUsage: 0.5}, t0, 2, false},
+		{"kv usage clamped", Load{KVUsage: 7}, t0, 4, false},
+		{"kv usage NaN ignored", Load{KVUsage: math.NaN()}, t0, 0, false},
+		{"queued prefill", Load{QueuedPrefillTokens: 8192}, t0, 2, false},
+		{"negative counts ignored", Load{Running: -5, Waiting: -1, InFlight: -2}, t0, 0, false},
+		{"report at the TTL is fresh", Load{Running: 3, InFlight: 1}, t0.Add(-5 * time.Second), 4, false},
+		{"stale report: in flight only", Load{Running: 3, KVUsage: 1, InFlight: 1}, t0.Add(-6 * time.Second), 1, true},
+		{"no report: in flight only", Load{Running: 3, InFlight: 2}, time.Time{}, 2, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, stale := load(cfg, PeerView{Load: tt.l, LoadAt: tt.at}, t0)
+			if got != tt.want || stale != tt.wantStale {
+				t.Errorf("load(%+v) = %v, %v; want %v, %v", tt.l, got, stale, tt.want, tt.wantStale)
+			}
+		})
+	}
+}
+
+func TestBound(t *testing.T) {
+	tests := []struct {
+		name      string
+		loads     []int
+		wantMean  float64
+		wantBound float64
+		wantOver  []bool
+	}{
+		// Idle: mean (0+1)/4, headroom dominates.
+		{"idle", []int{0, 0, 0, 0}, 0.25, 4.25, []bool{false, false, false, false}},
+		// Quiet: m = 13/4 = 3.25, bound 7.25: 7+1 > 7.25.
+		{"headroom", []int{7, 2, 2, 1}, 3.25, 7.25, []bool{true, false, false, false}},
+		// Busy: m = 81/4 = 20.25, bound 25.3125: slack dominates.
+		{"slack", []int{25, 24, 16, 15}, 20.25, 25.3125, []bool{true, false, false, false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var peers []PeerView
+			for i, l := range tt.loads {
+				peers = append(peers, fresh(string(rune('a'+i)), Load{Running: l}))
+			}
+			a := assess(DefaultConfig(), Request{}, peers, t0)
+			if a.d.Mean != tt.wantMean || a.d.Bound != tt.wantBound {
+				t.Errorf("mean, bound = %v, %v; want %v, %v", a.d.Mean, a.d.Bound, tt.wantMean, tt.wantBound)
+			}
+			for i, c := range a.d.Candidates {
+				if c.Over != tt.wantOver[i] {
+					t.Errorf("peer %s load %v: Over = %v; want %v", c.ID, c.Load, c.Over, tt.wantOver[i])
+				}
+			}
+		})
+	}
+}
+
+// TestIneligibleExcludedFromMean checks that the bound is over eligible
+// peers only: a draining peer's huge load must not lift it.
+func TestIneligibleExcludedFromMean(t *testing.T) {
+	draining := fresh("z", Load{Running: 1000})
+	draining.Draining = true
+	a := assess(DefaultConfig(), Request{}, []PeerView{fresh("a", Load{}), draining}, t0)
+	if a.d.Eligible != 1 || a.d.Mean != 1 {
+		t.Errorf("Eligible, Mean = %d, %v; want 1, 1", a.d.Eligible, a.d.Mean)
+	}
+}
+
+func TestRendezvousKey(t *testing.T) {
+	tests := []struct {
+		name   string
+		n      int
+		keys   []blockkey.Key
+		want   blockkey.Key
+		wantOK bool
+	}{
+		{"no keys", 4, nil, 0, false},
+		{"long prompt", 4, keysN(10, 8), 13, true},
+		{"short prompt uses last key", 4, keysN(10, 2), 11, true},
+		{"first key only", 1, keysN(10, 8), 10, true},
+		{"below 1 means 1", 0, keysN(10, 8), 10, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := rendezvousKey(Config{RendezvousKeys: tt.n}, tt.keys)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("rendezvousKey(%d, %v) = %v, %v; want %v, %v", tt.n, tt.keys, got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
+
+// TestWeightPinned pins the rendezvous hash: sidecars of different
+// versions in one cluster must agree, so a change here is a protocol change.
+func TestWeightPinned(t *testing.T) {
+	tests := []struct {
+		id   string
+		k    blockkey.Key
+		want uint64
+	}{
+		// Values from an independent Python implementation of FNV-1a + splitmix64.
+		{"", 0, 0xf52a15e9a9b5e89b},
+		{"pod-a", 1, 0x75a2db1ac6f14de8},
+		{"pod-b", 1, 0x5658ab716ab340b1},
+		{"pod-a", 0xdeadbeefcafef00d, 0x9a6fd9794b356884},
+	}
+	for _, tt := range tests {
+		if got := weight(tt.id, tt.k); got != tt.want {
+			t.Errorf("weight(%q, %#x) = %#x; want %#x", tt.id, uint64(tt.k), got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,100 @@
+package route
+
+import "time"
+
+// Config holds the knobs every policy shares. Start from DefaultConfig; a
+// zero field means what its comment says, never a panic.
+type Config struct {
+	// FailFor keeps a peer out of every choice for this long after a
+	// forward to it failed (style.md P5: health from evidence). Default
+	// 10s. Longer protects clients from a flapping pod; shorter brings a
+	// recovered pod's cache back sooner. 0 ignores failures.
+	FailFor time.Duration
+
+	// LoadTTL is how long a peer's reported load is trusted. Older reports
+	// count as unknown and only InFlight is used. Default 5s, a few gossip
+	// rounds. 0 trusts every report.
+	LoadTTL time.Duration
+
+	// DigestTTL ignores a digest whose DigestAt is older than this: a peer
+	// whose digest stopped arriving may hold claims its cache dropped long
+	// ago. Default 0 (never), since it needs gossip to refresh DigestAt on
+	// every full filter; set it to a few full-filter intervals.
+	DigestTTL time.Duration
+
+	// Slack and MinHeadroom set the load bound (CHWBL, as KubeAI does):
+	// with m the eligible peers' mean load counting this request,
+	// Bound = max(m*(1+Slack), m+MinHeadroom), and a peer with Load+1 >
+	// Bound is over it. Slack caps max/mean load at 1+Slack under pressure;
+	// default 0.25 (anchors §5.8: ≤125% of mean). MinHeadroom, in requests,
+	// keeps a lightly loaded cluster from spilling a prefix away from its
+	// holder for a request or two of imbalance; default 4. Larger values
+	// favour cache hits, smaller ones balance.
+	Slack       float64
+	MinHeadroom float64
+
+	// MinMatchKeys is the shortest match, in routing keys, that Affinity
+	// acts on. Below it, Affinity declines and the Chain moves on. Default
+	// 2: a single-key Bloom false positive (≈1%) must not pull traffic.
+	// Values below 1 mean 1.
+	MinMatchKeys int
+
+	// LoadTokens is the price of one unit of load in prefill tokens:
+	// Affinity scores a peer by MatchedTokens - LoadTokens*Load, so a peer
+	// with one more request queued must save LoadTokens more tokens to win.
+	// Default 64: affinity dominates within the bound, while near-equal
+	// matches go to the lighter peer. 0 ranks by saved tokens alone.
+	LoadTokens float64
+
+	// RendezvousKeys is how many leading routing keys Rendezvous hashes,
+	// and what Affinity and LeastLoad break ties with. Because keys are
+	// chained, this is the single key at index RendezvousKeys-1 (or the
+	// last key of a shorter prompt). Default 4 (64 tokens at 16 per key):
+	// requests that share a system prompt meet on one pod, while unrelated
+	// conversations under one short shared preamble spread. Values below 1
+	// mean 1.
+	RendezvousKeys int
+
+	// KVWeight is the load, in requests, of a full KV cache: a pod near
+	// full preempts or queues. Default 4.
+	KVWeight float64
+
+	// PrefillTokensPerLoad turns Load.QueuedPrefillTokens into load: one
+	// request's worth per this many queued tokens. Default 4096. 0 ignores
+	// the estimate.
+	PrefillTokensPerLoad int
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		FailFor:              10 * time.Second,
+		LoadTTL:              5 * time.Second,
+		Slack:                0.25,
+		MinHeadroom:          4,
+		MinMatchKeys:         2,
+		LoadTokens:           64,
+		RendezvousKeys:       4,
+		KVWeight:             4,
+		PrefillTokensPerLoad: 4096,
+	}
+}
+
+// RecentConfig bounds the speculative entries of a Recent.
+type RecentConfig struct {
+	// TTL is how long a recorded forward counts as cached on its target:
+	// long enough to cover the target's next digest, short enough that an
+	// entry vLLM never kept (a failed request, an eviction) stops pulling
+	// traffic soon. Default 5s. Values below 1ns mean the default.
+	TTL time.Duration
+	// MaxEntries caps memory, in (peer, key) entries (about 80 bytes each).
+	// When full, the oldest entries go first, tail keys before their
+	// prefixes. Default 65536 (≈5 MB): 32 requests of 32k tokens a second
+	// at 16 tokens a key. Values below 1 mean the default.
+	MaxEntries int
+}
+
+// DefaultRecentConfig returns the defaults documented on RecentConfig.
+func DefaultRecentConfig() RecentConfig {
+	return RecentConfig{TTL: 5 * time.Second, MaxEntries: 1 << 16}
+}

@@ -1,0 +1,87 @@
+// Package route chooses the pod that serves a request and explains why
+// (DESIGN.md D4, D6). It is pure: peers, the request and now come in, a
+// Decision comes out. There are no clocks, goroutines, locks or logs.
+//
+// # The choice
+//
+// The sidecar builds a []PeerView from its peer table (the local pod
+// included), a Request from the prompt's routing keys, and calls a Policy:
+//
+//	d := route.DefaultChain(cfg, recent).Choose(req, peers, now)
+//	switch {
+//	case d.Target == "" || d.Local:
+//		// serve locally (D6: routing is an optimisation)
+//	default:
+//		recent.Record(d.Target, req.Keys, now) // speculative entry
+//		// forward once to d.Target
+//	}
+//
+// DefaultChain tries three policies, each in its own file:
+//
+//  1. Affinity: the peer that saves the most prefill tokens, among peers
+//     within the load bound. It declines when the best match is shorter
+//     than MinMatchKeys, so a one-key Bloom false positive, or a short
+//     preamble every prompt shares, does not pull traffic.
+//  2. Rendezvous: for prefixes nobody holds, the highest random weight of
+//     (peer, first RendezvousKeys keys) within the bound, so independent
+//     sidecars send a burst of new same-prefix requests to one pod.
+//  3. LeastLoad: the lightest eligible peer; ties by rendezvous weight.
+//
+// # Eligibility
+//
+// A peer is eligible unless it is draining, a forward to it failed less
+// than FailFor ago, or it does not serve the request's model (empty Models
+// serves all). A peer with another key scheme is eligible but matches
+// nothing. With no eligible peer the Decision has no Target and Reason
+// "none", and the caller serves locally.
+//
+// # Load
+//
+// Load is one number, in requests:
+//
+//	Running + Waiting + InFlight + KVWeight*KVUsage + QueuedPrefillTokens/PrefillTokensPerLoad
+//
+// Running, Waiting, KVUsage and QueuedPrefillTokens come from the peer's
+// report and count only while younger than LoadTTL; a stale or missing
+// report leaves InFlight, what this sidecar itself has outstanding there.
+// InFlight is added even though the report may already count some of
+// those requests: the double count errs towards spreading, and it makes
+// every forward raise the target's load at once, which stops the herd of
+// one metrics interval (dynamo#589).
+//
+// # The load bound
+//
+// With m the mean load of eligible peers counting this request, a peer is
+// over the bound when Load+1 > max(m*(1+Slack), m+MinHeadroom). This is
+// consistent hashing with bounded loads (KubeAI's CHWBL, 125%): under
+// pressure no peer takes more than 1+Slack times its share, so a prefix
+// every request shares (the Mooncake conversation trace) cannot make a hot
+// spot; in a quiet cluster MinHeadroom lets a holder keep its prefix.
+// Affinity and Rendezvous pass over peers above the bound unless all are.
+//
+// # Score
+//
+// Affinity scores a peer in prefill tokens:
+//
+//	Score = MatchedTokens - LoadTokens*Load
+//
+// MatchedTokens is MatchedKeys*TokensPerKey: the work the peer skips.
+// LoadTokens prices a queued or running request in tokens, so that a
+// near-equal match goes to the lighter peer while a long match wins over
+// a few requests of imbalance; the bound, not the score, is what keeps
+// affinity from piling up. Ties, here and in every policy, go to the
+// higher rendezvous weight and then to the smaller ID, never to the order
+// of peers: sidecars that see the same table agree.
+//
+// # Speculation
+//
+// Recent records what this sidecar forwarded where, for a short TTL, and
+// Affinity counts it as cached (the max of digest and Recent). Recent is
+// not safe for concurrent use: the caller holds one lock around it.
+//
+// # Explanation
+//
+// Every Decision lists each peer's eligibility, matched keys and tokens,
+// load and score; Decision.Table renders it for /debug/route. The golden
+// scenarios in testdata show the table for each rule.
+package route

@@ -1,0 +1,65 @@
+package route
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Table renders the Decision as fixed-width text, one row per candidate in
+// peer order, with the chosen row marked '*'. It is what /debug/route
+// prints and what the scenario scripts in testdata compare, so its layout
+// changes only with a reviewed golden diff. It never contains a blank line.
+func (d Decision) Table() string {
+	var b strings.Builder
+	target := d.Target
+	if target == "" {
+		target = "-"
+	}
+	fmt.Fprintf(&b, "target %s  reason %s  local %t\n", target, d.Reason, d.Local)
+	fmt.Fprintf(&b, "eligible %d/%d  mean %s  bound %s\n",
+		d.Eligible, len(d.Candidates), num(d.Mean, 2), num(d.Bound, 2))
+	if d.Note != "" {
+		fmt.Fprintf(&b, "note %s\n", d.Note)
+	}
+	w := len("peer")
+	for _, c := range d.Candidates {
+		w = max(w, len(c.ID))
+	}
+	row := func(mark, id, keys, tokens, load, score, status string) {
+		line := fmt.Sprintf("%s %-*s %6s %7s %7s %10s  %s", mark, w, id, keys, tokens, load, score, status)
+		b.WriteString(strings.TrimRight(line, " "))
+		b.WriteByte('\n')
+	}
+	row(" ", "peer", "keys", "tokens", "load", "score", "status")
+	for _, c := range d.Candidates {
+		mark := " "
+		if c.Chosen {
+			mark = "*"
+		}
+		var status []string
+		if c.Local {
+			status = append(status, "local")
+		}
+		if !c.Eligible {
+			status = append(status, "excluded: "+c.Excluded)
+			row(mark, c.ID, "-", "-", "-", "-", strings.Join(status, ", "))
+			continue
+		}
+		if c.Over {
+			status = append(status, "over bound")
+		}
+		if c.Note != "" {
+			status = append(status, c.Note)
+		}
+		score := "-"
+		if c.Scored {
+			score = num(c.Score, 3)
+		}
+		row(mark, c.ID, strconv.Itoa(c.MatchedKeys), strconv.Itoa(c.MatchedTokens),
+			num(c.Load, 2), score, strings.Join(status, ", "))
+	}
+	return b.String()
+}
+
+func num(x float64, prec int) string { return strconv.FormatFloat(x, 'f', prec, 64) }

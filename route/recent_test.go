@@ -1,0 +1,137 @@
+package route
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+func TestRecent(t *testing.T) {
+	type rec struct {
+		peer string
+		keys []blockkey.Key
+		at   time.Duration // after t0
+	}
+	chain := keysN(1, 10)
+	tests := []struct {
+		name    string
+		cfg     RecentConfig
+		records []rec
+		peer    string
+		keys    []blockkey.Key
+		at      time.Duration
+		want    int
+	}{
+		{"empty", RecentConfig{}, nil, "a", chain, 0, 0},
+		{"whole chain", RecentConfig{}, []rec{{"a", chain, 0}}, "a", chain, time.Second, 10},
+		{"longer request", RecentConfig{}, []rec{{"a", chain[:4], 0}}, "a", chain, time.Second, 4},
+		{"other peer", RecentConfig{}, []rec{{"a", chain, 0}}, "b", chain, time.Second, 0},
+		{"diverging chain", RecentConfig{}, []rec{{"a", chain, 0}}, "a", append(keysN(1, 3), keysN(90, 5)...), time.Second, 3},
+		{"empty request", RecentConfig{}, []rec{{"a", chain, 0}}, "a", nil, time.Second, 0},
+		{"expired at the TTL", RecentConfig{TTL: time.Second}, []rec{{"a", chain, 0}}, "a", chain, time.Second, 0},
+		{"just before the TTL", RecentConfig{TTL: time.Second}, []rec{{"a", chain, 0}}, "a", chain, time.Second - 1, 10},
+		{"refresh extends the prefix only", RecentConfig{TTL: time.Second},
+			[]rec{{"a", chain, 0}, {"a", chain[:3], 500 * time.Millisecond}}, "a", chain, 1200 * time.Millisecond, 3},
+		{"max entries evicts the tail first", RecentConfig{MaxEntries: 6},
+			[]rec{{"a", chain[:4], 0}, {"a", chain, time.Millisecond}}, "a", chain, time.Second, 6},
+		{"max entries evicts the oldest request", RecentConfig{MaxEntries: 5},
+			[]rec{{"a", chain[:5], 0}, {"b", chain[:5], time.Millisecond}}, "a", chain, time.Second, 0},
+		{"request longer than max entries keeps its prefix", RecentConfig{MaxEntries: 3},
+			[]rec{{"a", chain, 0}}, "a", chain, time.Second, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRecent(tt.cfg)
+			for _, rc := range tt.records {
+				r.Record(rc.peer, rc.keys, t0.Add(rc.at))
+			}
+			if got := r.PrefixLen(tt.peer, tt.keys, t0.Add(tt.at)); got != tt.want {
+				t.Errorf("PrefixLen(%s, %v) = %d; want %d", tt.peer, tt.keys, got, tt.want)
+			}
+			// Expire must not change what PrefixLen reports.
+			r.Expire(t0.Add(tt.at))
+			if got := r.PrefixLen(tt.peer, tt.keys, t0.Add(tt.at)); got != tt.want {
+				t.Errorf("after Expire: PrefixLen = %d; want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestRecentBounded records far more than MaxEntries and checks memory
+// stays bounded and expiry empties the Recent.
+func TestRecentBounded(t *testing.T) {
+	r := NewRecent(RecentConfig{TTL: time.Second, MaxEntries: 1000})
+	for i := range 10000 {
+		r.Record("p", keysN(i*100, 64), t0.Add(time.Duration(i)*time.Microsecond))
+		if r.Len() > 1000 || len(r.queue) > 2*1000+1024+64 {
+			t.Fatalf("after %d records: %d live, queue %d; want ≤ 1000", i, r.Len(), len(r.queue))
+		}
+	}
+	last := keysN(9999*100, 64)
+	if got := r.PrefixLen("p", last, t0.Add(10*time.Millisecond)); got != 64 {
+		t.Errorf("newest record: PrefixLen = %d; want 64", got)
+	}
+	r.Expire(t0.Add(time.Hour))
+	if r.Len() != 0 || r.head != 0 || len(r.queue) != 0 {
+		t.Errorf("after Expire: %d live, head %d, queue %d; want empty", r.Len(), r.head, len(r.queue))
+	}
+}
+
+// TestRecentMatchesLinearScan checks the binary search against a linear
+// walk, over many interleaved records, refreshes and evictions.
+func TestRecentMatchesLinearScan(t *testing.T) {
+	r := NewRecent(RecentConfig{TTL: 50 * time.Millisecond, MaxEntries: 300})
+	convs := 20
+	for step := range 3000 {
+		now := t0.Add(time.Duration(step) * time.Millisecond)
+		c := (step * 7) % convs
+		n := 1 + (step*13)%60
+		chain := keysN(c*1000, n)
+		peer := string(rune('a' + c%3))
+		if got, want := r.PrefixLen(peer, chain, now), linear(r, peer, chain, now); got != want {
+			t.Fatalf("step %d: PrefixLen = %d; linear scan %d", step, got, want)
+		}
+		r.Record(peer, chain, now)
+	}
+}
+
+func linear(r *Recent, peer string, keys []blockkey.Key, now time.Time) int {
+	for i, k := range keys {
+		if exp, ok := r.live[recentKey{peer, k}]; !ok || exp <= now.UnixNano() {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+func TestRecentNil(t *testing.T) {
+	var r *Recent
+	r.Record("a", keysN(1, 3), t0)
+	r.Expire(t0)
+	if r.PrefixLen("a", keysN(1, 3), t0) != 0 || r.Len() != 0 {
+		t.Error("nil Recent holds something")
+	}
+}
+
+func TestRecentMatch(t *testing.T) {
+	r := NewRecent(RecentConfig{})
+	r.Record("a", keysN(1, 6), t0)
+	tests := []struct {
+		name string
+		p    PeerView
+		want int
+	}{
+		{"recent only", PeerView{ID: "a", KeyScheme: blockkey.Version}, 6},
+		{"digest longer", PeerView{ID: "a", KeyScheme: blockkey.Version, Digest: holds(keysN(1, 9))}, 9},
+		{"recent longer", PeerView{ID: "a", KeyScheme: blockkey.Version, Digest: holds(keysN(1, 2))}, 6},
+		{"other scheme", PeerView{ID: "a", KeyScheme: 7, Digest: holds(keysN(1, 9))}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := r.Match(tt.p, keysN(1, 10), t0); got != tt.want {
+				t.Errorf("Match = %d; want %d", got, tt.want)
+			}
+		})
+	}
+}

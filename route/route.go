@@ -1,0 +1,121 @@
+package route
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+// Matcher reports how many leading keys of a chain a peer holds.
+// *bloom.Digest and *kvindex.Index satisfy it. PrefixLen must stop at the
+// first miss and must be safe for concurrent reads if the caller shares it.
+type Matcher interface {
+	PrefixLen(keys []blockkey.Key) int
+}
+
+// Load is a peer's reported work, plus what this sidecar knows it sent.
+type Load struct {
+	Running int // requests vLLM is running (vllm:num_requests_running)
+	Waiting int // requests vLLM has queued (vllm:num_requests_waiting)
+	// KVUsage is the fraction of KV-cache blocks in use, 0..1
+	// (vllm:kv_cache_usage_perc). Values outside 0..1 are clamped.
+	KVUsage float64
+	// InFlight is the number of requests this sidecar sent to the peer that
+	// have not finished. It is the only load signal that is never stale.
+	InFlight int
+	// QueuedPrefillTokens is an optional estimate of uncached prompt tokens
+	// waiting for prefill on the peer; 0 when unknown.
+	QueuedPrefillTokens int
+}
+
+// PeerView is one peer as the caller's peer table sees it at the moment of
+// the choice. Policies read it and never keep it.
+type PeerView struct {
+	ID        string
+	Addr      string
+	Local     bool     // the pod this sidecar runs in
+	Models    []string // models served; empty means every model
+	KeyScheme int      // the peer's blockkey.Version; others get no matches
+	Digest    Matcher  // nil until the first digest arrives
+	// DigestAt is when Digest was last received or confirmed (a full filter
+	// or a delta). Config.DigestTTL ignores digests older than that.
+	DigestAt    time.Time
+	Load        Load
+	LoadAt      time.Time // when Load's reported fields were measured
+	LastFailure time.Time // last forward to the peer that failed; zero if none
+	Draining    bool
+}
+
+// Request is what a policy needs to know about one request.
+type Request struct {
+	Model string
+	// Keys are the prompt's routing keys (blockkey.Scheme.Request): a chain,
+	// so Keys[i] stands for every token up to the end of routing block i.
+	Keys []blockkey.Key
+	// TokensPerKey is how many prompt tokens one routing key covers
+	// (blockkey.Scheme.TokensPerKey); values below 1 mean DefaultTokensPerKey.
+	TokensPerKey int
+	// PromptTokens, when above 0, caps MatchedTokens (a match can never save
+	// more than the prompt).
+	PromptTokens int
+}
+
+// DefaultTokensPerKey is vLLM's default block size, used when a Request
+// does not say.
+const DefaultTokensPerKey = 16
+
+// Reasons a Decision names. They are stable strings: metrics label by them.
+const (
+	ReasonAffinity   = "affinity"
+	ReasonRendezvous = "rendezvous"
+	ReasonLeastLoad  = "least-load"
+	ReasonNone       = "none" // no target: the caller serves locally (D6)
+)
+
+// Candidate explains how one peer fared in a Decision. Candidates appear
+// in the order of the peers passed to Choose.
+type Candidate struct {
+	ID       string
+	Local    bool
+	Eligible bool
+	// Excluded says why the peer is not eligible: "draining",
+	// "failed 3s ago", "model". Empty when Eligible.
+	Excluded string
+	// MatchedKeys is the longest cached prefix, in routing keys, from the
+	// peer's digest or this sidecar's Recent entries, whichever is longer.
+	// Only Affinity computes it; 0 for a peer with another key scheme.
+	MatchedKeys   int
+	MatchedTokens int
+	// Load is the peer's load as one number, in requests (see doc.go).
+	Load float64
+	// Over is set when Load+1 exceeds the Decision's Bound: affinity and
+	// rendezvous pass the peer over unless every eligible peer is over.
+	Over bool
+	// Scored is set when the policy that decided ranked this peer; Score is
+	// meaningful only then. Higher is better in every policy.
+	Scored bool
+	Score  float64
+	Chosen bool
+	// Note lists facts that shaped the numbers: "stale load", "no digest",
+	// "scheme 2", "recent".
+	Note string
+}
+
+// Decision is a policy's choice and its explanation.
+type Decision struct {
+	Target string // peer ID; "" when no peer was chosen
+	Local  bool   // Target is the local peer
+	Reason string // one of the Reason constants
+	// Bound is the load bound: a peer with Load+1 > Bound is over it.
+	// Mean is the eligible peers' mean load counting this request.
+	Bound, Mean float64
+	Eligible    int    // eligible peers
+	Note        string // why earlier policies of a Chain declined
+	Candidates  []Candidate
+}
+
+// Policy chooses the peer that serves a request. Implementations are pure:
+// the same arguments give the same Decision, whatever the order of peers.
+type Policy interface {
+	Choose(req Request, peers []PeerView, now time.Time) Decision
+}

@@ -1,0 +1,131 @@
+package vllmsim
+
+// This file is the contract between the engine (this package) and its HTTP
+// and ZMQ edge (cmd/vllm-sim): its types, plus Engine (engine.go), Tokenizer
+// (tokenizer.go) and DefaultConfig (timing.go). Signatures change only
+// together with the edge.
+
+import (
+	"errors"
+	"time"
+
+	"github.com/kvroute/kvroute/kvevent"
+)
+
+// Errors returned by Submit. The HTTP edge maps them to vLLM's status codes.
+var (
+	// ErrTooLong: prompt plus max_tokens exceeds MaxModelLen (vLLM: 400).
+	ErrTooLong = errors.New("prompt exceeds max model length")
+	// ErrStopped: the engine is not running (restarting or shut down; 503).
+	ErrStopped = errors.New("engine stopped")
+	// ErrInvalid: empty prompt or MaxTokens < 1 (vLLM: 400).
+	ErrInvalid = errors.New("invalid request")
+)
+
+// Request is one generation request as the engine sees it: token ids in.
+type Request struct {
+	ID           string
+	PromptTokens []uint32
+	MaxTokens    int
+	// LoRA is the adapter name ("" for the base model); it enters the
+	// block hash as vLLM's extra key.
+	LoRA string
+	// CacheSalt enters the hash of the first block only (vLLM semantics).
+	CacheSalt string
+}
+
+// Usage is what vLLM reports in the response's usage object.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	// CachedTokens is the prefix-cache hit actually used
+	// (usage.prompt_tokens_details.cached_tokens).
+	CachedTokens int
+}
+
+// Output is one step's output for one request, delivered in order on
+// Stream.C. The last Output has Done set; the channel is then closed.
+type Output struct {
+	Tokens []uint32 // tokens generated in this step (may be empty)
+	Done   bool
+	// FinishReason is "length" or "stop" when Done, "abort" on cancel/restart.
+	FinishReason string
+	Usage        Usage // final figures when Done; PromptTokens/CachedTokens set from the first output on
+	// Sim timestamps: seconds of simulated time since engine start.
+	ArrivalSim    float64
+	FirstTokenSim float64 // 0 until the first token
+	NowSim        float64
+}
+
+// Stream delivers a request's outputs. C is closed after the Done output.
+type Stream struct {
+	C <-chan Output
+}
+
+// Stats are the engine's current load and counters (for /metrics).
+type Stats struct {
+	Running, Waiting      int
+	KVUsage               float64 // used blocks / total blocks, 0..1
+	NumGPUBlocks          int
+	BlockSize             int
+	PrefixQueriesTokens   uint64 // vllm:prefix_cache_queries
+	PrefixHitsTokens      uint64 // vllm:prefix_cache_hits
+	PromptTokensTotal     uint64
+	GenerationTokensTotal uint64
+	RequestsFinishedTotal uint64
+	Preemptions           uint64
+}
+
+// CachedBlock is one physical cached block (ground truth for tests).
+type CachedBlock struct {
+	Hash   uint64 // wire form (last 8 bytes of the digest, big-endian)
+	Parent *uint64
+	Tokens []uint32
+	LoRA   string
+	Copies int // physical copies holding this hash
+}
+
+// Timing is the simulated cost model; all durations are simulated time.
+type Timing struct {
+	StepOverhead    time.Duration // fixed cost of one scheduler step
+	PrefillPerToken time.Duration // per uncached prompt token computed in a step
+	DecodePerSeq    time.Duration // per running sequence decoding one token in a step
+}
+
+// Config of the engine. DefaultConfig documents the defaults.
+type Config struct {
+	Model               string
+	BlockSize           int
+	NumGPUBlocks        int
+	MaxNumSeqs          int
+	MaxNumBatchedTokens int
+	MaxModelLen         int
+	// HashAlgo is "sha256_cbor" (vLLM-exact) or "fast" (cheap, same chaining).
+	HashAlgo string
+	// HashSeed is PYTHONHASHSEED; when HashSeedSet is false the seed is
+	// random per engine (per restart), as in vLLM.
+	HashSeed    string
+	HashSeedSet bool
+	Timing      Timing
+	// TimeScale > 1 runs the simulated clock faster than real time.
+	TimeScale float64
+	// EventSink receives each step's KV events, in order, from the step
+	// loop. It must not block for long (the publisher queues).
+	EventSink func(ts float64, events []kvevent.Event)
+}
+
+// Message is one chat message as /v1/chat/completions and /tokenize take it.
+// Content is the text (array-of-parts content is flattened by the edge).
+type Message struct {
+	Role    string
+	Content string
+}
+
+// ChatOptions mirror vLLM's chat rendering fields.
+type ChatOptions struct {
+	AddGenerationPrompt  bool
+	ContinueFinalMessage bool
+	// Tools is the raw JSON of the tools array (rendered into the system
+	// turn), or nil.
+	Tools []byte
+}
