@@ -1,0 +1,279 @@
+package forward
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/rs/zerolog"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/route"
+)
+
+func init() { gin.SetMode(gin.ReleaseMode) }
+
+// keySet is a digest stand-in holding an exact set of keys.
+type keySet map[blockkey.Key]bool
+
+func (s keySet) PrefixLen(keys []blockkey.Key) int {
+	for i, k := range keys {
+		if !s[k] {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+type fakePeers struct {
+	mu     sync.Mutex
+	views  []route.PeerView
+	failed []string
+}
+
+func (f *fakePeers) Snapshot(time.Time) []route.PeerView {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]route.PeerView(nil), f.views...)
+}
+
+func (f *fakePeers) MarkFailed(p string, _ time.Time) {
+	f.mu.Lock()
+	f.failed = append(f.failed, p)
+	f.mu.Unlock()
+}
+
+// tokTokenizer tokenizes a completion text as one token per byte.
+type byteTokenizer struct{}
+
+func (byteTokenizer) Tokenize(_ context.Context, p Prompt) ([]uint32, error) {
+	out := make([]uint32, len(p.Text))
+	for i := range p.Text {
+		out[i] = uint32(p.Text[i])
+	}
+	return out, nil
+}
+
+// vllmStub answers like vLLM and says which pod it is.
+func vllmStub(t *testing.T, name string) (*httptest.Server, *[]http.Header) {
+	var mu sync.Mutex
+	var seen []http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		w.Header().Set("X-Pod", name)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","usage":{"prompt_tokens":64,"prompt_tokens_details":{"cached_tokens":48}}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &seen
+}
+
+type node struct {
+	h     *Handler
+	srv   *httptest.Server
+	vllm  *httptest.Server
+	seen  *[]http.Header
+	peers *fakePeers
+}
+
+func newNode(t *testing.T, name string) *node {
+	vllm, seen := vllmStub(t, name)
+	u, _ := url.Parse(vllm.URL)
+	cfg := DefaultConfig()
+	cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey = name, u, "m", []byte("k")
+	cfg.MaxBodyBytes = 1 << 10
+	fp := &fakePeers{}
+	h := New(cfg, fp, byteTokenizer{}, nil, zerolog.Nop())
+	e := gin.New()
+	h.Register(e)
+	e.NoRoute(h.Passthrough)
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	return &node{h: h, srv: srv, vllm: vllm, seen: seen, peers: fp}
+}
+
+func hostOf(s *httptest.Server) string { u, _ := url.Parse(s.URL); return u.Host }
+
+func post(t *testing.T, url, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+const prompt = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdefZ" // 4 blocks + 1
+
+func promptKeys() []blockkey.Key {
+	toks, _ := byteTokenizer{}.Tokenize(context.Background(), Prompt{Text: prompt})
+	return blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), toks)
+}
+
+func TestRoutesToHolder(t *testing.T) {
+	a, b := newNode(t, "a"), newNode(t, "b")
+	held := keySet{}
+	for _, k := range promptKeys() {
+		held[k] = true
+	}
+	now := time.Now()
+	a.peers.views = []route.PeerView{
+		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
+		{ID: "b", Addr: hostOf(b.srv), KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
+	}
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "b" || resp.Header.Get(ServedByHeader) != "b" {
+		t.Fatalf("status %d pod %q served-by %q; want 200 from b", resp.StatusCode, resp.Header.Get("X-Pod"), resp.Header.Get(ServedByHeader))
+	}
+	if got := resp.Header.Get(DecisionHeader); got != route.ReasonAffinity {
+		t.Errorf("decision = %q; want affinity", got)
+	}
+	if len(*b.seen) != 1 || (*b.seen)[0].Get(HopHeader) != "" {
+		t.Errorf("b's vLLM saw %d requests (hop header must be stripped): %v", len(*b.seen), *b.seen)
+	}
+	if len(*a.seen) != 0 {
+		t.Errorf("a's vLLM served %d requests; want 0", len(*a.seen))
+	}
+}
+
+func TestDeadPeerFallsBackToLocal(t *testing.T) {
+	a := newNode(t, "a")
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := l.Addr().String()
+	l.Close()
+	held := keySet{}
+	for _, k := range promptKeys() {
+		held[k] = true
+	}
+	now := time.Now()
+	a.peers.views = []route.PeerView{
+		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
+		{ID: "dead", Addr: dead, KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
+	}
+	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "a" {
+		t.Fatalf("status %d pod %q; want 200 from a", resp.StatusCode, resp.Header.Get("X-Pod"))
+	}
+	if got := resp.Header.Get(DecisionHeader); got != "affinity-retried" {
+		t.Errorf("decision = %q; want affinity-retried", got)
+	}
+	if len(a.peers.failed) != 1 || a.peers.failed[0] != "dead" {
+		t.Errorf("MarkFailed calls = %v; want [dead]", a.peers.failed)
+	}
+}
+
+func TestForgedHopIsRouted(t *testing.T) {
+	a, b := newNode(t, "a"), newNode(t, "b")
+	held := keySet{}
+	for _, k := range promptKeys() {
+		held[k] = true
+	}
+	now := time.Now()
+	a.peers.views = []route.PeerView{
+		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
+		{ID: "b", Addr: hostOf(b.srv), KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
+	}
+	forged := NewHop([]byte("not the key"), time.Minute).Sign("b", "a", now)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, map[string]string{HopHeader: forged})
+	if resp.Header.Get("X-Pod") != "b" {
+		t.Fatalf("forged hop header was trusted: served by %q; want b", resp.Header.Get("X-Pod"))
+	}
+	valid := NewHop([]byte("k"), time.Minute).Sign("b", "a", now)
+	resp = post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, map[string]string{HopHeader: valid})
+	if resp.Header.Get("X-Pod") != "a" || resp.Header.Get(DecisionHeader) != "hop" {
+		t.Fatalf("valid hop: served by %q decision %q; want a, hop", resp.Header.Get("X-Pod"), resp.Header.Get(DecisionHeader))
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	a := newNode(t, "a")
+	tests := []struct {
+		name, path, body string
+		status           int
+		typ              string
+	}{
+		{"malformed json", "/v1/chat/completions", `{"messages":`, 400, "BadRequestError"},
+		{"not an object", "/v1/completions", `[]`, 400, "BadRequestError"},
+		{"too large", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "RequestEntityTooLargeError"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := post(t, a.srv.URL+tt.path, tt.body, nil)
+			var e apiError
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tt.status || e.Error.Type != tt.typ || e.Error.Code != tt.status || e.Error.Message == "" {
+				t.Errorf("status %d body %+v; want %d %s", resp.StatusCode, e, tt.status, tt.typ)
+			}
+		})
+	}
+	// No prompt at all is still served (vLLM answers it), never refused here.
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m"}`, nil)
+	if resp.StatusCode != 200 {
+		t.Errorf("promptless request: status %d; want 200 from vLLM", resp.StatusCode)
+	}
+}
+
+func TestStreamingFlushesPerEvent(t *testing.T) {
+	release := make(chan struct{})
+	vllm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer vllm.Close()
+	u, _ := url.Parse(vllm.URL)
+	cfg := DefaultConfig()
+	cfg.Self, cfg.VLLM = "a", u
+	h := New(cfg, nil, nil, nil, zerolog.Nop())
+	e := gin.New()
+	h.Register(e)
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+	resp := post(t, srv.URL+"/v1/completions", `{"prompt":"hi","stream":true}`, nil)
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: {\"n\":1}\n" {
+		t.Fatalf("first event %q, %v: not flushed before the stream ended", line, err)
+	}
+	close(release)
+	rest, _ := io.ReadAll(br)
+	if string(rest) != "\ndata: [DONE]\n\n" {
+		t.Errorf("rest of stream = %q", rest)
+	}
+}
+
+func TestUsageTap(t *testing.T) {
+	body := `data: {"choices":[]}` + "\n\n" + `data: {"usage":{"prompt_tokens_details":{"cached_tokens": 1234}}}` + "\n\n"
+	for split := 1; split < len(body); split++ {
+		got := -1
+		u := newUsageTap(io.NopCloser(strings.NewReader("")), func(v int) { got = v })
+		u.scan([]byte(body[:split]))
+		u.scan([]byte(body[split:]))
+		if got != 1234 {
+			t.Fatalf("split at %d: found %d; want 1234", split, got)
+		}
+	}
+}

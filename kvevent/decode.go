@@ -1,0 +1,581 @@
+package kvevent
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// field names one event field; its wire name is fieldNames[f].
+type field uint8
+
+const (
+	fHashes field = iota
+	fParent
+	fTokens
+	fBlockSize
+	fLoRAID
+	fMedium
+	fLoRAName
+	fExtraKeys
+	fGroupIdx
+	fSpecKind
+	fSlidingWindow
+	fLocality
+)
+
+var fieldNames = [...]string{
+	fHashes:        "block_hashes",
+	fParent:        "parent_block_hash",
+	fTokens:        "token_ids",
+	fBlockSize:     "block_size",
+	fLoRAID:        "lora_id",
+	fMedium:        "medium",
+	fLoRAName:      "lora_name",
+	fExtraKeys:     "extra_keys",
+	fGroupIdx:      "group_idx",
+	fSpecKind:      "kv_cache_spec_kind",
+	fSlidingWindow: "kv_cache_spec_sliding_window",
+	fLocality:      "locality",
+}
+
+// Field order is msgspec's declaration order (vllm-interface.md §2.3); the
+// positional form is [tag, fields[0], fields[1], ...]. required counts the
+// leading fields without a default, which msgspec always writes.
+var (
+	storedFields = []field{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium,
+		fLoRAName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow, fLocality}
+	removedFields = []field{fHashes, fMedium, fGroupIdx, fLocality}
+)
+
+const (
+	storedRequired  = 7 // through lora_name
+	removedRequired = 2 // block_hashes, medium
+)
+
+func fieldsOf(k Kind) []field {
+	switch k {
+	case BlockStored:
+		return storedFields
+	case BlockRemoved:
+		return removedFields
+	}
+	return nil
+}
+
+func fieldByName(name []byte) (field, bool) {
+	for f, n := range fieldNames {
+		if string(name) == n {
+			return field(f), true
+		}
+	}
+	return 0, false
+}
+
+// kindOf maps a wire tag to its Kind and returns the tag as a string,
+// without allocating for the known ones.
+func kindOf(tag []byte) (Kind, string) {
+	for _, k := range [...]Kind{BlockStored, BlockRemoved, AllBlocksCleared} {
+		if s := k.String(); string(tag) == s {
+			return k, s
+		}
+	}
+	return Unknown, string(tag)
+}
+
+// Decode decodes one msgpack payload (frame 2 of a live message) into a
+// Batch with Topic and Seq unset. It accepts every wire variant described
+// in the package doc. On failure it returns a zero Batch and a
+// *DecodeError: one bad event fails the whole batch, because applying the
+// rest out of context could corrupt a chain.
+func Decode(payload []byte) (Batch, error) {
+	d := decoder{r: reader{b: payload}, event: -1}
+	b, err := d.batch()
+	if err != nil {
+		return Batch{}, &DecodeError{Offset: d.r.off, Event: d.event, Field: d.field, Err: err}
+	}
+	return b, nil
+}
+
+// DecodeFrames decodes a live ZMQ message [topic, seq, payload], where seq
+// is at least 8 bytes whose first 8 are a big-endian uint64. When only the
+// payload is bad it returns the Batch with Topic and Seq set alongside the
+// error, so the caller can still track the sequence (a bad batch is a lost
+// batch, not a restart).
+func DecodeFrames(frames [][]byte) (Batch, error) {
+	if len(frames) != 3 {
+		return Batch{}, fmt.Errorf("decode frames: %w: %d frames, want 3", ErrFrames, len(frames))
+	}
+	if len(frames[1]) < 8 {
+		return Batch{}, fmt.Errorf("decode frames: %w: seq frame of %d bytes, want 8", ErrFrames, len(frames[1]))
+	}
+	topic, seq := string(frames[0]), binary.BigEndian.Uint64(frames[1])
+	b, err := Decode(frames[2])
+	b.Topic, b.Seq = topic, seq
+	return b, err
+}
+
+// decoder carries the position for error reports.
+type decoder struct {
+	r     reader
+	event int
+	field string
+}
+
+func (d *decoder) batch() (Batch, error) {
+	var b Batch
+	c, err := d.r.peek()
+	if err != nil {
+		return b, err
+	}
+	switch {
+	case isArray(c):
+		n, err := d.r.arrayLen()
+		if err != nil {
+			return b, err
+		}
+		if n < 2 {
+			return b, fmt.Errorf("%w: batch array of %d elements, want [ts, events, ...]", ErrShape, n)
+		}
+		for i := range n {
+			if err := d.batchField(&b, i); err != nil {
+				return b, err
+			}
+		}
+	case isMap(c):
+		n, err := d.r.mapLen()
+		if err != nil {
+			return b, err
+		}
+		var seen [3]bool
+		for range n {
+			d.field = ""
+			key, _, err := d.r.raw()
+			if err != nil {
+				return b, err
+			}
+			i := slices.Index(batchFields[:], string(key))
+			if i < 0 {
+				if err := d.r.skip(1); err != nil {
+					return b, err
+				}
+				continue
+			}
+			seen[i] = true
+			if err := d.batchField(&b, i); err != nil {
+				return b, err
+			}
+		}
+		if !seen[0] || !seen[1] {
+			d.field = ""
+			return b, fmt.Errorf("%w: batch map without ts or events", ErrShape)
+		}
+	default:
+		return b, fmt.Errorf("%w: 0x%02x, want batch array or map", ErrType, c)
+	}
+	d.field = ""
+	if d.r.left() != 0 {
+		return b, ErrTrailing
+	}
+	return b, nil
+}
+
+var batchFields = [...]string{"ts", "events", "data_parallel_rank"}
+
+// batchField decodes the batch field at position i of batchFields; later
+// positions are skipped.
+func (d *decoder) batchField(b *Batch, i int) error {
+	if i >= len(batchFields) {
+		d.field = ""
+		return d.r.skip(1)
+	}
+	d.field = batchFields[i]
+	var err error
+	switch i {
+	case 0:
+		b.TS, err = d.r.float()
+	case 1:
+		b.Events, err = d.events()
+	case 2:
+		b.DPRank, err = d.optInt()
+	}
+	return err
+}
+
+func (d *decoder) events() ([]Event, error) {
+	if d.r.nil() {
+		return nil, nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	// An Event is ~200 bytes while its smallest encoding is 2, so grow as
+	// events arrive rather than trusting n for the whole allocation.
+	evs := make([]Event, 0, min(n, 64))
+	for i := range n {
+		d.event = i
+		e, err := d.decodeEvent()
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, e)
+	}
+	d.event, d.field = -1, ""
+	return evs, nil
+}
+
+func (d *decoder) decodeEvent() (Event, error) {
+	var e Event
+	d.field = "type"
+	c, err := d.r.peek()
+	if err != nil {
+		return e, err
+	}
+	switch {
+	case isArray(c):
+		n, err := d.r.arrayLen()
+		if err != nil {
+			return e, err
+		}
+		if n == 0 {
+			return e, fmt.Errorf("%w: empty event array", ErrShape)
+		}
+		if err := d.tag(&e); err != nil {
+			return e, err
+		}
+		fields := fieldsOf(e.Kind)
+		for j := 1; j < n; j++ {
+			if j-1 >= len(fields) {
+				d.field = ""
+				if err := d.r.skip(1); err != nil {
+					return e, err
+				}
+				continue
+			}
+			if err := d.decodeField(&e, fields[j-1]); err != nil {
+				return e, err
+			}
+		}
+		return e, nil
+	case isMap(c):
+		n, err := d.r.mapLen()
+		if err != nil {
+			return e, err
+		}
+		return e, d.mapEvent(&e, n)
+	}
+	return e, fmt.Errorf("%w: 0x%02x, want event array or map", ErrType, c)
+}
+
+// mapEvent decodes the n entries of a map event. Fields are looked up by
+// name; the "type" key comes first from msgspec, but any order is
+// accepted at the cost of a pre-scan.
+func (d *decoder) mapEvent(e *Event, n int) error {
+	start := d.r.off
+	found := false
+	for range n {
+		key, _, err := d.r.raw()
+		if err != nil {
+			return err
+		}
+		if string(key) == "type" {
+			if err := d.tag(e); err != nil {
+				return err
+			}
+			found = true
+			break
+		}
+		if err := d.r.skip(1); err != nil {
+			return err
+		}
+	}
+	if !found {
+		d.field = ""
+		return fmt.Errorf("%w: event map without type", ErrShape)
+	}
+	d.r.off = start
+	for range n {
+		d.field = ""
+		key, _, err := d.r.raw()
+		if err != nil {
+			return err
+		}
+		f, ok := fieldByName(key)
+		if !ok || !slices.Contains(fieldsOf(e.Kind), f) {
+			// "type" (already read), unknown keys and fields of other kinds.
+			if err := d.r.skip(1); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := d.decodeField(e, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *decoder) tag(e *Event) error {
+	d.field = "type"
+	p, _, err := d.r.raw()
+	if err != nil {
+		return err
+	}
+	e.Kind, e.Tag = kindOf(p)
+	return nil
+}
+
+func (d *decoder) decodeField(e *Event, f field) error {
+	d.field = fieldNames[f]
+	var err error
+	switch f {
+	case fHashes:
+		e.BlockHashes, err = d.hashes()
+	case fParent:
+		e.Parent = nil
+		if !d.r.nil() {
+			var h uint64
+			if h, err = d.r.hash(); err == nil && h != 0 {
+				e.Parent = &h
+			}
+		}
+	case fTokens:
+		e.TokenIDs, err = d.tokens()
+	case fBlockSize:
+		e.BlockSize = 0
+		if !d.r.nil() {
+			var v int64
+			start := d.r.off
+			if v, err = d.r.int64(); err == nil {
+				if v < 0 || v > math.MaxInt {
+					d.r.off = start
+					err = fmt.Errorf("%w: block size %d", ErrRange, v)
+				}
+				e.BlockSize = int(v)
+			}
+		}
+	case fLoRAID:
+		e.LoRAID, err = d.optInt()
+	case fMedium:
+		e.Medium, err = d.optStr()
+	case fLoRAName:
+		e.LoRAName, err = d.optStr()
+	case fExtraKeys:
+		e.ExtraKeys, err = d.extraKeys()
+	case fGroupIdx:
+		e.GroupIdx, err = d.optInt()
+	case fSpecKind:
+		e.KVCacheSpecKind, err = d.optStr()
+	case fSlidingWindow:
+		e.KVCacheSpecSlidingWindow, err = d.optInt()
+	case fLocality:
+		e.Locality, err = d.optStr()
+	}
+	return err
+}
+
+// hashes decodes a hash array; an empty or nil array gives nil.
+func (d *decoder) hashes() ([]uint64, error) {
+	if d.r.nil() {
+		return nil, nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	hs := make([]uint64, n)
+	for i := range hs {
+		if hs[i], err = d.r.hash(); err != nil {
+			return nil, err
+		}
+	}
+	return hs, nil
+}
+
+// tokens decodes token ids, which must fit uint32; an empty or nil array
+// gives nil.
+func (d *decoder) tokens() ([]uint32, error) {
+	if d.r.nil() {
+		return nil, nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	ts := make([]uint32, n)
+	r := &d.r
+	for i := range ts {
+		// Inline the forms msgspec writes for token ids < 2^32.
+		if r.off < len(r.b) {
+			switch c := r.b[r.off]; {
+			case c <= 0x7f:
+				ts[i] = uint32(c)
+				r.off++
+				continue
+			case c == 0xcd && r.left() >= 3:
+				ts[i] = uint32(binary.BigEndian.Uint16(r.b[r.off+1:]))
+				r.off += 3
+				continue
+			case c == 0xce && r.left() >= 5:
+				ts[i] = binary.BigEndian.Uint32(r.b[r.off+1:])
+				r.off += 5
+				continue
+			}
+		}
+		start := r.off
+		v, neg, err := r.integer()
+		if err != nil {
+			return nil, err
+		}
+		if neg || v > math.MaxUint32 {
+			r.off = start
+			if neg {
+				return nil, fmt.Errorf("%w: token id %d", ErrRange, int64(v))
+			}
+			return nil, fmt.Errorf("%w: token id %d", ErrRange, v)
+		}
+		ts[i] = uint32(v)
+	}
+	return ts, nil
+}
+
+func (d *decoder) optInt() (*int64, error) {
+	if d.r.nil() {
+		return nil, nil
+	}
+	v, err := d.r.int64()
+	if err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+func (d *decoder) optStr() (*string, error) {
+	if d.r.nil() {
+		return nil, nil
+	}
+	p, _, err := d.r.raw()
+	if err != nil {
+		return nil, err
+	}
+	s := intern(p)
+	return &s, nil
+}
+
+// intern returns the common string values without copying their bytes.
+func intern(p []byte) string {
+	for _, s := range [...]string{"GPU", "CPU", "full_attention"} {
+		if string(p) == s {
+			return s
+		}
+	}
+	return string(p)
+}
+
+// extraKeys decodes extra_keys: per block, nil or an array of keys. An
+// empty array (outer or per block) gives nil, like an absent one.
+func (d *decoder) extraKeys() ([][]any, error) {
+	if d.r.nil() {
+		return nil, nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	out := make([][]any, n)
+	for i := range out {
+		if d.r.nil() {
+			continue
+		}
+		m, err := d.r.arrayLen()
+		if err != nil {
+			return nil, err
+		}
+		if m == 0 {
+			continue
+		}
+		keys := make([]any, m)
+		for j := range keys {
+			if keys[j], err = d.r.value(3); err != nil {
+				return nil, err
+			}
+		}
+		out[i] = keys
+	}
+	return out, nil
+}
+
+// value decodes any msgpack value into the normalised Go forms documented
+// on Event.ExtraKeys. Extension types are refused: msgspec does not write
+// them for anything vLLM puts in an event.
+func (r *reader) value(depth int) (any, error) {
+	if depth > maxDepth {
+		return nil, ErrDepth
+	}
+	c, err := r.peek()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c == 0xc0:
+		r.off++
+		return nil, nil
+	case c == 0xc2 || c == 0xc3:
+		r.off++
+		return c == 0xc3, nil
+	case c == 0xca || c == 0xcb:
+		return r.float()
+	case c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xd3):
+		v, neg, err := r.integer()
+		if err != nil {
+			return nil, err
+		}
+		if !neg && v > math.MaxInt64 {
+			return v, nil
+		}
+		return int64(v), nil
+	case c&0xe0 == 0xa0 || (c >= 0xc4 && c <= 0xc6) || (c >= 0xd9 && c <= 0xdb):
+		p, bin, err := r.raw()
+		if err != nil {
+			return nil, err
+		}
+		if bin {
+			return slices.Clone(p), nil
+		}
+		return string(p), nil
+	case isArray(c):
+		n, err := r.arrayLen()
+		if err != nil {
+			return nil, err
+		}
+		a := make([]any, n)
+		for i := range a {
+			if a[i], err = r.value(depth + 1); err != nil {
+				return nil, err
+			}
+		}
+		return a, nil
+	case isMap(c):
+		n, err := r.mapLen()
+		if err != nil {
+			return nil, err
+		}
+		m := make(map[string]any, n)
+		for range n {
+			k, bin, err := r.raw()
+			if err != nil {
+				return nil, err
+			}
+			if bin {
+				return nil, fmt.Errorf("%w: bin map key, want string", ErrType)
+			}
+			if m[string(k)], err = r.value(depth + 1); err != nil {
+				return nil, err
+			}
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("%w: 0x%02x in extra key", ErrType, c)
+}
