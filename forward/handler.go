@@ -450,3 +450,14 @@ func hopReason(err error) string {
 	}
 	return "malformed"
 }
+
+// Explain returns the decision the front would make for a request body,
+// without serving it (the admin /debug/route endpoint).
+func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.Decision, int, error) {
+	p, perr := ParsePrompt(body, chat)
+	if errors.Is(perr, errBadJSON) {
+		return route.Decision{}, 0, perr
+	}
+	keys, tokens := h.keys(ctx, p, perr)
+	return h.choose(p.Model, keys, tokens), len(keys), nil
+}

@@ -1,0 +1,27 @@
+// Package baseline holds the central-proxy routing policies kvroute is
+// compared with, and the proxy that runs them in front of the same
+// simulated pods (cmd/kvproxy):
+//
+//   - round-robin: the next pod in turn.
+//   - least-loaded: fewest requests in flight from this proxy (KubeAI
+//     LeastLoad); ties to the lowest index.
+//   - chwbl: KubeAI PrefixHash, consistent hashing with bounded loads on the
+//     first 100 characters of the prompt, 256 virtual nodes per pod, load
+//     factor 1.25.
+//   - approx-prefix: the Gateway API Inference Extension's approximate
+//     prefix scorer: 64-character blocks hashed in a chain, a per-pod LRU of
+//     what was sent where (routing history), weights queue 2, kv-cache 2,
+//     prefix 3, max score with seeded random ties.
+//   - central-precise: one router holding an exact kvindex per pod, fed by
+//     every pod's KV events, scoring with kvroute's own route.DefaultChain
+//     (the llm-d EPP architecture with no gossip staleness and no Bloom
+//     false positives).
+//
+// The "service" baseline is no proxy policy: it is chaos.Service straight to
+// the simulators.
+//
+// A Policy is a value machine: it gets the request, every pod's state and
+// now, and returns an index. The Proxy does the I/O (body parsing,
+// tokenizing, metric scrapes, event subscriptions) and serialises calls to
+// Pick, so policies need no locks of their own.
+package baseline

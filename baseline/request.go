@@ -1,0 +1,97 @@
+package baseline
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/forward"
+)
+
+// Request is what the policies read from one OpenAI request.
+type Request struct {
+	// Model is the request's model field.
+	Model string
+	// FirstUser is what KubeAI hashes: the completions prompt, or the first
+	// user message of a chat (text parts joined). Token prompts are their
+	// decimal ids joined by commas.
+	FirstUser string
+	// Input is what GIE's approximate scorer hashes: the completions prompt
+	// (token prompts as for FirstUser) or the compact JSON of the chat
+	// messages.
+	Input string
+	// Tokens are the prompt's token ids, nil until known (central-precise
+	// asks a simulator's /tokenize for text prompts).
+	Tokens []uint32
+	// Salt is the request's cache_salt.
+	Salt string
+}
+
+// requestFrom derives the policy inputs from a parsed body.
+func requestFrom(p forward.Prompt) Request {
+	r := Request{Model: p.Model, Tokens: p.Tokens, Salt: p.CacheSalt}
+	switch {
+	case p.Chat:
+		r.FirstUser = firstUserMessage(p.Messages)
+		var b bytes.Buffer
+		if json.Compact(&b, p.Messages) == nil {
+			r.Input = b.String()
+		}
+	case p.Tokens != nil:
+		r.FirstUser = joinIDs(p.Tokens)
+		r.Input = r.FirstUser
+	default:
+		r.FirstUser, r.Input = p.Text, p.Text
+	}
+	return r
+}
+
+// joinIDs renders token ids as "1,2,3".
+func joinIDs(ids []uint32) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(uint64(id), 10))
+	}
+	return b.String()
+}
+
+// firstUserMessage returns the text of the first message with role "user":
+// a string content, or the "text" parts of an array content joined by
+// newlines. Malformed messages give "".
+func firstUserMessage(raw json.RawMessage) string {
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(raw, &msgs) != nil {
+		return ""
+	}
+	for _, m := range msgs {
+		if m.Role != "user" {
+			continue
+		}
+		var s string
+		if json.Unmarshal(m.Content, &s) == nil {
+			return s
+		}
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(m.Content, &parts) != nil {
+			return ""
+		}
+		var texts []string
+		for _, p := range parts {
+			if p.Type == "text" {
+				texts = append(texts, p.Text)
+			}
+		}
+		return strings.Join(texts, "\n")
+	}
+	return ""
+}

@@ -1,0 +1,26 @@
+// Package chaos runs a kvroute cluster on one machine and breaks it on
+// purpose: N simulated pods, each a vllm-sim plus (optionally) a sidecar, on
+// their own loopback address, joined into one mesh, with a Service in front.
+//
+// A pod i (0-based) is named "pod<i+1>" and lives on Subnet.<i+2>, with the
+// ports a Kubernetes pod would use: the sidecar's API on :8000, its admin
+// port on :9090 and gossip on :7946, vLLM (the simulator) on :8001. The
+// KV-event sockets are ipc:// paths under Dir, one pair per pod, since every
+// pod would otherwise need the same TCP port 5557. Subnet.1 is left for the
+// Service or a central proxy.
+//
+// The life of a cluster:
+//
+//	c, err := chaos.Start(ctx, cfg) // builds binaries if needed, waits ready
+//	if err != nil { ... }           // Start cleans up after itself on error
+//	defer c.Stop()
+//	svc, err := chaos.ListenService(chaos.ServiceConfig{
+//		Addr: c.ServiceAddr(8000), Backends: c.APIAddrs(), Seed: 1})
+//	defer svc.Close()
+//	// ... send requests to svc.Addr(); c.Kill(1); c.Restart(ctx, 1) ...
+//
+// Every process runs in its own process group with its output in
+// Dir/logs/<pod>-{sim,sidecar}.log; Stop sends SIGTERM, waits
+// ClusterConfig.StopGrace, then SIGKILLs, reaps every process and removes
+// the sockets, whatever state the fault hooks left the pods in.
+package chaos

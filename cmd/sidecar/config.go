@@ -1,0 +1,139 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// config is everything `sidecar serve` needs, from flags with
+// KVROUTE_<NAME> environment twins (flag wins over env, env over default).
+type config struct {
+	Listen        string
+	AdminListen   string
+	VLLMURL       string
+	Model         string
+	NodeName      string
+	AdvertiseAddr string
+	GossipPort    int
+	Join          []string
+	SecretFile    string
+	ClusterLabel  string
+
+	EventsEndpoint       string
+	EventsBind           bool
+	EventsTopic          string
+	EventsReplayEndpoint string
+	DPRanks              int
+
+	BlockSize      int
+	RoutingStride  int
+	CapacityBlocks int
+	FPRate         float64
+
+	MaxBodyBytes   int64
+	DrainTimeout   time.Duration
+	LoadInterval   time.Duration
+	DigestInterval time.Duration
+	LogLevel       string
+	LogFormat      string
+}
+
+// envName is a flag's environment twin: --kv-events-endpoint →
+// KVROUTE_KV_EVENTS_ENDPOINT.
+func envName(flagName string) string {
+	return "KVROUTE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseServe parses the serve flags. A flag not given on the command line
+// takes its KVROUTE_<NAME> environment twin when that is set.
+func parseServe(args []string, getenv func(string) string, out io.Writer) (config, error) {
+	var c config
+	var join string
+	fs := flag.NewFlagSet("sidecar serve", flag.ContinueOnError)
+	fs.SetOutput(out)
+	host, _ := os.Hostname()
+	fs.StringVar(&c.Listen, "listen", ":8000", "address of the OpenAI API, for clients (via the Service) and for peer sidecars")
+	fs.StringVar(&c.AdminListen, "admin-listen", ":9090", "address of /metrics, /debug/*, /readyz, /livez, /drain")
+	fs.StringVar(&c.VLLMURL, "vllm-url", "http://127.0.0.1:8001", "base URL of the local vLLM server")
+	fs.StringVar(&c.Model, "model", "", "base model name that block keys are seeded with (default: the local vLLM's first /v1/models entry)")
+	fs.StringVar(&c.NodeName, "node-name", firstNonEmpty(getenv("POD_NAME"), host), "unique node name in the mesh (default: $POD_NAME, else the hostname)")
+	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", getenv("POD_IP"), "IP that peers use to reach this pod (default: $POD_IP)")
+	fs.IntVar(&c.GossipPort, "gossip-port", 7946, "memberlist port (UDP and TCP)")
+	fs.StringVar(&join, "join", "", "comma-separated seeds (host:port or DNS names, re-resolved periodically), e.g. the headless Service")
+	fs.StringVar(&c.SecretFile, "cluster-secret-file", "", "file holding the cluster secret; the gossip and hop-authentication keys derive from it (without it: unauthenticated, for local use only)")
+	fs.StringVar(&c.ClusterLabel, "cluster-label", "kvroute", "memberlist label; members with another label are rejected")
+	fs.StringVar(&c.EventsEndpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "vLLM's KV-event PUB endpoint")
+	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM configured to connect out)")
+	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to (vLLM's kv_events_config topic)")
+	fs.StringVar(&c.EventsReplayEndpoint, "kv-events-replay-endpoint", "", "vLLM's replay ROUTER endpoint; enables exact recovery after lost events")
+	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks; rank r publishes on port+r")
+	fs.IntVar(&c.BlockSize, "block-size", 16, "vLLM's block size in tokens (events carry it too)")
+	fs.IntVar(&c.RoutingStride, "routing-stride", 1, "routing granularity in vLLM blocks (one digest key per stride x block-size tokens)")
+	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")
+	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
+	fs.DurationVar(&c.LoadInterval, "load-interval", time.Second, "how often the local vLLM's load is scraped and advertised")
+	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: sidecar [serve] [flags]\n       sidecar events [flags]\n\nEvery flag has an environment twin KVROUTE_<NAME> (e.g. --vllm-url: KVROUTE_VLLM_URL).\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v := getenv(envName(f.Name)); v != "" && !set[f.Name] && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return c, envErr
+	}
+	for _, s := range strings.Split(join, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			c.Join = append(c.Join, s)
+		}
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	switch {
+	case c.NodeName == "":
+		return errors.New("--node-name is empty and no hostname is known")
+	case c.BlockSize <= 0 || c.RoutingStride <= 0:
+		return errors.New("--block-size and --routing-stride must be positive")
+	case c.FPRate <= 0 || c.FPRate >= 1:
+		return errors.New("--digest-fp-rate must be in (0, 1)")
+	case c.DPRanks < 1:
+		return errors.New("--kv-events-dp-ranks must be at least 1")
+	case c.MaxBodyBytes <= 0:
+		return errors.New("--max-body-bytes must be positive")
+	}
+	return nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

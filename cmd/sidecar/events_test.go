@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/vllmclient"
+	zmq "github.com/pebbe/zmq4"
+)
+
+var updateEvents = flag.Bool("update-events", false, "rewrite testdata/events.golden")
+
+func p[T any](v T) *T { return &v }
+
+// eventItems covers every line shape: all three event types with set and
+// nil optional fields, a hash above 2^63 (printed as an unsigned integer),
+// a batch without dp rank, and each notice.
+func eventItems() []vllmclient.Item {
+	s := vllmclient.Stream{Topic: "kv@10.0.0.1@qwen", Rank: 1}
+	return []vllmclient.Item{
+		{Kind: vllmclient.KindBatch, Stream: s, Batch: kvevent.Batch{
+			Topic: s.Topic, Seq: 41, TS: 1764403200.125, DPRank: p(int64(1)),
+			Events: []kvevent.Event{
+				{Kind: kvevent.BlockStored, Tag: "BlockStored", BlockHashes: []uint64{15760518052499183552, 7},
+					TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, Medium: p("GPU")},
+				{Kind: kvevent.BlockStored, Tag: "BlockStored", BlockHashes: []uint64{9}, Parent: p(uint64(7)),
+					TokenIDs: []uint32{9, 10, 11, 12}, BlockSize: 4, LoRAName: p("Alice"), Medium: p("GPU")},
+				{Kind: kvevent.BlockStored, Tag: "BlockStored", BlockHashes: []uint64{10}, BlockSize: 4, Medium: p("CPU")},
+			},
+		}},
+		{Kind: vllmclient.KindGap, Stream: s, Expected: 42, Got: 45},
+		{Kind: vllmclient.KindBatch, Stream: s, Replayed: true, Batch: kvevent.Batch{
+			Topic: s.Topic, Seq: 45, TS: 1764403201,
+			Events: []kvevent.Event{
+				{Kind: kvevent.BlockRemoved, Tag: "BlockRemoved", BlockHashes: []uint64{15760518052499183552}, Medium: p("GPU")},
+				{Kind: kvevent.BlockRemoved, Tag: "BlockRemoved", BlockHashes: []uint64{9}},
+				{Kind: kvevent.AllBlocksCleared, Tag: "AllBlocksCleared"},
+				{Kind: kvevent.Unknown, Tag: "BlockMoved"},
+			},
+		}},
+		{Kind: vllmclient.KindRestart, Stream: s, Seq: 0},
+		{Kind: vllmclient.KindDecodeError, Stream: s, Seq: 3, Err: errors.New(`decode batch seq 3: bad "tag"`)},
+	}
+}
+
+func TestWriteItemGolden(t *testing.T) {
+	var buf bytes.Buffer
+	events := 0
+	for _, it := range eventItems() {
+		n, err := writeItem(&buf, it, 0)
+		if err != nil {
+			t.Fatalf("writeItem: %v", err)
+		}
+		events += n
+	}
+	if events != 7 {
+		t.Errorf("events written = %d; want 7", events)
+	}
+	path := filepath.Join("testdata", "events.golden")
+	if *updateEvents {
+		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update-events to create it)", err)
+	}
+	if got := buf.String(); got != string(want) {
+		t.Errorf("output differs from %s:\n got:\n%s\nwant:\n%s", path, got, want)
+	}
+}
+
+func TestWriteItemLimit(t *testing.T) {
+	var buf bytes.Buffer
+	n, err := writeItem(&buf, eventItems()[0], 2)
+	if err != nil || n != 2 || strings.Count(buf.String(), "\n") != 2 {
+		t.Errorf("writeItem(max 2) = %d, %v with %q; want 2 lines", n, err, buf.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestPrintEventsCount runs the tool against a real PUB socket and checks
+// that --count stops it cleanly after exactly that many event lines.
+func TestPrintEventsCount(t *testing.T) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zctx.Term()
+	pub, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	pub.SetLinger(0)
+	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := pub.GetLastEndpoint()
+
+	cfg := vllmclient.LocalConfig()
+	cfg.Endpoint = ep
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- printEvents(context.Background(), cfg, 4, &out) }()
+
+	// Publish 3-event batches until the tool has printed 4 events and quit
+	// (the first batches may be lost to the slow joiner).
+	b := eventItems()[0].Batch
+	deadline := time.After(10 * time.Second)
+	for seq := uint64(0); ; seq++ {
+		b.Seq = seq
+		f, err := kvevent.EncodeFrames(b, kvevent.MapEncoding)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.SendMessage(f[0], f[1], f[2]); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("printEvents: %v", err)
+			}
+			lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+			if len(lines) != 4 {
+				t.Fatalf("printed %d lines; want 4:\n%s", len(lines), out.String())
+			}
+			for _, l := range lines {
+				if !strings.HasPrefix(l, `{"kind":"event","topic":"kv@10.0.0.1@qwen","seq":`) {
+					t.Errorf("line %s; want an event line", l)
+				}
+			}
+			return
+		case <-deadline:
+			t.Fatalf("tool did not stop; output so far:\n%s", out.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func TestRunDispatch(t *testing.T) {
+	err := run([]string{"serve", "--block-size", "0"})
+	var ec exitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "block-size") {
+		t.Errorf("run(serve --block-size 0) = %v; want usage error with exit 2", err)
+	}
+	if err := run([]string{"events", "--no-such-flag"}); !errors.As(err, &ec) || ec.ExitCode() != 2 {
+		t.Errorf("run(events --no-such-flag) = %v; want usage error with exit 2", err)
+	}
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/gossip"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/vllmclient"
+)
+
+// runServe is `sidecar serve`: it wires the cache-state flow (events →
+// index → digest → mesh) and the request flow (front → choice → proxy), and
+// drains on SIGTERM.
+func runServe(args []string) error {
+	cfg, err := parseServe(args, os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return exitError{code: 2, err: err}
+	}
+	log := newLogger(cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, cfg, log)
+}
+
+func newLogger(cfg config) zerolog.Logger {
+	var w io.Writer = os.Stderr
+	if cfg.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.RFC3339}
+	}
+	lvl, err := zerolog.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		lvl = zerolog.InfoLevel
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Str("node", cfg.NodeName).Logger()
+}
+
+func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
+	keys, err := loadClusterKeys(cfg.SecretFile)
+	if err != nil {
+		return err
+	}
+	if keys.Gossip == nil {
+		log.Warn().Msg("NO CLUSTER SECRET: gossip is unencrypted and hop headers are unauthenticated; set --cluster-secret-file outside local testing")
+	}
+	vllmURL, err := url.Parse(cfg.VLLMURL)
+	if err != nil || vllmURL.Host == "" {
+		return fmt.Errorf("--vllm-url %q: not an absolute URL", cfg.VLLMURL)
+	}
+	vc := vllmclient.New(vllmclient.ClientConfig{BaseURL: cfg.VLLMURL, Timeout: 5 * time.Second})
+	if cfg.Model == "" {
+		if cfg.Model, err = discoverModel(ctx, cfg.VLLMURL, log); err != nil {
+			return err
+		}
+	}
+	capacity := cfg.CapacityBlocks
+	if capacity == 0 {
+		capacity = 100_000
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if l, err := vc.Load(lctx); err == nil && l.NumGPUBlocks > 0 {
+			capacity = l.NumGPUBlocks
+		}
+		cancel()
+	}
+	scheme := blockkey.Scheme{BlockSize: cfg.BlockSize, Stride: cfg.RoutingStride}
+	reg := prometheus.NewRegistry()
+	metrics := newSidecarMetrics(reg)
+
+	ix := kvindex.New(kvindex.Config{Model: cfg.Model, Scheme: scheme, CapacityBlocks: capacity,
+		Epoch: uint64(time.Now().UnixNano())})
+	subCfg := vllmclient.DefaultConfig()
+	subCfg.Endpoint, subCfg.Bind, subCfg.Topic = cfg.EventsEndpoint, cfg.EventsBind, cfg.EventsTopic
+	subCfg.ReplayEndpoint, subCfg.DPRanks = cfg.EventsReplayEndpoint, cfg.DPRanks
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	sub, err := vllmclient.Subscribe(runCtx, subCfg)
+	if err != nil {
+		return fmt.Errorf("subscribe to kv events: %w", err)
+	}
+
+	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %w", cfg.Listen, err)
+	}
+	advertise := cfg.AdvertiseAddr
+	if advertise == "" && host != "" && host != "0.0.0.0" && host != "::" {
+		advertise = host
+	}
+	if advertise == "" {
+		return errors.New("--advertise-addr is required when --listen has no specific host (set POD_IP)")
+	}
+	port, _ := strconv.Atoi(portStr)
+	gcfg := gossip.DefaultConfig()
+	gcfg.NodeName, gcfg.BindPort, gcfg.AdvertiseAddr = cfg.NodeName, cfg.GossipPort, advertise
+	gcfg.BindAddr = "0.0.0.0"
+	if host != "" && host != "0.0.0.0" && host != "::" {
+		gcfg.BindAddr = host // a pod of the local cluster binds its own loopback address
+	}
+	gcfg.Join, gcfg.SecretKey, gcfg.Label = cfg.Join, keys.Gossip, cfg.ClusterLabel
+	gcfg.APIAddr = net.JoinHostPort(advertise, strconv.Itoa(port))
+	gcfg.Models = []string{cfg.Model}
+	gcfg.Log = log.With().Str("component", "gossip").Logger()
+	mesh, err := gossip.Join(runCtx, gcfg)
+	if err != nil {
+		return fmt.Errorf("join mesh: %w", err)
+	}
+	defer mesh.Shutdown()
+	registerViews(reg, ix, sub, mesh)
+
+	params := bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
+	cs := newCacheState(cfg.NodeName, ix, params, mesh, metrics, log.With().Str("component", "index").Logger())
+	go cs.run(runCtx, sub.Items(), cfg.DigestInterval) // exits when runCtx ends
+
+	fcfg := forward.DefaultConfig()
+	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
+	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
+	front := forward.New(fcfg, mesh, tokenizer{vc}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
+	go watchLocal(runCtx, vc, mesh, front, metrics, cfg.LoadInterval, log) // exits when runCtx ends
+
+	gin.SetMode(gin.ReleaseMode)
+	engine := gin.New()
+	engine.Use(recovery(log))
+	front.Register(engine)
+	engine.NoRoute(front.Passthrough)
+	api := &http.Server{Addr: cfg.Listen, Handler: engine, ReadHeaderTimeout: 10 * time.Second}
+
+	ad := newAdmin(cfg, reg, mesh, front, ix, log)
+	adminSrv := &http.Server{Addr: cfg.AdminListen, Handler: ad.mux(), ReadHeaderTimeout: 10 * time.Second}
+
+	errc := make(chan error, 2)
+	for _, s := range []*http.Server{api, adminSrv} {
+		ln, err := net.Listen("tcp", s.Addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", s.Addr, err)
+		}
+		go func() { errc <- s.Serve(ln) }() // exits when the server is shut down
+	}
+	log.Info().Str("listen", cfg.Listen).Str("admin", cfg.AdminListen).Str("model", cfg.Model).
+		Int("capacity_blocks", capacity).Uint64("digest_bits", params.M).Strs("join", cfg.Join).Msg("kvroute sidecar serving")
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("server stopped: %w", err)
+	}
+	ad.drain(context.Background())
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	api.Shutdown(sctx)
+	adminSrv.Shutdown(sctx)
+	log.Info().Msg("sidecar stopped")
+	return nil
+}
+
+// tokenizer adapts the vLLM client to the front's Tokenizer.
+type tokenizer struct{ c *vllmclient.Client }
+
+func (t tokenizer) Tokenize(ctx context.Context, p forward.Prompt) ([]uint32, error) {
+	return t.c.Tokenize(ctx, vllmclient.TokenizeRequest{
+		Model: p.Model, Prompt: p.Text, Messages: p.Messages, Tools: p.Tools,
+		ChatTemplateKwargs: p.ChatTemplateKwargs, AddGenerationPrompt: p.AddGenerationPrompt,
+		ContinueFinalMessage: p.ContinueFinalMessage, AddSpecialTokens: p.AddSpecialTokens,
+	})
+}
+
+// watchLocal scrapes the local vLLM's load and health every interval and
+// advertises them; it exits when ctx is done.
+func watchLocal(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, front *forward.Handler, m *sidecarMetrics, every time.Duration, log zerolog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, every)
+		l, err := vc.Load(cctx)
+		cancel()
+		if err != nil {
+			m.loadErrors.Inc()
+			front.SetLocalReady(false)
+			log.Debug().Err(err).Msg("local vLLM load scrape failed")
+		} else {
+			front.SetLocalReady(true)
+			mesh.SetLoad(route.Load{Running: int(l.Running), Waiting: int(l.Waiting), KVUsage: l.KVUsage})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// discoverModel asks the local vLLM which base model it serves, waiting for
+// it to come up (a model can take minutes to load).
+func discoverModel(ctx context.Context, base string, log zerolog.Logger) (string, error) {
+	for {
+		m, err := baseModel(ctx, base)
+		if err == nil {
+			return m, nil
+		}
+		log.Info().Err(err).Msg("waiting for the local vLLM to list its model (or pass --model)")
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func baseModel(ctx context.Context, base string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
+		return "", fmt.Errorf("decode /v1/models: %w", err)
+	}
+	for _, d := range list.Data {
+		if d.Parent == nil || *d.Parent == "" {
+			return d.ID, nil
+		}
+	}
+	return "", errors.New("/v1/models lists no base model")
+}
+
+// recovery answers a panicking handler with an OpenAI-style 500 and keeps
+// the process alive; http.ErrAbortHandler (a client gone mid-stream) is
+// expected and not logged.
+func recovery(log zerolog.Logger) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		defer func() {
+			if r := recover(); r != nil {
+				if r == http.ErrAbortHandler {
+					panic(r)
+				}
+				log.Error().Interface("panic", r).Str("path", c.Request.URL.Path).Msg("handler panicked")
+				if !c.Writer.Written() {
+					c.AbortWithStatusJSON(http.StatusInternalServerError, gin.H{"error": gin.H{
+						"message": "internal error", "type": "InternalServerError", "param": nil, "code": 500}})
+				}
+			}
+		}()
+		c.Next()
+	}
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/vllmsim"
+)
+
+// options are the parsed command line: vLLM's flag names plus --sim-*.
+// Zero engine sizes mean "the engine's default".
+type options struct {
+	Host           string
+	Port           int
+	Models         []string // --served-model-name
+	Model          string   // --model
+	BlockSize      int
+	NumGPUBlocks   int
+	MaxNumSeqs     int
+	MaxBatched     int
+	MaxModelLen    int
+	HashAlgo       string // normalised: "sha256_cbor" or "fast"
+	HashSeed       string
+	HashSeedSet    bool
+	Events         kvEventsConfig
+	LoRAs          []lora
+	TimeScale      float64
+	Encoding       kvevent.Encoding
+	DropRate       float64
+	Seed           int64
+	Echo           bool
+	RestartDown    time.Duration
+	ShutdownWait   time.Duration
+	BodyLimitBytes int64
+}
+
+// kvEventsConfig is vLLM's --kv-events-config JSON (vllm-interface.md §1.1).
+type kvEventsConfig struct {
+	Enable         bool    `json:"enable_kv_cache_events"`
+	Publisher      *string `json:"publisher"`
+	Endpoint       string  `json:"endpoint"`
+	ReplayEndpoint *string `json:"replay_endpoint"`
+	BufferSteps    int     `json:"buffer_steps"`
+	HWM            int     `json:"hwm"`
+	MaxQueueSize   int     `json:"max_queue_size"`
+	Topic          string  `json:"topic"`
+}
+
+// publishing reports whether events go out over ZMQ: publisher "zmq", or
+// unset (None) with events enabled, as current vLLM resolves it.
+func (k kvEventsConfig) publishing() bool {
+	if k.Publisher == nil {
+		return k.Enable
+	}
+	return k.Enable && *k.Publisher == "zmq"
+}
+
+func parseKVEventsConfig(s string) (kvEventsConfig, error) {
+	d := defaultPubConfig()
+	k := kvEventsConfig{Endpoint: d.Endpoint, BufferSteps: d.BufferSteps, HWM: d.HWM, MaxQueueSize: d.MaxQueueSize}
+	if s == "" {
+		return k, nil
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&k); err != nil {
+		return k, fmt.Errorf("--kv-events-config: %w", err)
+	}
+	if k.Publisher != nil && *k.Publisher != "zmq" && *k.Publisher != "null" {
+		return k, fmt.Errorf("--kv-events-config: publisher %q is not zmq or null", *k.Publisher)
+	}
+	if k.BufferSteps <= 0 || k.MaxQueueSize <= 0 || k.HWM < 0 {
+		return k, errors.New("--kv-events-config: buffer_steps and max_queue_size must be positive, hwm non-negative")
+	}
+	return k, nil
+}
+
+// hashAlgos maps --prefix-caching-hash-algo values to the engine's two
+// modes. vLLM's "sha256" hashes pickled tuples, which only Python can
+// reproduce; the simulator treats it as sha256_cbor (it is vLLM's default,
+// so it must be accepted). xxhash variants map to the cheap mode.
+var hashAlgos = map[string]string{
+	"sha256": "sha256_cbor", "sha256_cbor": "sha256_cbor", "sha256_cbor_64bit": "sha256_cbor",
+	"fast": "fast", "xxhash": "fast", "xxhash_cbor": "fast", "builtin": "fast",
+}
+
+// multiValue are the flags vLLM takes as nargs="+".
+var multiValue = map[string]bool{"served-model-name": true, "lora-modules": true}
+
+// expandMulti rewrites `--name a b c` into `--name a --name b --name c` for
+// the multi-value flags, since package flag takes one value per flag.
+func expandMulti(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name := strings.TrimLeft(a, "-")
+		if !strings.HasPrefix(a, "-") || strings.Contains(name, "=") || !multiValue[name] {
+			out = append(out, a)
+			continue
+		}
+		j := i + 1
+		for ; j < len(args) && !strings.HasPrefix(args[j], "-"); j++ {
+			out = append(out, "--"+name, args[j])
+		}
+		if j == i+1 {
+			out = append(out, a) // let flag report the missing value
+		}
+		i = j - 1
+	}
+	return out
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// parseLoRA accepts vLLM's two forms: name=path and a JSON object.
+func parseLoRA(s string) (lora, error) {
+	if strings.HasPrefix(strings.TrimSpace(s), "{") {
+		var j struct {
+			Name string `json:"name"`
+			Path string `json:"path"`
+			Base string `json:"base_model_name"`
+		}
+		if err := json.Unmarshal([]byte(s), &j); err != nil || j.Name == "" || j.Path == "" {
+			return lora{}, fmt.Errorf("--lora-modules %q: want name=path or {\"name\":..,\"path\":..}", s)
+		}
+		return lora{Name: j.Name, Path: j.Path, Base: j.Base}, nil
+	}
+	name, path, ok := strings.Cut(s, "=")
+	if !ok || name == "" || path == "" {
+		return lora{}, fmt.Errorf("--lora-modules %q: want name=path", s)
+	}
+	return lora{Name: name, Path: path}, nil
+}
+
+// parseFlags parses args (without the program name); getenv supplies
+// PYTHONHASHSEED. It never exits the process.
+func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writer) (options, error) {
+	// The engine's modelled model, so --model can be omitted.
+	defaultModel := vllmsim.DefaultConfig().Model
+	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	var o options
+	var names, loras listFlag
+	var kvCfg, algo, enc string
+	fs.StringVar(&o.Host, "host", "", "bind address (vLLM: all interfaces)")
+	fs.IntVar(&o.Port, "port", 8000, "HTTP port (0: OS-chosen, logged)")
+	fs.Var(&names, "served-model-name", "model name(s) served (default: --model)")
+	fs.StringVar(&o.Model, "model", defaultModel, "model path, reported as the ModelCard root")
+	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&o.NumGPUBlocks, "num-gpu-blocks-override", 0, "KV cache capacity in blocks (0: engine default)")
+	fs.IntVar(&o.MaxNumSeqs, "max-num-seqs", 0, "max running sequences (0: engine default)")
+	fs.IntVar(&o.MaxBatched, "max-num-batched-tokens", 0, "token budget per step (0: engine default)")
+	fs.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length (0: engine default)")
+	fs.StringVar(&algo, "prefix-caching-hash-algo", "sha256", "sha256 | sha256_cbor | fast (xxhash, xxhash_cbor map to fast)")
+	fs.StringVar(&kvCfg, "kv-events-config", "", "vLLM KVEventsConfig JSON")
+	fs.Bool("enable-prompt-tokens-details", false, "accepted; cached_tokens is always reported")
+	fs.Var(&loras, "lora-modules", "LoRA adapters: name=path or JSON, one or more")
+	fs.Float64Var(&o.TimeScale, "sim-time-scale", 1, "simulated seconds per wall second")
+	fs.StringVar(&enc, "kv-events-encoding", "map", "event wire encoding: map (vLLM >= 0.26) or array")
+	fs.Float64Var(&o.DropRate, "sim-drop-rate", 0, "fraction of event batches not sent live (still replayable)")
+	fs.Int64Var(&o.Seed, "sim-seed", 1, "seed for drop injection")
+	fs.BoolVar(&o.Echo, "sim-echo", false, "output text repeats the prompt")
+	fs.DurationVar(&o.RestartDown, "sim-restart-downtime", 2*time.Second, "how long /health is 503 after /sim/restart")
+	fs.DurationVar(&o.ShutdownWait, "sim-shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
+	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
+	if err := fs.Parse(expandMulti(args)); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		// vLLM accepts `vllm serve MODEL`; so do we.
+		if fs.NArg() > 1 || o.Model != defaultModel {
+			return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+		}
+		o.Model = fs.Arg(0)
+	}
+	o.Models = names
+	if len(o.Models) == 0 {
+		o.Models = []string{o.Model}
+	}
+	for _, l := range loras {
+		lr, err := parseLoRA(l)
+		if err != nil {
+			return o, err
+		}
+		o.LoRAs = append(o.LoRAs, lr)
+	}
+	var ok bool
+	if o.HashAlgo, ok = hashAlgos[algo]; !ok {
+		return o, fmt.Errorf("--prefix-caching-hash-algo %q: want sha256, sha256_cbor or fast", algo)
+	}
+	switch enc {
+	case "map":
+		o.Encoding = kvevent.MapEncoding
+	case "array":
+		o.Encoding = kvevent.ArrayEncoding
+	default:
+		return o, fmt.Errorf("--kv-events-encoding %q: want map or array", enc)
+	}
+	if o.DropRate < 0 || o.DropRate > 1 {
+		return o, fmt.Errorf("--sim-drop-rate %v outside [0, 1]", o.DropRate)
+	}
+	if o.TimeScale <= 0 {
+		return o, fmt.Errorf("--sim-time-scale %v must be positive", o.TimeScale)
+	}
+	if o.BlockSize <= 0 {
+		return o, fmt.Errorf("--block-size %d must be positive", o.BlockSize)
+	}
+	var err error
+	if o.Events, err = parseKVEventsConfig(kvCfg); err != nil {
+		return o, err
+	}
+	o.HashSeed, o.HashSeedSet = getenv("PYTHONHASHSEED")
+	if o.HashSeed == "random" {
+		o.HashSeed, o.HashSeedSet = "", false
+	}
+	return o, nil
+}
+
+// pubConfig derives the publisher configuration.
+func (o options) pubConfig() pubConfig {
+	c := defaultPubConfig()
+	c.Endpoint = o.Events.Endpoint
+	if o.Events.ReplayEndpoint != nil {
+		c.ReplayEndpoint = *o.Events.ReplayEndpoint
+	}
+	c.Topic = o.Events.Topic
+	c.BufferSteps = o.Events.BufferSteps
+	c.HWM = o.Events.HWM
+	c.MaxQueueSize = o.Events.MaxQueueSize
+	c.Encoding = o.Encoding
+	c.DropRate = o.DropRate
+	c.Seed = o.Seed
+	return c
+}

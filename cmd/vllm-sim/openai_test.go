@@ -1,0 +1,145 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/vllmsim"
+)
+
+func TestParsePrompt(t *testing.T) {
+	tests := []struct {
+		name    string
+		raw     string
+		want    completionPrompt
+		wantErr bool
+	}{
+		{"string", `"hello"`, completionPrompt{Text: "hello", IsText: true}, false},
+		{"list of one string", `["hello"]`, completionPrompt{Text: "hello", IsText: true}, false},
+		{"token ids", `[1, 2, 4294967295]`, completionPrompt{Tokens: []uint32{1, 2, 4294967295}}, false},
+		{"list of one id list", `[[5, 6]]`, completionPrompt{Tokens: []uint32{5, 6}}, false},
+		{"two strings", `["a", "b"]`, completionPrompt{}, true},
+		{"two id lists", `[[1], [2]]`, completionPrompt{}, true},
+		{"empty list", `[]`, completionPrompt{}, true},
+		{"missing", ``, completionPrompt{}, true},
+		{"null", `null`, completionPrompt{}, true},
+		{"number", `7`, completionPrompt{}, true},
+		{"negative id", `[-1]`, completionPrompt{}, true},
+		{"too big id", `[4294967296]`, completionPrompt{}, true},
+		{"float id", `[1.5]`, completionPrompt{}, true},
+		{"mixed", `[1, "a"]`, completionPrompt{}, true},
+		{"nested too deep", `[[[1]]]`, completionPrompt{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parsePrompt(json.RawMessage(tt.raw))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("parsePrompt(%s) error = %v; want error %v", tt.raw, err, tt.wantErr)
+			}
+			if err != nil {
+				if err.Status != 400 || err.Type != "BadRequestError" {
+					t.Errorf("parsePrompt(%s) error = %+v; want 400 BadRequestError", tt.raw, err)
+				}
+				return
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("parsePrompt(%s) (-want +got):\n%s", tt.raw, diff)
+			}
+		})
+	}
+}
+
+func TestDecodeChat(t *testing.T) {
+	tests := []struct {
+		name      string
+		body      string
+		wantMsgs  []vllmsim.Message
+		wantOpts  vllmsim.ChatOptions
+		wantMax   int
+		wantError bool
+	}{
+		{"plain", `{"messages":[{"role":"user","content":"hi"}]}`,
+			[]vllmsim.Message{{Role: "user", Content: "hi"}}, vllmsim.ChatOptions{AddGenerationPrompt: true}, defaultMaxTokens, false},
+		{"parts and tools", `{"messages":[{"role":"system","content":null},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"tools":[{"type":"function"}],"max_tokens":3,"max_completion_tokens":9}`,
+			[]vllmsim.Message{{Role: "system"}, {Role: "user", Content: "a\nb"}},
+			vllmsim.ChatOptions{AddGenerationPrompt: true, Tools: []byte(`[{"type":"function"}]`)}, 9, false},
+		{"continue final", `{"messages":[{"role":"assistant","content":"x"}],"add_generation_prompt":false,"continue_final_message":true,"max_tokens":2}`,
+			[]vllmsim.Message{{Role: "assistant", Content: "x"}}, vllmsim.ChatOptions{ContinueFinalMessage: true}, 2, false},
+		{"both flags", `{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"continue_final_message":true}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"no messages", `{"messages":[]}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"no role", `{"messages":[{"content":"x"}]}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"image part", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"content number", `{"messages":[{"role":"user","content":5}]}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"n=2", `{"messages":[{"role":"user","content":"x"}],"n":2}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"trailing", `{"messages":[{"role":"user","content":"x"}]} {}`, nil, vllmsim.ChatOptions{}, 0, true},
+		{"messages object", `{"messages":{}}`, nil, vllmsim.ChatOptions{}, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, msgs, err := decodeChat([]byte(tt.body))
+			if (err != nil) != tt.wantError {
+				t.Fatalf("decodeChat(%s) error = %v; want error %v", tt.body, err, tt.wantError)
+			}
+			if err != nil {
+				return
+			}
+			if diff := cmp.Diff(tt.wantMsgs, msgs); diff != "" {
+				t.Errorf("messages (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantOpts, r.options()); diff != "" {
+				t.Errorf("options (-want +got):\n%s", diff)
+			}
+			if n, _ := r.maxTokens(); n != tt.wantMax {
+				t.Errorf("maxTokens = %d; want %d", n, tt.wantMax)
+			}
+		})
+	}
+}
+
+// FuzzChatRequest: the chat decoder never panics, and whatever it accepts
+// has at least one message with a role.
+func FuzzChatRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"tools":[],"max_completion_tokens":5}`,
+		`{"messages":[{"role":"user","content":null}],"add_generation_prompt":false,"continue_final_message":true}`,
+		`{"messages":[]}`, `[]`, `null`, `{`, `{"messages":[{"role":1}]}`, `{"max_tokens":1e400}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, msgs, err := decodeChat(b)
+		if err != nil {
+			if err.Status != 400 {
+				t.Fatalf("decodeChat error status %d; want 400", err.Status)
+			}
+			return
+		}
+		if len(msgs) == 0 || len(msgs) != len(r.Messages) {
+			t.Fatalf("accepted %d messages from %d", len(msgs), len(r.Messages))
+		}
+		for _, m := range msgs {
+			if m.Role == "" {
+				t.Fatal("accepted a message without role")
+			}
+		}
+		r.maxTokens()
+		r.options()
+	})
+}
+
+// FuzzCompletionPrompt: the prompt decoder never panics and accepts only
+// one non-empty prompt.
+func FuzzCompletionPrompt(f *testing.F) {
+	for _, s := range []string{`"x"`, `["x"]`, `[1,2]`, `[[1,2]]`, `[[1],[2]]`, `[]`, `[-1]`, `{}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := parsePrompt(b)
+		if err == nil && !p.IsText && len(p.Tokens) == 0 {
+			t.Fatalf("parsePrompt(%q) accepted an empty token prompt", b)
+		}
+	})
+}

@@ -1,0 +1,655 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvroute/kvroute/vllmsim"
+)
+
+// engine is what the HTTP edge needs from the simulated engine core;
+// *vllmsim.Engine satisfies it.
+type engine interface {
+	Submit(ctx context.Context, r vllmsim.Request) (*vllmsim.Stream, error)
+	Stats() vllmsim.Stats
+	Cached() []vllmsim.CachedBlock
+	ResetPrefixCache() bool
+	Restart()
+}
+
+// tokenizer is what the edge needs from the engine's tokenizer;
+// *vllmsim.Tokenizer satisfies it.
+type tokenizer interface {
+	Encode(text string, addSpecial bool) []uint32
+	Decode(ids []uint32) string
+	Chat(msgs []vllmsim.Message, o vllmsim.ChatOptions) ([]uint32, error)
+}
+
+// eventControl is the publisher as the admin endpoints see it.
+type eventControl interface {
+	Restart(ctx context.Context) error
+	SetDropRate(r float64) error
+	DropRate() float64
+}
+
+// noEvents stands in for the publisher when KV events are disabled.
+type noEvents struct{}
+
+func (noEvents) Restart(context.Context) error { return nil }
+func (noEvents) SetDropRate(float64) error     { return errors.New("kv events are disabled") }
+func (noEvents) DropRate() float64             { return 0 }
+
+// lora is one --lora-modules adapter, served as an extra model.
+type lora struct {
+	Name, Path, Base string
+}
+
+// serverConfig is the HTTP edge's configuration.
+type serverConfig struct {
+	// Models are the served model names; the first is the base model's id.
+	Models []string
+	// Root is --model, reported as the ModelCard root.
+	Root        string
+	LoRAs       []lora
+	MaxModelLen int
+	// Echo makes the output text repeat the prompt instead of the engine's
+	// synthetic tokens (token counts and timing are unchanged).
+	Echo bool
+	// RestartDowntime is how long /health and generation answer 503 after
+	// /sim/restart, as a restarting vLLM would be unavailable.
+	RestartDowntime time.Duration
+	// BodyLimitBytes caps request bodies (413 above it).
+	BodyLimitBytes int64
+	// Now is the wall clock (for "created" and the restart window).
+	Now func() time.Time
+}
+
+type server struct {
+	cfg     serverConfig
+	eng     engine
+	tok     tokenizer
+	events  eventControl
+	met     *metrics
+	boot    int64
+	nextID  atomic.Uint64
+	drain   atomic.Bool
+	restart atomic.Int64 // unix nanos until which the engine counts as restarting
+}
+
+func newServer(cfg serverConfig, eng engine, tok tokenizer, events eventControl, met *metrics) *server {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.BodyLimitBytes <= 0 {
+		cfg.BodyLimitBytes = 32 << 20
+	}
+	if events == nil {
+		events = noEvents{}
+	}
+	return &server{cfg: cfg, eng: eng, tok: tok, events: events, met: met, boot: cfg.Now().UnixNano()}
+}
+
+// SetDraining makes /health answer 503 so Kubernetes stops sending traffic.
+func (s *server) SetDraining() { s.drain.Store(true) }
+
+func (s *server) unavailable() bool {
+	return s.drain.Load() || s.cfg.Now().UnixNano() < s.restart.Load()
+}
+
+// handler builds the gin engine with vLLM's routes and the /sim/ admin
+// routes. A panic in a handler becomes a 500 error body, never a crash.
+func (s *server) handler() http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) {
+		writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: "internal error"})
+	}))
+	r.Use(func(c *gin.Context) {
+		if c.Request.Body != nil {
+			c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.BodyLimitBytes)
+		}
+	})
+	r.NoRoute(func(c *gin.Context) { c.JSON(404, gin.H{"detail": "Not Found"}) })
+	r.NoMethod(func(c *gin.Context) { c.JSON(405, gin.H{"detail": "Method Not Allowed"}) })
+
+	r.POST("/v1/chat/completions", s.chat)
+	r.POST("/v1/completions", s.completions)
+	r.GET("/v1/models", s.models)
+	r.GET("/health", s.health)
+	r.POST("/tokenize", s.tokenize)
+	r.POST("/detokenize", s.detokenize)
+	r.POST("/reset_prefix_cache", s.resetPrefixCache)
+	if s.met != nil {
+		mh := s.met.handler()
+		r.GET("/metrics", func(c *gin.Context) { mh.ServeHTTP(c.Writer, c.Request) })
+	}
+	r.GET("/sim/cache", s.simCache)
+	r.POST("/sim/restart", s.simRestart)
+	r.GET("/sim/drop-rate", s.simDropRate)
+	r.POST("/sim/drop-rate", s.simDropRate)
+	return r
+}
+
+func writeError(c *gin.Context, e *apiError) {
+	c.AbortWithStatusJSON(e.Status, e.body())
+}
+
+func readBody(c *gin.Context) ([]byte, *apiError) {
+	b, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &apiError{Status: 413, Type: "Request Entity Too Large", Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
+		}
+		return nil, badRequest("read body: %v", err)
+	}
+	return b, nil
+}
+
+// resolveModel maps a request's model to (the id to report, LoRA name).
+// An empty model means the base model, as vLLM allows.
+func (s *server) resolveModel(name string) (string, string, *apiError) {
+	if name == "" {
+		return s.cfg.Models[0], "", nil
+	}
+	for _, m := range s.cfg.Models {
+		if m == name {
+			return name, "", nil
+		}
+	}
+	for _, l := range s.cfg.LoRAs {
+		if l.Name == name {
+			return name, name, nil
+		}
+	}
+	return "", "", notFound("The model `%s` does not exist.", name)
+}
+
+// genRequest is a parsed generation request in engine terms.
+type genRequest struct {
+	chat         bool
+	model        string
+	lora         string
+	prompt       []uint32
+	maxTokens    int
+	salt         string
+	stream       bool
+	includeUsage bool
+}
+
+func (s *server) chat(c *gin.Context) {
+	body, aerr := readBody(c)
+	if aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	r, msgs, aerr := decodeChat(body)
+	if aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	g := genRequest{chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	if g.model, g.lora, aerr = s.resolveModel(r.Model); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	if g.maxTokens, aerr = r.maxTokens(); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	ids, err := s.tok.Chat(msgs, r.options())
+	if err != nil {
+		writeError(c, badRequest("%v", err))
+		return
+	}
+	g.prompt = ids
+	s.generate(c, g)
+}
+
+func (s *server) completions(c *gin.Context) {
+	body, aerr := readBody(c)
+	if aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	var r completionRequest
+	if aerr = decodeJSON(body, &r); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	if r.N != nil && *r.N != 1 {
+		writeError(c, badRequest("n=%d is not supported by the simulator; use n=1", *r.N))
+		return
+	}
+	g := genRequest{salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	if g.model, g.lora, aerr = s.resolveModel(r.Model); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	if g.maxTokens, aerr = r.maxTokens(); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	p, aerr := parsePrompt(r.Prompt)
+	if aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	g.prompt = p.Tokens
+	if p.IsText {
+		g.prompt = s.tok.Encode(p.Text, true)
+	}
+	s.generate(c, g)
+}
+
+// tooLong is vLLM's message (serving_engine._validate_input).
+func (s *server) tooLong(prompt, maxTokens int) *apiError {
+	return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+		s.cfg.MaxModelLen, prompt+maxTokens, prompt, maxTokens)
+}
+
+func (s *server) generate(c *gin.Context, g genRequest) {
+	if len(g.prompt) == 0 {
+		writeError(c, badRequest("The prompt cannot be empty."))
+		return
+	}
+	if s.cfg.MaxModelLen > 0 && len(g.prompt)+g.maxTokens > s.cfg.MaxModelLen {
+		writeError(c, s.tooLong(len(g.prompt), g.maxTokens))
+		return
+	}
+	if s.unavailable() {
+		writeError(c, &apiError{Status: 503, Type: "ServiceUnavailableError", Message: "engine is restarting or draining"})
+		return
+	}
+	prefix := "cmpl"
+	if g.chat {
+		prefix = "chatcmpl"
+	}
+	id := fmt.Sprintf("%s-%x%06x", prefix, s.boot, s.nextID.Add(1))
+	ctx := c.Request.Context()
+	st, err := s.eng.Submit(ctx, vllmsim.Request{ID: id, PromptTokens: g.prompt, MaxTokens: g.maxTokens, LoRA: g.lora, CacheSalt: g.salt})
+	switch {
+	case errors.Is(err, vllmsim.ErrTooLong):
+		writeError(c, s.tooLong(len(g.prompt), g.maxTokens))
+		return
+	case errors.Is(err, vllmsim.ErrInvalid):
+		writeError(c, badRequest("%v", err))
+		return
+	case errors.Is(err, context.Canceled):
+		return // the client left before the request was queued
+	case errors.Is(err, vllmsim.ErrStopped):
+		writeError(c, &apiError{Status: 503, Type: "ServiceUnavailableError", Message: "engine is not running"})
+		return
+	case err != nil:
+		writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: err.Error()})
+		return
+	}
+	// However this handler ends, the engine must never block on C.
+	defer func() {
+		go func() {
+			for range st.C {
+			}
+		}()
+	}()
+	t := textSource{tok: s.tok, prompt: g.prompt, echo: s.cfg.Echo}
+	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat}
+	if g.stream {
+		s.stream(c, st, t, resp, g.includeUsage)
+		return
+	}
+	var text []byte
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o, ok := <-st.C:
+			if !ok {
+				writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: "engine closed the stream without a final output"})
+				return
+			}
+			text = append(text, t.next(o.Tokens)...)
+			if !o.Done {
+				continue
+			}
+			if s.met != nil {
+				s.met.finished(o)
+			}
+			if o.FinishReason == "abort" {
+				writeError(c, &apiError{Status: 503, Type: "ServiceUnavailableError", Message: "request aborted: engine restarted"})
+				return
+			}
+			c.JSON(http.StatusOK, resp.full(string(text), o))
+			return
+		}
+	}
+}
+
+// stream writes vLLM's SSE framing: one `data: {json}\n\n` per engine step
+// that produced tokens, flushed at once, then `data: [DONE]\n\n`.
+func (s *server) stream(c *gin.Context, st *vllmsim.Stream, t textSource, resp respShape, includeUsage bool) {
+	ctx := c.Request.Context()
+	h := c.Writer.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	c.Status(http.StatusOK)
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := fmt.Fprintf(c.Writer, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		c.Writer.Flush()
+		return true
+	}
+	if resp.chat && !send(resp.chatChunk(&chatDelta{Role: "assistant", Content: ptr("")}, nil)) {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o, ok := <-st.C:
+			if !ok {
+				send(gin.H{"error": errorInfo{Message: "engine closed the stream", Type: "InternalServerError", Code: 500}})
+				fmt.Fprint(c.Writer, "data: [DONE]\n\n")
+				return
+			}
+			if len(o.Tokens) == 0 && !o.Done {
+				continue
+			}
+			var fr *string
+			if o.Done {
+				fr = ptr(o.FinishReason)
+			}
+			text := t.next(o.Tokens)
+			var chunk any
+			if resp.chat {
+				d := &chatDelta{}
+				if len(o.Tokens) > 0 {
+					d.Content = ptr(text)
+				}
+				chunk = resp.chatChunk(d, fr)
+			} else {
+				chunk = resp.completionChunk(text, fr)
+			}
+			if !send(chunk) {
+				return
+			}
+			if !o.Done {
+				continue
+			}
+			if s.met != nil {
+				s.met.finished(o)
+			}
+			if includeUsage && !send(resp.usageChunk(o)) {
+				return
+			}
+			fmt.Fprint(c.Writer, "data: [DONE]\n\n")
+			c.Writer.Flush()
+			return
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// textSource turns generated token ids into text. In echo mode it replays
+// the prompt, one prompt token per generated token, wrapping around.
+type textSource struct {
+	tok    tokenizer
+	prompt []uint32
+	echo   bool
+	pos    int
+}
+
+func (t *textSource) next(ids []uint32) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	if !t.echo {
+		return t.tok.Decode(ids)
+	}
+	out := make([]uint32, len(ids))
+	for i := range out {
+		out[i] = t.prompt[t.pos%len(t.prompt)]
+		t.pos++
+	}
+	return t.tok.Decode(out)
+}
+
+// respShape builds the OpenAI response objects of one request.
+type respShape struct {
+	id, model string
+	created   int64
+	chat      bool
+}
+
+func (r respShape) full(text string, o vllmsim.Output) any {
+	fr := ptr(o.FinishReason)
+	if r.chat {
+		return chatResponse{ID: r.id, Object: "chat.completion", Created: r.created, Model: r.model,
+			Choices: []chatChoice{{Message: assistantMessage{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: fr}},
+			Usage:   usageOf(o.Usage), Sim: simOf(o)}
+	}
+	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
+		Choices: []completionChoice{{Text: text, FinishReason: fr}}, Usage: usageOf(o.Usage), Sim: simOf(o)}
+}
+
+func (r respShape) chatChunk(d *chatDelta, fr *string) chatChunk {
+	return chatChunk{ID: r.id, Object: "chat.completion.chunk", Created: r.created, Model: r.model,
+		Choices: []chatChunkChoice{{Delta: *d, FinishReason: fr}}}
+}
+
+func (r respShape) completionChunk(text string, fr *string) completionResponse {
+	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
+		Choices: []completionChoice{{Text: text, FinishReason: fr}}}
+}
+
+func (r respShape) usageChunk(o vllmsim.Output) any {
+	if r.chat {
+		return chatChunk{ID: r.id, Object: "chat.completion.chunk", Created: r.created, Model: r.model,
+			Choices: []chatChunkChoice{}, Usage: usageOf(o.Usage), Sim: simOf(o)}
+	}
+	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
+		Choices: []completionChoice{}, Usage: usageOf(o.Usage), Sim: simOf(o)}
+}
+
+func (s *server) models(c *gin.Context) {
+	now := s.cfg.Now().Unix()
+	perm := func(id string) []any {
+		return []any{gin.H{"id": "modelperm-" + id, "object": "model_permission", "created": now,
+			"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+			"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false}}
+	}
+	root := s.cfg.Root
+	if root == "" {
+		root = s.cfg.Models[0]
+	}
+	list := modelList{Object: "list"}
+	for _, m := range s.cfg.Models {
+		list.Data = append(list.Data, modelCard{ID: m, Object: "model", Created: now, OwnedBy: "vllm", Root: root,
+			MaxModelLen: ptr(s.cfg.MaxModelLen), Permission: perm(m)})
+	}
+	for _, l := range s.cfg.LoRAs {
+		parent := l.Base
+		if parent == "" {
+			parent = s.cfg.Models[0]
+		}
+		list.Data = append(list.Data, modelCard{ID: l.Name, Object: "model", Created: now, OwnedBy: "vllm", Root: l.Path,
+			Parent: ptr(parent), Permission: perm(l.Name)})
+	}
+	c.JSON(http.StatusOK, list)
+}
+
+// health has an empty body, as vLLM's.
+func (s *server) health(c *gin.Context) {
+	if s.unavailable() {
+		c.Status(http.StatusServiceUnavailable)
+		return
+	}
+	c.Status(http.StatusOK)
+}
+
+func (s *server) tokenize(c *gin.Context) {
+	body, aerr := readBody(c)
+	if aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	var r tokenizeRequest
+	if aerr = decodeJSON(body, &r); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	if _, _, aerr = s.resolveModel(r.Model); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	var ids []uint32
+	switch {
+	case r.Messages != nil:
+		cr := chatRequest{Messages: r.Messages, AddGenerationPrompt: r.AddGenerationPrompt,
+			ContinueFinalMessage: r.ContinueFinalMessage, Tools: r.Tools}
+		if cr.AddGenerationPrompt != nil && *cr.AddGenerationPrompt && cr.ContinueFinalMessage {
+			writeError(c, badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True."))
+			return
+		}
+		msgs, aerr := flattenMessages(r.Messages)
+		if aerr != nil {
+			writeError(c, aerr)
+			return
+		}
+		var err error
+		if ids, err = s.tok.Chat(msgs, cr.options()); err != nil {
+			writeError(c, badRequest("%v", err))
+			return
+		}
+	case len(r.Prompt) > 0:
+		var text string
+		if err := json.Unmarshal(r.Prompt, &text); err != nil {
+			writeError(c, badRequest("prompt must be a string"))
+			return
+		}
+		add := r.AddSpecialTokens == nil || *r.AddSpecialTokens
+		ids = s.tok.Encode(text, add)
+	default:
+		writeError(c, badRequest("either prompt or messages is required"))
+		return
+	}
+	resp := tokenizeResponse{Count: len(ids), MaxModelLen: s.cfg.MaxModelLen, Tokens: ids}
+	if resp.Tokens == nil {
+		resp.Tokens = []uint32{}
+	}
+	if r.ReturnTokenStrs {
+		resp.TokenStrs = make([]string, len(ids))
+		for i, id := range ids {
+			resp.TokenStrs[i] = s.tok.Decode([]uint32{id})
+		}
+	}
+	c.JSON(http.StatusOK, resp)
+}
+
+func (s *server) detokenize(c *gin.Context) {
+	body, aerr := readBody(c)
+	if aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	var r detokenizeRequest
+	if aerr = decodeJSON(body, &r); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	if _, _, aerr = s.resolveModel(r.Model); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
+	if r.Tokens == nil {
+		writeError(c, badRequest("tokens: field required"))
+		return
+	}
+	ids := make([]uint32, len(r.Tokens))
+	for i, n := range r.Tokens {
+		v, err := n.Int64()
+		if err != nil || v < 0 || v > math.MaxUint32 {
+			writeError(c, badRequest("tokens[%d]: %s is not a valid token id", i, n))
+			return
+		}
+		ids[i] = uint32(v)
+	}
+	c.JSON(http.StatusOK, gin.H{"prompt": s.tok.Decode(ids)})
+}
+
+// resetPrefixCache answers as vLLM's dev route does (api_router.py): 200
+// with an empty body, 409 "Prefix cache reset failed." while requests hold
+// blocks (the HTTPException handler's body, type = the status phrase).
+func (s *server) resetPrefixCache(c *gin.Context) {
+	if !s.eng.ResetPrefixCache() {
+		writeError(c, &apiError{Status: 409, Type: "Conflict", Message: "Prefix cache reset failed."})
+		return
+	}
+	c.Status(http.StatusOK)
+}
+
+func (s *server) simCache(c *gin.Context) {
+	blocks := s.eng.Cached()
+	out := make([]cachedBlockJSON, len(blocks))
+	for i, b := range blocks {
+		out[i] = cachedBlockJSON{Hash: b.Hash, Parent: b.Parent, Tokens: b.Tokens, LoRA: b.LoRA, Copies: b.Copies}
+		if out[i].Tokens == nil {
+			out[i].Tokens = []uint32{}
+		}
+	}
+	c.JSON(http.StatusOK, gin.H{"block_size": s.eng.Stats().BlockSize, "blocks": out})
+}
+
+// simRestart simulates a vLLM process restart: requests are aborted, the
+// cache is emptied without AllBlocksCleared, the event seq restarts at 0,
+// and /health answers 503 for RestartDowntime.
+func (s *server) simRestart(c *gin.Context) {
+	s.restart.Store(s.cfg.Now().Add(s.cfg.RestartDowntime).UnixNano())
+	s.eng.Restart()
+	if err := s.events.Restart(c.Request.Context()); err != nil {
+		writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: err.Error()})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"restarted": true})
+}
+
+func (s *server) simDropRate(c *gin.Context) {
+	if c.Request.Method == http.MethodPost {
+		body, aerr := readBody(c)
+		if aerr != nil {
+			writeError(c, aerr)
+			return
+		}
+		var r struct {
+			DropRate *float64 `json:"drop_rate"`
+		}
+		if aerr = decodeJSON(body, &r); aerr != nil {
+			writeError(c, aerr)
+			return
+		}
+		if r.DropRate == nil {
+			writeError(c, badRequest("drop_rate: field required"))
+			return
+		}
+		if err := s.events.SetDropRate(*r.DropRate); err != nil {
+			writeError(c, badRequest("%v", err))
+			return
+		}
+	}
+	c.JSON(http.StatusOK, gin.H{"drop_rate": s.events.DropRate()})
+}

@@ -1,0 +1,155 @@
+package gossip
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+)
+
+// BenchmarkPropagation measures, on loopback with 8 meshes, the time from
+// PublishDelta at one node to the delta's keys being testable in every other
+// node's view, and the digest bytes each node sends, while `publishers`
+// nodes each publish 50 deltas/s of 8 keys over a 25k-key (1% FP) digest.
+// b.N is the number of deltas per publisher; run with e.g. -benchtime=200x.
+// Memberlist runs its DefaultLANConfig. Reported: p50/p99/max latency over every (delta, receiver) pair, and
+// payload bytes/s sent per node (deltas, full digests), excluding
+// memberlist's own probes and framing.
+func BenchmarkPropagation(b *testing.B) {
+	for _, publishers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("publishers=%d", publishers), func(b *testing.B) {
+			benchPropagation(b, 8, publishers, 50, 8)
+		})
+	}
+}
+
+func benchPropagation(b *testing.B, n, publishers, rate, keysPerDelta int) {
+	type obs struct {
+		mu   sync.Mutex
+		seen map[string]uint64       // origin → highest version seen
+		at   map[[2]uint64]time.Time // (origin index, version) → when testable
+	}
+	recv := make([]*obs, n)
+	for i := range recv {
+		recv[i] = &obs{seen: map[string]uint64{}, at: map[[2]uint64]time.Time{}}
+	}
+	origin := func(name string) uint64 {
+		var i uint64
+		fmt.Sscanf(name, "n%d", &i)
+		return i
+	}
+	ms := cluster(b, n, func(i int, c *Config) {
+		c.Memberlist = nil
+		c.local = false // memberlist's DefaultLANConfig timings, as in pods
+		c.FullDigestInterval = 10 * time.Second
+		c.MetaInterval = time.Second
+		o := recv[i]
+		c.applied = func(from string, v uint64) {
+			now := time.Now()
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			for w := o.seen[from] + 1; w <= v; w++ {
+				o.at[[2]uint64{origin(from), w}] = now
+			}
+			o.seen[from] = max(o.seen[from], v)
+		}
+	})
+	params := bloom.ParamsFor(25000, 0.01)
+	for i := range publishers {
+		name := fmt.Sprintf("n%d", i)
+		if err := ms[i].PublishDigest(bloom.Build(bloom.Header{Node: name, Epoch: 1, Version: 1, Params: params}, nil)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	waitFor(b, 10*time.Second, "first digests", func() bool {
+		for r := range ms {
+			for i := range publishers {
+				if i != r && digestVersion(ms[r], fmt.Sprintf("n%d", i)) != 1 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	before := make([]Stats, n)
+	for i, m := range ms {
+		before[i] = m.Stats()
+	}
+
+	sentAt := make([][]time.Time, publishers)
+	for i := range sentAt {
+		sentAt[i] = make([]time.Time, b.N+2)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	for k := range b.N {
+		<-tick.C
+		for i := range publishers {
+			keys := make([]blockkey.Key, keysPerDelta)
+			for j := range keys {
+				keys[j] = blockkey.Key(uint64(i)<<48 | uint64(k)<<8 | uint64(j))
+			}
+			v := uint64(k + 1)
+			sentAt[i][v+1] = time.Now()
+			if err := ms[i].PublishDelta(bloom.Delta{Node: fmt.Sprintf("n%d", i), Epoch: 1, From: v, To: v + 1, Keys: keys}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	tick.Stop()
+	last := uint64(b.N + 1)
+	waitFor(b, 20*time.Second, "last delta everywhere", func() bool {
+		for r := range ms {
+			for i := range publishers {
+				if i != r && digestVersion(ms[r], fmt.Sprintf("n%d", i)) < last {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+
+	var lat []time.Duration
+	for r, o := range recv {
+		o.mu.Lock()
+		for i := range publishers {
+			if i == r {
+				continue
+			}
+			for v := uint64(2); v <= last; v++ {
+				if at, ok := o.at[[2]uint64{uint64(i), v}]; ok {
+					lat = append(lat, at.Sub(sentAt[i][v]))
+				}
+			}
+		}
+		o.mu.Unlock()
+	}
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	var deltaB, fullB, needB, held, fulls uint64
+	for i, m := range ms {
+		s := m.Stats()
+		deltaB += s.Sent.Delta.Bytes - before[i].Sent.Delta.Bytes
+		fullB += s.Sent.Digest.Bytes - before[i].Sent.Digest.Bytes
+		needB += s.Sent.NeedFull.Bytes - before[i].Sent.NeedFull.Bytes
+		held += s.Held - before[i].Held
+		fulls += s.FullRequests - before[i].FullRequests
+	}
+	sec := elapsed.Seconds()
+	b.ReportMetric(pct(0.5), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(pct(1), "max-ms")
+	b.ReportMetric(float64(deltaB)/sec/float64(n), "delta-B/s/node")
+	b.ReportMetric(float64(fullB)/sec/float64(n), "full-B/s/node")
+	b.ReportMetric(float64(needB)/sec/float64(n), "needfull-B/s/node")
+	b.ReportMetric(float64(held), "held")
+	b.ReportMetric(float64(fulls), "full-requests")
+	b.ReportMetric(float64(len(lat)), "samples")
+}

@@ -1,0 +1,41 @@
+// Package gossip is the sidecars' membership and their view of each other
+// (DESIGN.md D3): who is alive, where to forward, what each peer serves, how
+// loaded it is, and which blocks its vLLM holds.
+//
+// Two channels carry this, for different reasons:
+//
+//   - memberlist carries membership, failure detection, encryption and a
+//     node meta of at most 512 bytes (Meta: API address, models, key scheme,
+//     digest epoch and version, draining, load). memberlist gossips metas to
+//     everyone, so they are updated at most once per MetaInterval.
+//   - Digests travel by direct exchange, never by memberlist's broadcast
+//     queue (its receivers do not relay, and a packet holds ~1.3 KB). Each
+//     change goes straight to every live member: a delta by UDP when it fits
+//     one packet, else by TCP; the full digest by TCP every
+//     FullDigestInterval, when a peer joins, and when a peer asks for it.
+//
+// A receiver holds a delta that arrives ahead of its predecessor for
+// ReorderWait (memberlist delivers a burst of UDP messages newest first),
+// and asks the origin for a full digest ("need full", rate-limited per
+// origin) when the gap does not fill, when a delta cannot follow its copy
+// (bloom.ErrGap), when the origin's epoch changes, or when its copy lags the
+// version in the origin's meta for RepairAfter (the last delta was lost). A peer that leaves or dies
+// is removed at once, with its digest; an epoch change drops the old digest
+// at once.
+//
+// The caller's loop:
+//
+//	m, err := gossip.Join(ctx, cfg)       // never fails for want of peers
+//	defer m.Shutdown()
+//	m.PublishDigest(d)                     // on start and on every epoch change
+//	err = m.PublishDelta(x)                // per change; on error publish a full digest
+//	m.SetLoad(l)                           // any rate; advertised ≤ once per MetaInterval
+//	peers := m.Snapshot(time.Now())        // per request, for route
+//	m.MarkFailed(peer, time.Now())         // after a failed dial
+//	m.SetDraining(true); m.Leave(5 * time.Second)
+//
+// Inside, memberlist's callbacks only copy and hand off: NotifyMsg pushes a
+// copy onto a bounded inbox (dropped and counted when full) and one loop
+// decodes and applies messages; each peer has its own sender goroutine, so a
+// dead peer stalls only its own queue.
+package gossip

@@ -1,0 +1,135 @@
+package gossip
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+)
+
+const (
+	defaultGossipPort = "7946"
+	resolveTimeout    = 5 * time.Second
+	firstBackoff      = time.Second
+)
+
+// joiner joins the seeds: once at start, then with backoff until it reaches
+// someone, then every RejoinInterval, each time only the seed addresses that
+// are not live members. memberlist never heals a partition by itself
+// (libraries.md §1.9); this does.
+type joiner struct {
+	m        *Mesh
+	seeds    []string
+	resolver Resolver
+	rng      *rand.Rand          // used by the join goroutine only
+	last     map[string][]string // seed → addresses last resolved, reused when DNS fails
+}
+
+// loop runs the join schedule: a first attempt at once, whose result goes to
+// first (buffered), then retries. It returns when Shutdown closes done, or
+// after the first successful join when RejoinInterval is 0.
+func (j *joiner) loop(first chan<- bool) {
+	defer j.m.wg.Done()
+	joined := j.attempt(context.Background())
+	first <- joined
+	every := j.m.cfg.RejoinInterval
+	backoff := firstBackoff
+	for {
+		var wait time.Duration
+		switch {
+		case !joined:
+			wait = backoff
+			backoff = nextBackoff(backoff, every)
+		case every > 0:
+			wait = every
+		default:
+			return
+		}
+		t := time.NewTimer(jitter(wait, j.rng.Float64()))
+		select {
+		case <-j.m.done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ok := j.attempt(context.Background())
+		joined = joined || ok
+	}
+}
+
+// nextBackoff doubles b up to limit (30 s when limit is 0).
+func nextBackoff(b, limit time.Duration) time.Duration {
+	if limit <= 0 {
+		limit = 30 * time.Second
+	}
+	return min(2*b, max(limit, firstBackoff))
+}
+
+// jitter spreads d over ±20%, f being uniform in [0, 1), so that pods
+// started together do not rejoin in lockstep.
+func jitter(d time.Duration, f float64) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*f))
+}
+
+// attempt resolves the seeds and joins those that are not live members. It
+// reports false only when there were addresses to join and none answered.
+func (j *joiner) attempt(ctx context.Context) bool {
+	if len(j.seeds) == 0 {
+		return true
+	}
+	ml := j.m.ml.Load()
+	live := map[string]bool{}
+	for _, n := range ml.Members() {
+		live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
+	}
+	var todo []string
+	for _, a := range j.resolve(ctx) {
+		if !live[a] {
+			todo = append(todo, a)
+		}
+	}
+	if len(todo) == 0 {
+		return true
+	}
+	j.m.stats.joinAttempts.Add(1)
+	n, err := ml.Join(todo)
+	if n == 0 {
+		j.m.stats.joinFailures.Add(1)
+		j.m.log.Debug().Err(err).Strs("seeds", todo).Msg("join reached no one")
+		return false
+	}
+	j.m.log.Debug().Int("contacted", n).Int("members", ml.NumMembers()).Msg("joined")
+	return true
+}
+
+// resolve turns the seeds into ip:port addresses, keeping a seed's previous
+// addresses when its lookup fails.
+func (j *joiner) resolve(ctx context.Context) []string {
+	var addrs []string
+	for _, seed := range j.seeds {
+		host, port, err := net.SplitHostPort(seed)
+		if err != nil {
+			host, port = seed, defaultGossipPort
+		}
+		if net.ParseIP(host) != nil {
+			addrs = append(addrs, net.JoinHostPort(host, port))
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+		ips, err := j.resolver.LookupHost(lctx, host)
+		cancel()
+		if err != nil {
+			j.m.log.Debug().Err(err).Str("seed", seed).Msg("resolve seed")
+			addrs = append(addrs, j.last[seed]...)
+			continue
+		}
+		var got []string
+		for _, ip := range ips {
+			got = append(got, net.JoinHostPort(ip, port))
+		}
+		j.last[seed] = got
+		addrs = append(addrs, got...)
+	}
+	return addrs
+}

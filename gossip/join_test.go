@@ -1,0 +1,70 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestJitter(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		f    float64
+		want time.Duration
+	}{
+		{10 * time.Second, 0, 8 * time.Second},
+		{10 * time.Second, 0.5, 10 * time.Second},
+		{10 * time.Second, 0.999999, 12*time.Second - 4*time.Microsecond},
+	}
+	for _, tt := range tests {
+		if got := jitter(tt.d, tt.f); got != tt.want {
+			t.Errorf("jitter(%v, %v) = %v; want %v", tt.d, tt.f, got, tt.want)
+		}
+	}
+}
+
+func TestNextBackoff(t *testing.T) {
+	tests := []struct {
+		b, limit, want time.Duration
+	}{
+		{time.Second, 30 * time.Second, 2 * time.Second},
+		{16 * time.Second, 30 * time.Second, 30 * time.Second},
+		{16 * time.Second, 0, 30 * time.Second},
+		{time.Second, 100 * time.Millisecond, time.Second},
+	}
+	for _, tt := range tests {
+		if got := nextBackoff(tt.b, tt.limit); got != tt.want {
+			t.Errorf("nextBackoff(%v, %v) = %v; want %v", tt.b, tt.limit, got, tt.want)
+		}
+	}
+}
+
+type fakeResolver map[string][]string
+
+func (r fakeResolver) LookupHost(_ context.Context, host string) ([]string, error) {
+	if a, ok := r[host]; ok {
+		return a, nil
+	}
+	return nil, errors.New("no such host")
+}
+
+func TestResolveKeepsLastOnFailure(t *testing.T) {
+	r := fakeResolver{"peers.ns.svc": {"10.0.0.1", "10.0.0.2"}}
+	j := &joiner{m: &Mesh{}, seeds: []string{"peers.ns.svc:7946", "10.0.0.9:1234", "[fd00::1]:7946", "bare"}, resolver: r, last: map[string][]string{}}
+	want := []string{"10.0.0.1:7946", "10.0.0.2:7946", "10.0.0.9:1234", "[fd00::1]:7946"}
+	if diff := cmp.Diff(want, j.resolve(context.Background())); diff != "" {
+		t.Errorf("resolve mismatch (-want +got):\n%s", diff)
+	}
+	delete(r, "peers.ns.svc") // DNS outage: keep the last answer
+	if diff := cmp.Diff(want, j.resolve(context.Background())); diff != "" {
+		t.Errorf("resolve during outage mismatch (-want +got):\n%s", diff)
+	}
+	r["bare"] = []string{"10.0.0.3"}
+	want = append(want, "10.0.0.3:7946")
+	if diff := cmp.Diff(want, j.resolve(context.Background())); diff != "" {
+		t.Errorf("resolve with default port mismatch (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,388 @@
+package gossip
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
+)
+
+// fastDetection shortens memberlist's failure detection so a killed node is
+// declared dead in about a second on loopback.
+func fastDetection(c *memberlist.Config) {
+	c.ProbeInterval = 100 * time.Millisecond
+	c.ProbeTimeout = 50 * time.Millisecond
+	c.SuspicionMult = 2
+	c.SuspicionMaxTimeoutMult = 2
+	c.GossipInterval = 20 * time.Millisecond
+	c.PushPullInterval = time.Second
+}
+
+func testConfig(name string) Config {
+	c := LocalConfig()
+	c.NodeName = name
+	c.APIAddr = name + ":8000"
+	c.Models = []string{"m"}
+	c.Memberlist = fastDetection
+	return c
+}
+
+func gossipAddr(m *Mesh) string {
+	n := m.ml.Load().LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// start joins one mesh and shuts it down when the test ends.
+func start(t testing.TB, c Config) *Mesh {
+	t.Helper()
+	m, err := Join(context.Background(), c)
+	if err != nil {
+		t.Fatalf("Join(%s) error %v", c.NodeName, err)
+	}
+	t.Cleanup(func() { m.Shutdown() })
+	return m
+}
+
+// cluster starts n meshes named n0..n{n-1}, all joined through n0, and
+// waits until each sees all n members.
+func cluster(t testing.TB, n int, edit func(i int, c *Config)) []*Mesh {
+	t.Helper()
+	ms := make([]*Mesh, n)
+	for i := range ms {
+		c := testConfig(fmt.Sprintf("n%d", i))
+		if i > 0 {
+			c.Join = []string{gossipAddr(ms[0])}
+		}
+		if edit != nil {
+			edit(i, &c)
+		}
+		ms[i] = start(t, c)
+	}
+	defer func() {
+		if t.Failed() {
+			for _, m := range ms {
+				t.Logf("%s: members %d, snapshot %d, stats %+v", m.cfg.NodeName, m.Members(), len(m.Snapshot(time.Now())), m.Stats())
+			}
+		}
+	}()
+	waitFor(t, 10*time.Second, "all members", func() bool {
+		for _, m := range ms {
+			if m.Members() != n || len(m.Snapshot(time.Now())) != n {
+				return false
+			}
+		}
+		return true
+	})
+	return ms
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval, not a wait for convergence
+	}
+}
+
+func view(m *Mesh, id string) (route.PeerView, bool) {
+	for _, v := range m.Snapshot(time.Now()) {
+		if v.ID == id {
+			return v, true
+		}
+	}
+	return route.PeerView{}, false
+}
+
+// holds reports whether m's view of id matches the whole chain.
+func holds(m *Mesh, id string, keys ...blockkey.Key) bool {
+	v, ok := view(m, id)
+	return ok && v.Digest != nil && v.Digest.PrefixLen(keys) == len(keys)
+}
+
+func digestVersion(m *Mesh, id string) uint64 {
+	v, ok := view(m, id)
+	if !ok || v.Digest == nil {
+		return 0
+	}
+	return v.Digest.(*bloom.Digest).Header().Version
+}
+
+func TestMeshDigestAndDeltas(t *testing.T) {
+	ms := cluster(t, 4, nil)
+	a := ms[0]
+	if err := a.PublishDigest(testDigest("n0", 1, 1, 10, 11)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "digest on every peer", func() bool {
+		for _, m := range ms[1:] {
+			if !holds(m, "n0", 10, 11) {
+				return false
+			}
+		}
+		return true
+	})
+	for v := uint64(1); v < 4; v++ {
+		x := bloom.Delta{Node: "n0", Epoch: 1, From: v, To: v + 1, Keys: []blockkey.Key{blockkey.Key(10 + v + 1)}}
+		if err := a.PublishDelta(x); err != nil {
+			t.Fatalf("PublishDelta(%d→%d) error %v", v, v+1, err)
+		}
+	}
+	waitFor(t, 5*time.Second, "deltas on every peer", func() bool {
+		for _, m := range ms[1:] {
+			if !holds(m, "n0", 10, 11, 12, 13, 14) {
+				return false
+			}
+		}
+		return true
+	})
+	if !holds(a, "n0", 10, 11, 12, 13, 14) {
+		t.Errorf("local view lacks the published keys")
+	}
+	if v, _ := view(a, "n0"); !v.Local {
+		t.Errorf("local view Local = false; want true")
+	}
+	s := a.Stats()
+	if s.Sent.Delta.Msgs < 9 || s.Sent.Digest.Msgs < 3 || s.DecodeErrors != 0 {
+		t.Errorf("Stats() = %+v; want >= 9 deltas and >= 3 digests sent, no decode errors", s)
+	}
+}
+
+func TestPublishDeltaErrors(t *testing.T) {
+	m := start(t, testConfig("solo"))
+	x := bloom.Delta{Node: "solo", Epoch: 1, From: 1, To: 2}
+	if err := m.PublishDelta(x); err != ErrNoDigest {
+		t.Errorf("PublishDelta before a digest = %v; want ErrNoDigest", err)
+	}
+	if err := m.PublishDigest(testDigest("other", 1, 1)); err == nil {
+		t.Errorf("PublishDigest(another node's digest) = nil; want error")
+	}
+	if err := m.PublishDigest(testDigest("solo", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	x.From, x.To = 3, 4
+	if err := m.PublishDelta(x); err == nil {
+		t.Errorf("PublishDelta(gap) = nil; want error")
+	}
+	if got := digestVersion(m, "solo"); got != 1 {
+		t.Errorf("local version after a refused delta = %d; want 1", got)
+	}
+}
+
+func TestMeshLostDeltaIsRepaired(t *testing.T) {
+	// n0 loses its delta 2→3 to n1 (a later delta reveals the gap) and its
+	// last delta 3→4 to n2 (nothing reveals it but the meta lag).
+	lose := func(peer string, b []byte) bool {
+		if len(b) == 0 || b[0] != kindDelta {
+			return false
+		}
+		x, err := bloom.UnmarshalDelta(b[1:])
+		return err == nil && ((peer == "n1" && x.To == 3) || (peer == "n2" && x.To == 4))
+	}
+	ms := cluster(t, 3, func(i int, c *Config) {
+		c.FullDigestInterval = time.Hour // only the repair paths may heal
+		if i == 0 {
+			c.dropOut = lose
+		}
+	})
+	a := ms[0]
+	if err := a.PublishDigest(testDigest("n0", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "first digest", func() bool {
+		return digestVersion(ms[1], "n0") == 1 && digestVersion(ms[2], "n0") == 1
+	})
+	for v := uint64(1); v < 4; v++ {
+		x := bloom.Delta{Node: "n0", Epoch: 1, From: v, To: v + 1, Keys: []blockkey.Key{blockkey.Key(100 + v)}}
+		if err := a.PublishDelta(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "repair on both peers", func() bool {
+		return holds(ms[1], "n0", 101, 102, 103) && holds(ms[2], "n0", 101, 102, 103)
+	})
+	if s := ms[1].Stats(); s.Held == 0 || s.FullRequests == 0 {
+		t.Errorf("n1 Stats() = %+v; want a held delta and a full request", s)
+	}
+	if s := ms[2].Stats(); s.FullRequests == 0 || s.Gaps != 0 {
+		t.Errorf("n2 Stats() = %+v; want a full request from the meta lag and no gap", s)
+	}
+	if s := a.Stats(); s.FullServed < 2 {
+		t.Errorf("n0 FullServed = %d; want >= 2", s.FullServed)
+	}
+}
+
+func TestMeshEpochChangeDropsOldClaims(t *testing.T) {
+	ms := cluster(t, 3, nil)
+	a := ms[0]
+	if err := a.PublishDigest(testDigest("n0", 1, 7, 1, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "epoch 1 digest", func() bool { return holds(ms[1], "n0", 1, 2, 3) && holds(ms[2], "n0", 1, 2, 3) })
+	if err := a.PublishDigest(testDigest("n0", 2, 1, 50)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "epoch 2 digest", func() bool { return holds(ms[1], "n0", 50) && holds(ms[2], "n0", 50) })
+	for _, m := range ms {
+		if v, _ := view(m, "n0"); v.Digest.PrefixLen([]blockkey.Key{1, 2, 3}) != 0 {
+			t.Errorf("%s still matches epoch-1 keys", m.cfg.NodeName)
+		}
+	}
+}
+
+func TestMeshLoadAndDraining(t *testing.T) {
+	ms := cluster(t, 2, nil)
+	ms[0].SetLoad(route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, InFlight: 1, QueuedPrefillTokens: 512})
+	ms[0].SetDraining(true)
+	want := route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, InFlight: 1, QueuedPrefillTokens: 512}
+	waitFor(t, 5*time.Second, "load and draining on n1", func() bool {
+		v, ok := view(ms[1], "n0")
+		return ok && v.Draining && v.Load == want && v.Addr == "n0:8000" && len(v.Models) == 1
+	})
+	at := time.Now()
+	ms[1].MarkFailed("n0", at)
+	if v, _ := view(ms[1], "n0"); !v.LastFailure.Equal(at) {
+		t.Errorf("LastFailure = %v; want %v", v.LastFailure, at)
+	}
+}
+
+func TestMeshLeaveAndDeath(t *testing.T) {
+	ms := cluster(t, 4, nil)
+	if err := ms[3].PublishDigest(testDigest("n3", 1, 1, 5)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "n3's digest", func() bool { return holds(ms[0], "n3", 5) })
+
+	if err := ms[3].Leave(time.Second); err != nil {
+		t.Fatalf("Leave error %v", err)
+	}
+	ms[3].Shutdown()
+	waitFor(t, 3*time.Second, "n3 gone after Leave", func() bool {
+		_, ok0 := view(ms[0], "n3")
+		_, ok1 := view(ms[1], "n3")
+		return !ok0 && !ok1 && ms[0].Members() == 3
+	})
+
+	ms[2].Shutdown() // no Leave: only failure detection notices
+	waitFor(t, 10*time.Second, "n2 declared dead", func() bool {
+		_, ok0 := view(ms[0], "n2")
+		_, ok1 := view(ms[1], "n2")
+		return !ok0 && !ok1
+	})
+}
+
+func TestMeshKeptApart(t *testing.T) {
+	key1 := []byte("0123456789abcdef")
+	key2 := []byte("fedcba9876543210")
+	tests := []struct {
+		name   string
+		a, b   func(*Config)
+		joined bool
+	}{
+		{"same key and label", func(c *Config) { c.SecretKey, c.Label = key1, "kvroute/ns/a" }, func(c *Config) { c.SecretKey, c.Label = key1, "kvroute/ns/a" }, true},
+		{"other key", func(c *Config) { c.SecretKey = key1 }, func(c *Config) { c.SecretKey = key2 }, false},
+		{"plain to encrypted", func(c *Config) { c.SecretKey = key1 }, func(c *Config) {}, false},
+		{"other label", func(c *Config) { c.Label = "kvroute/ns/a" }, func(c *Config) { c.Label = "kvroute/ns/b" }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ca, cb := testConfig("a"), testConfig("b")
+			ca.Memberlist, cb.Memberlist = nil, nil
+			ca.RejoinInterval, cb.RejoinInterval = 0, 0
+			tt.a(&ca)
+			a := start(t, ca)
+			cb.Join = []string{gossipAddr(a)}
+			tt.b(&cb)
+			b := start(t, cb) // Join attempts once synchronously and never fails
+			got := b.Members() == 2
+			if got != tt.joined {
+				t.Errorf("joined = %v (members %d, %d); want %v", got, a.Members(), b.Members(), tt.joined)
+			}
+			if !tt.joined && b.Stats().JoinFailures == 0 {
+				t.Errorf("JoinFailures = 0; want the refused join counted")
+			}
+		})
+	}
+}
+
+func TestJoinAloneThenHeals(t *testing.T) {
+	// Reserve a port for the seed that is not up yet.
+	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+
+	cb := testConfig("b")
+	cb.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	b := start(t, cb)
+	if b.Members() != 1 {
+		t.Fatalf("Members() = %d alone; want 1", b.Members())
+	}
+	ca := testConfig("a")
+	ca.BindPort = port
+	a := start(t, ca)
+	waitFor(t, 10*time.Second, "background join", func() bool { return a.Members() == 2 && b.Members() == 2 })
+	if b.Stats().JoinFailures == 0 {
+		t.Errorf("JoinFailures = 0; want the first attempt counted")
+	}
+}
+
+func TestJoinConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"no name", func(c *Config) { c.NodeName = "" }},
+		{"no api address", func(c *Config) { c.APIAddr = "" }},
+		{"bad key length", func(c *Config) { c.SecretKey = []byte("short") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := testConfig("x")
+			tt.edit(&c)
+			if m, err := Join(context.Background(), c); err == nil {
+				m.Shutdown()
+				t.Errorf("Join = nil error; want error")
+			}
+		})
+	}
+}
+
+func TestNotifyMsgDropsWhenInboxFull(t *testing.T) {
+	m := &Mesh{inbox: make(chan []byte, 1)}
+	d := delegate{m}
+	b := []byte{kindDelta, 1}
+	d.NotifyMsg(b)
+	b[1] = 2 // memberlist reuses its buffer
+	d.NotifyMsg(b)
+	if got := <-m.inbox; got[1] != 1 {
+		t.Errorf("inbox holds %v; want the copy taken before reuse", got)
+	}
+	if got := m.stats.inboxDrops.Load(); got != 1 {
+		t.Errorf("inboxDrops = %d; want 1", got)
+	}
+}
+
+func TestMeshCountsBadMessages(t *testing.T) {
+	m := start(t, testConfig("solo"))
+	var before = m.Stats().DecodeErrors
+	for _, b := range [][]byte{{}, {0x00}, {kindDigest, 1, 2}, {kindNeedFull, 9}} {
+		m.handle(b)
+	}
+	if got := m.Stats().DecodeErrors - before; got != 4 {
+		t.Errorf("DecodeErrors = %d; want 4", got)
+	}
+}

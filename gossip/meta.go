@@ -1,0 +1,195 @@
+package gossip
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Meta is what a node advertises in memberlist's node meta: how to reach it,
+// what it serves, which digest it holds and how loaded it is. memberlist
+// gossips it to every member on each UpdateNode.
+type Meta struct {
+	APIAddr         string   // host:port peers forward to
+	Models          []string // served model and LoRA names
+	ModelsTruncated bool     // Models is incomplete: more names than fit
+	KeyScheme       uint8    // blockkey scheme version
+	Draining        bool     // refusing new requests
+	HasDigest       bool     // DigestEpoch and DigestVersion are meaningful
+	DigestEpoch     uint64
+	DigestVersion   uint64
+	Running         int // requests being decoded
+	Waiting         int // requests queued in vLLM
+	KVUsageMilli    int // KV cache usage × 1000
+	InFlight        int // requests this sidecar has in flight to its vLLM
+	QueuedPrefill   int // prompt tokens queued for prefill
+}
+
+// Wire format of the meta, version 1:
+//
+//	version u8 | flags u8 | key scheme u8 | api len u8 | api |
+//	epoch uvarint | version uvarint | running uvarint | waiting uvarint |
+//	kv usage milli uvarint | in flight uvarint | queued prefill uvarint |
+//	model count u8 | (len u8 | name)*
+//
+// Decoders ignore bytes after the models, so a later version may append
+// fields and still be read by this one.
+const (
+	metaVersion     = 1
+	maxMetaBytes    = 512 // memberlist.MetaMaxSize; memberlist panics above it
+	maxAPIAddrBytes = 255
+	maxModelBytes   = 255
+	maxModels       = 255
+
+	flagDraining        = 1 << 0
+	flagHasDigest       = 1 << 1
+	flagModelsTruncated = 1 << 2
+)
+
+// ErrMeta is wrapped by every DecodeMeta error.
+var ErrMeta = errors.New("malformed node meta")
+
+// EncodeMeta returns m's wire form, at most limit bytes (limit above 512 is
+// treated as 512). Models that do not fit are left out, in order, and
+// ModelsTruncated is set; an API address over 255 bytes is an error, since
+// peers could not reach us.
+func EncodeMeta(m Meta, limit int) ([]byte, error) {
+	limit = min(limit, maxMetaBytes)
+	if len(m.APIAddr) > maxAPIAddrBytes {
+		return nil, fmt.Errorf("encode meta: api address of %d bytes", len(m.APIAddr))
+	}
+	flags := byte(0)
+	if m.Draining {
+		flags |= flagDraining
+	}
+	if m.HasDigest {
+		flags |= flagHasDigest
+	}
+	b := make([]byte, 0, limit)
+	b = append(b, metaVersion, 0, m.KeyScheme, byte(len(m.APIAddr)))
+	b = append(b, m.APIAddr...)
+	for _, v := range []uint64{m.DigestEpoch, m.DigestVersion} {
+		b = binary.AppendUvarint(b, v)
+	}
+	for _, v := range []int{m.Running, m.Waiting, m.KVUsageMilli, m.InFlight, m.QueuedPrefill} {
+		b = binary.AppendUvarint(b, uint64(min(max(v, 0), math.MaxInt32)))
+	}
+	countAt := len(b)
+	b = append(b, 0)
+	if len(b) > limit {
+		return nil, fmt.Errorf("encode meta: %d bytes before models, limit %d", len(b), limit)
+	}
+	truncated := m.ModelsTruncated
+	n := 0
+	for _, name := range m.Models {
+		if n == maxModels || len(name) > maxModelBytes || len(b)+1+len(name) > limit {
+			truncated = true
+			continue // a shorter name later may still fit
+		}
+		b = append(b, byte(len(name)))
+		b = append(b, name...)
+		n++
+	}
+	b[countAt] = byte(n)
+	if truncated {
+		flags |= flagModelsTruncated
+	}
+	b[1] = flags
+	return b, nil
+}
+
+// DecodeMeta parses a node meta written by EncodeMeta. Integers that do not
+// fit an int are an error; so is any truncation.
+func DecodeMeta(b []byte) (Meta, error) {
+	if len(b) > maxMetaBytes {
+		return Meta{}, fmt.Errorf("%d bytes: %w", len(b), ErrMeta)
+	}
+	r := metaReader{b: b}
+	version, flags, scheme, apiLen := r.byte(), r.byte(), r.byte(), r.byte()
+	if r.err != nil {
+		return Meta{}, r.err
+	}
+	if version < metaVersion {
+		return Meta{}, fmt.Errorf("version %d: %w", version, ErrMeta)
+	}
+	m := Meta{
+		KeyScheme:       scheme,
+		Draining:        flags&flagDraining != 0,
+		HasDigest:       flags&flagHasDigest != 0,
+		ModelsTruncated: flags&flagModelsTruncated != 0,
+	}
+	m.APIAddr = string(r.bytes(int(apiLen)))
+	m.DigestEpoch = r.uvarint()
+	m.DigestVersion = r.uvarint()
+	for _, p := range []*int{&m.Running, &m.Waiting, &m.KVUsageMilli, &m.InFlight, &m.QueuedPrefill} {
+		*p = r.int()
+	}
+	n := int(r.byte())
+	for range n {
+		if r.err != nil {
+			break
+		}
+		l := int(r.byte())
+		m.Models = append(m.Models, string(r.bytes(l)))
+	}
+	if r.err != nil {
+		return Meta{}, r.err
+	}
+	return m, nil
+}
+
+type metaReader struct {
+	b   []byte
+	err error
+}
+
+func (r *metaReader) fail(what string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("truncated %s: %w", what, ErrMeta)
+	}
+}
+
+func (r *metaReader) byte() byte {
+	if r.err != nil || len(r.b) < 1 {
+		r.fail("byte")
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+func (r *metaReader) bytes(n int) []byte {
+	if r.err != nil || len(r.b) < n {
+		r.fail("string")
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *metaReader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail("varint")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *metaReader) int() int {
+	v := r.uvarint()
+	if v > math.MaxInt32 {
+		if r.err == nil {
+			r.err = fmt.Errorf("integer %d out of range: %w", v, ErrMeta)
+		}
+		return 0
+	}
+	return int(v)
+}

@@ -1,0 +1,162 @@
+package gossip
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestMetaRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		in   Meta
+	}{
+		{"zero", Meta{}},
+		{"typical", Meta{
+			APIAddr: "10.1.2.3:8000", Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "lora-a"},
+			KeyScheme: 1, HasDigest: true, DigestEpoch: 7, DigestVersion: 1 << 40,
+			Running: 12, Waiting: 3, KVUsageMilli: 875, InFlight: 4, QueuedPrefill: 9000,
+		}},
+		{"draining", Meta{APIAddr: "[fd00::1]:8000", Draining: true}},
+		{"max integers", Meta{DigestEpoch: ^uint64(0), DigestVersion: ^uint64(0), Running: 1<<31 - 1}},
+		{"truncated flag kept", Meta{Models: []string{"a"}, ModelsTruncated: true}},
+		{"empty model name", Meta{Models: []string{""}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := EncodeMeta(tt.in, maxMetaBytes)
+			if err != nil {
+				t.Fatalf("EncodeMeta(%+v) error %v", tt.in, err)
+			}
+			got, err := DecodeMeta(b)
+			if err != nil {
+				t.Fatalf("DecodeMeta(%x) error %v", b, err)
+			}
+			if diff := cmp.Diff(tt.in, got); diff != "" {
+				t.Errorf("DecodeMeta(EncodeMeta(x)) mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestEncodeMetaFitsLimit(t *testing.T) {
+	many := make([]string, 40)
+	for i := range many {
+		many[i] = strings.Repeat(string(rune('a'+i%26)), 20)
+	}
+	tests := []struct {
+		name          string
+		in            Meta
+		limit         int
+		wantModels    int
+		wantTruncated bool
+	}{
+		{"all fit", Meta{Models: many[:5]}, 512, 5, false},
+		{"too many names", Meta{APIAddr: "10.0.0.1:8000", Models: many}, 512, 23, true},
+		{"tight limit", Meta{Models: many[:5]}, 60, 2, true},
+		{"name over 255 skipped, later kept", Meta{Models: []string{strings.Repeat("x", 300), "b"}}, 512, 1, true},
+		{"limit above 512 capped", Meta{Models: many}, 4096, 23, true},
+		{"negative load clamped", Meta{Running: -5}, 512, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := EncodeMeta(tt.in, tt.limit)
+			if err != nil {
+				t.Fatalf("EncodeMeta error %v", err)
+			}
+			if len(b) > min(tt.limit, maxMetaBytes) {
+				t.Errorf("len(EncodeMeta) = %d; want <= %d", len(b), tt.limit)
+			}
+			got, err := DecodeMeta(b)
+			if err != nil {
+				t.Fatalf("DecodeMeta error %v", err)
+			}
+			if len(got.Models) != tt.wantModels || got.ModelsTruncated != tt.wantTruncated {
+				t.Errorf("models = %d truncated %v; want %d truncated %v",
+					len(got.Models), got.ModelsTruncated, tt.wantModels, tt.wantTruncated)
+			}
+			if got.Running < 0 {
+				t.Errorf("Running = %d; want >= 0", got.Running)
+			}
+		})
+	}
+}
+
+func TestEncodeMetaErrors(t *testing.T) {
+	if _, err := EncodeMeta(Meta{APIAddr: strings.Repeat("h", 256)}, 512); err == nil {
+		t.Errorf("EncodeMeta(256-byte address) = nil error; want error")
+	}
+	if _, err := EncodeMeta(Meta{APIAddr: "10.0.0.1:8000"}, 10); err == nil {
+		t.Errorf("EncodeMeta(limit 10) = nil error; want error")
+	}
+}
+
+func TestDecodeMetaErrors(t *testing.T) {
+	good, err := EncodeMeta(Meta{APIAddr: "10.0.0.1:8000", Models: []string{"m"}, DigestVersion: 300}, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		in   []byte
+	}{
+		{"empty", nil},
+		{"version 0", append([]byte{0}, good[1:]...)},
+		{"header only", good[:3]},
+		{"cut in address", good[:8]},
+		{"cut in varint", good[:4+len("10.0.0.1:8000")+2]},
+		{"cut in models", good[:len(good)-1]},
+		{"huge int", append(append([]byte{1, 0, 0, 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f), 0, 0, 0, 0, 0)},
+		{"over 512 bytes", make([]byte, 513)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if m, err := DecodeMeta(tt.in); !errors.Is(err, ErrMeta) {
+				t.Errorf("DecodeMeta(%x) = %+v, %v; want ErrMeta", tt.in, m, err)
+			}
+		})
+	}
+}
+
+func TestDecodeMetaIgnoresAppendedFields(t *testing.T) {
+	in := Meta{APIAddr: "a:1", Models: []string{"m"}}
+	b, _ := EncodeMeta(in, 512)
+	b[0] = 2 // a later version that appends fields
+	got, err := DecodeMeta(append(b, 1, 2, 3))
+	if err != nil {
+		t.Fatalf("DecodeMeta(v2) error %v", err)
+	}
+	if diff := cmp.Diff(in, got); diff != "" {
+		t.Errorf("DecodeMeta(v2) mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func FuzzMeta(f *testing.F) {
+	for _, m := range []Meta{{}, {APIAddr: "10.0.0.1:8000", Models: []string{"a", "b"}, HasDigest: true, DigestVersion: 1 << 50, KVUsageMilli: 999}} {
+		b, _ := EncodeMeta(m, 512)
+		f.Add(b)
+	}
+	f.Add([]byte{1, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeMeta(b)
+		if err != nil {
+			return
+		}
+		enc, err := EncodeMeta(m, 512)
+		if err != nil {
+			t.Fatalf("EncodeMeta(DecodeMeta(%x)) error %v", b, err)
+		}
+		if len(enc) > 512 {
+			t.Fatalf("EncodeMeta = %d bytes; want <= 512", len(enc))
+		}
+		m2, err := DecodeMeta(enc)
+		if err != nil {
+			t.Fatalf("DecodeMeta(EncodeMeta(m)) error %v", err)
+		}
+		if diff := cmp.Diff(m, m2); diff != "" {
+			t.Fatalf("round trip mismatch (-first +second):\n%s", diff)
+		}
+	})
+}

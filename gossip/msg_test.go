@@ -1,0 +1,110 @@
+package gossip
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+)
+
+func testDigest(node string, epoch, version uint64, keys ...blockkey.Key) *bloom.Digest {
+	return bloom.Build(bloom.Header{Node: node, Epoch: epoch, Version: version, Params: bloom.ParamsFor(1000, 0.01)}, keys)
+}
+
+func TestMsgRoundTrip(t *testing.T) {
+	d := testDigest("a", 1, 5, 10, 11, 12)
+	db, err := encodeDigest(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := bloom.Delta{Node: "a", Epoch: 1, From: 5, To: 6, Keys: []blockkey.Key{13, 14}}
+	xb, err := encodeDelta(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf := needFull{Requester: "b", Origin: "a"}
+	nb, err := encodeNeedFull(nf)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := decodeMsg(db)
+	if err != nil || got.kind != kindDigest || got.digest.Header() != d.Header() || got.digest.PrefixLen([]blockkey.Key{10, 11, 12}) != 3 {
+		t.Errorf("decodeMsg(digest) = %+v, %v; want digest %+v", got, err, d.Header())
+	}
+	got, err = decodeMsg(xb)
+	if err != nil || got.kind != kindDelta {
+		t.Fatalf("decodeMsg(delta) = %+v, %v", got, err)
+	}
+	if diff := cmp.Diff(x, got.delta); diff != "" {
+		t.Errorf("decodeMsg(delta) mismatch (-want +got):\n%s", diff)
+	}
+	got, err = decodeMsg(nb)
+	if err != nil || got.kind != kindNeedFull || got.needFull != nf {
+		t.Errorf("decodeMsg(need-full) = %+v, %v; want %+v", got, err, nf)
+	}
+}
+
+func TestDecodeMsgErrors(t *testing.T) {
+	xb, _ := encodeDelta(bloom.Delta{Node: "a", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{1}})
+	tests := []struct {
+		name string
+		in   []byte
+	}{
+		{"empty", nil},
+		{"unknown kind", []byte{0x01, 2, 3}},
+		{"kind only", []byte{kindDigest}},
+		{"truncated delta", xb[:len(xb)-3]},
+		{"delta as digest", append([]byte{kindDigest}, xb[1:]...)},
+		{"need-full truncated", []byte{kindNeedFull, 5, 'a'}},
+		{"need-full trailing", []byte{kindNeedFull, 1, 'a', 1, 'b', 0}},
+		{"need-full empty name", []byte{kindNeedFull, 0, 1, 'b'}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if m, err := decodeMsg(tt.in); !errors.Is(err, ErrMsg) {
+				t.Errorf("decodeMsg(%x) = %+v, %v; want ErrMsg", tt.in, m, err)
+			}
+		})
+	}
+}
+
+func FuzzDigestMsg(f *testing.F) {
+	small := bloom.Build(bloom.Header{Node: "n", Epoch: 1, Version: 1, Params: bloom.Params{M: 128, K: 3}}, []blockkey.Key{1, 2})
+	db, _ := encodeDigest(small)
+	xb, _ := encodeDelta(bloom.Delta{Node: "n", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{3, 4}})
+	nb, _ := encodeNeedFull(needFull{Requester: "r", Origin: "n"})
+	for _, b := range [][]byte{db, xb, nb, {kindDigest}, {}} {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMsg(b)
+		if err != nil {
+			return
+		}
+		var again []byte
+		switch m.kind {
+		case kindDigest:
+			again, err = encodeDigest(m.digest)
+		case kindDelta:
+			again, err = encodeDelta(m.delta)
+		case kindNeedFull:
+			again, err = encodeNeedFull(m.needFull)
+		default:
+			t.Fatalf("decodeMsg returned kind %#x", m.kind)
+		}
+		if err != nil {
+			t.Fatalf("re-encode kind %#x: %v", m.kind, err)
+		}
+		m2, err := decodeMsg(again)
+		if err != nil {
+			t.Fatalf("decodeMsg(re-encoded) error %v", err)
+		}
+		if m.kind == kindDigest && m2.digest.Header() != m.digest.Header() {
+			t.Fatalf("digest header %+v after round trip; want %+v", m2.digest.Header(), m.digest.Header())
+		}
+	})
+}

@@ -1,0 +1,82 @@
+package gossip
+
+import "sync/atomic"
+
+// Traffic counts messages and their bytes (our payload, without
+// memberlist's framing).
+type Traffic struct{ Msgs, Bytes uint64 }
+
+// ByKind splits traffic by message kind.
+type ByKind struct{ Digest, Delta, NeedFull Traffic }
+
+// Stats are the mesh's counters since Join, for export as Prometheus
+// counters (kvroute_gossip_*_total) by the caller.
+type Stats struct {
+	Sent, Received ByKind
+	SendErrors     uint64 // memberlist refused or failed a send
+	DecodeErrors   uint64 // user messages that did not decode; dropped
+	MetaErrors     uint64 // node metas that did not decode
+	InboxDrops     uint64 // received messages dropped: inbox full
+	OutboxDrops    uint64 // messages to a peer dropped: its queue full
+	UnknownOrigin  uint64 // digests or deltas from nodes not in the table
+	Held           uint64 // deltas that arrived early and waited for their predecessor
+	Gaps           uint64 // deltas that could not follow our copy (lost, or no copy)
+	Stale          uint64 // digests or deltas older than our copy
+	EpochDrops     uint64 // copies dropped because their origin's epoch changed
+	FullRequests   uint64 // need-full requests we sent
+	FullServed     uint64 // need-full requests we answered
+	JoinAttempts   uint64 // memberlist.Join calls
+	JoinFailures   uint64 // calls that reached no one
+}
+
+type counters struct {
+	sent, recv                             kindTraffic
+	sendErrors, decodeErrors, metaErrors   atomic.Uint64
+	inboxDrops, outboxDrops, unknownOrigin atomic.Uint64
+	held, gaps, stale, epochDrops          atomic.Uint64
+	fullRequests, fullServed               atomic.Uint64
+	joinAttempts, joinFailures             atomic.Uint64
+}
+
+type traffic struct{ msgs, bytes atomic.Uint64 }
+
+type kindTraffic [kinds]traffic
+
+// count adds one message of b's kind; b must be non-empty with a known kind.
+func (t *kindTraffic) count(b []byte) {
+	i := kindIndex(b[0])
+	if i < 0 || i >= kinds {
+		return
+	}
+	t[i].msgs.Add(1)
+	t[i].bytes.Add(uint64(len(b)))
+}
+
+func (t *kindTraffic) byKind() ByKind {
+	get := func(k byte) Traffic {
+		x := &t[kindIndex(k)]
+		return Traffic{Msgs: x.msgs.Load(), Bytes: x.bytes.Load()}
+	}
+	return ByKind{Digest: get(kindDigest), Delta: get(kindDelta), NeedFull: get(kindNeedFull)}
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Sent:          c.sent.byKind(),
+		Received:      c.recv.byKind(),
+		SendErrors:    c.sendErrors.Load(),
+		DecodeErrors:  c.decodeErrors.Load(),
+		MetaErrors:    c.metaErrors.Load(),
+		InboxDrops:    c.inboxDrops.Load(),
+		OutboxDrops:   c.outboxDrops.Load(),
+		UnknownOrigin: c.unknownOrigin.Load(),
+		Held:          c.held.Load(),
+		Gaps:          c.gaps.Load(),
+		Stale:         c.stale.Load(),
+		EpochDrops:    c.epochDrops.Load(),
+		FullRequests:  c.fullRequests.Load(),
+		FullServed:    c.fullServed.Load(),
+		JoinAttempts:  c.joinAttempts.Load(),
+		JoinFailures:  c.joinFailures.Load(),
+	}
+}

@@ -1,0 +1,260 @@
+package gossip
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
+)
+
+// table is the view of every live peer: its meta, its digest and its recent
+// failures. It is plain data, with time passed in; Mesh serialises access.
+type table struct {
+	peers map[string]*peer
+}
+
+type peer struct {
+	meta        Meta
+	metaOK      bool          // meta decoded at least once
+	digest      *bloom.Digest // replaced wholesale, never modified
+	digestAt    time.Time     // when digest last changed
+	loadAt      time.Time     // when meta last arrived
+	lastFailure time.Time     // last failed forward reported by MarkFailed
+	behindSince time.Time     // since when digest has lagged meta; zero if not
+	lastAsk     time.Time     // last need-full request sent to it
+	// early holds deltas that arrived before the one they follow, by From.
+	// memberlist hands queued UDP messages over newest first (its handoff
+	// queue is LIFO), so a burst of deltas routinely arrives reversed.
+	early      map[uint64]bloom.Delta
+	earlySince time.Time // when the oldest held delta arrived; zero if none
+}
+
+// maxEarly bounds the deltas held per peer; more means something was lost.
+const maxEarly = 64
+
+// outcome is what applying a digest or delta did.
+type outcome int
+
+const (
+	applied outcome = iota
+	held            // ahead of our copy: held until the deltas between arrive
+	stale           // older than our copy: dropped
+	gap             // cannot follow our copy: ask for a full digest
+	unknown         // from a node not in the table
+)
+
+func newTable() *table { return &table{peers: map[string]*peer{}} }
+
+// upsert records a peer joining or updating its meta. metaOK false keeps the
+// previous meta (a malformed update changes nothing). It reports whether the
+// peer's digest was dropped because its epoch moved on: a meta that changes
+// the digest epoch proves the old claims are gone, unless our copy is already
+// of the new epoch (the full digest overtook the meta).
+func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped bool) {
+	p := t.peers[id]
+	if p == nil {
+		p = &peer{}
+		t.peers[id] = p
+	}
+	if !metaOK {
+		return false
+	}
+	if p.digest != nil && p.metaOK && p.meta.HasDigest && m.HasDigest &&
+		p.meta.DigestEpoch != m.DigestEpoch && p.digest.Header().Epoch != m.DigestEpoch {
+		p.digest, p.digestAt, dropped = nil, now, true
+	}
+	p.meta, p.metaOK, p.loadAt = m, true, now
+	return dropped
+}
+
+// remove forgets a peer that left or died, with its digest.
+func (t *table) remove(id string) { delete(t.peers, id) }
+
+// applyDigest replaces the origin's copy with d unless ours is newer in the
+// same epoch. Another epoch always replaces: epochs are not ordered.
+func (t *table) applyDigest(d *bloom.Digest, now time.Time) outcome {
+	h := d.Header()
+	p := t.peers[h.Node]
+	if p == nil {
+		return unknown
+	}
+	if p.digest != nil {
+		c := p.digest.Header()
+		if c.Epoch == h.Epoch && h.Version < c.Version {
+			return stale
+		}
+	}
+	p.digest, p.digestAt = d, now
+	p.drain(now)
+	return applied
+}
+
+// applyDelta applies x to the origin's copy, then any held deltas that now
+// follow. A delta ahead of the copy is held (see peer.early); repairs asks
+// for a full digest if the gap does not fill within the reorder wait. A
+// delta of another epoch drops the copy at once (its claims are gone) and
+// reports a gap; dropped says so.
+func (t *table) applyDelta(x bloom.Delta, now time.Time) (o outcome, dropped bool) {
+	p := t.peers[x.Node]
+	if p == nil {
+		return unknown, false
+	}
+	if p.digest == nil {
+		return gap, false
+	}
+	h := p.digest.Header()
+	switch {
+	case x.Epoch != h.Epoch:
+		p.digest, p.digestAt = nil, now
+		p.early, p.earlySince = nil, time.Time{}
+		return gap, true
+	case x.From > h.Version:
+		if len(p.early) >= maxEarly {
+			return gap, false
+		}
+		if p.early == nil {
+			p.early = map[uint64]bloom.Delta{}
+		}
+		if len(p.early) == 0 {
+			p.earlySince = now
+		}
+		p.early[x.From] = x
+		return held, false
+	}
+	next, err := p.digest.Apply(x)
+	switch {
+	case err == nil:
+		p.digest, p.digestAt = next, now
+		p.drain(now)
+		return applied, false
+	case errors.Is(err, bloom.ErrStale):
+		return stale, false
+	default:
+		return gap, false
+	}
+}
+
+// drain applies the held deltas that follow the copy and forgets those it
+// has passed.
+func (p *peer) drain(now time.Time) {
+	for len(p.early) > 0 {
+		v := p.digest.Header().Version
+		x, ok := p.early[v]
+		if !ok {
+			break
+		}
+		delete(p.early, v)
+		if next, err := p.digest.Apply(x); err == nil {
+			p.digest, p.digestAt = next, now
+		}
+	}
+	v := p.digest.Header().Version
+	for from, x := range p.early {
+		if x.To <= v || x.Epoch != p.digest.Header().Epoch || from < v {
+			delete(p.early, from)
+		}
+	}
+	if len(p.early) == 0 {
+		p.earlySince = time.Time{}
+	}
+}
+
+// markFailed records a failed forward to id; unknown peers are ignored.
+func (t *table) markFailed(id string, at time.Time) {
+	if p := t.peers[id]; p != nil && at.After(p.lastFailure) {
+		p.lastFailure = at
+	}
+}
+
+// ask reports whether a need-full request may go to id now, at most one per
+// interval, and records it.
+func (t *table) ask(id string, now time.Time, interval time.Duration) bool {
+	p := t.peers[id]
+	if p == nil || (!p.lastAsk.IsZero() && now.Sub(p.lastAsk) < interval) {
+		return false
+	}
+	p.lastAsk = now
+	return true
+}
+
+// lagging reports whether p's meta announces a digest we do not hold.
+func (p *peer) lagging() bool {
+	if !p.metaOK || !p.meta.HasDigest {
+		return false
+	}
+	if p.digest == nil {
+		return true
+	}
+	h := p.digest.Header()
+	return h.Epoch != p.meta.DigestEpoch || h.Version < p.meta.DigestVersion
+}
+
+// repairs returns the peers to ask for a full digest now, sorted: those
+// whose held deltas have waited reorderWait for a missing one, and those
+// whose copy has lagged their meta for lagAfter (a lost last delta, which no
+// later delta reveals). Each peer is asked at most once per interval.
+func (t *table) repairs(now time.Time, reorderWait, lagAfter, interval time.Duration) []string {
+	var ids []string
+	for id, p := range t.peers {
+		stuck := !p.earlySince.IsZero() && now.Sub(p.earlySince) >= reorderWait
+		if p.lagging() {
+			if p.behindSince.IsZero() {
+				p.behindSince = now
+			}
+		} else {
+			p.behindSince = time.Time{}
+		}
+		behind := !p.behindSince.IsZero() && now.Sub(p.behindSince) >= lagAfter
+		if (stuck || behind) && t.ask(id, now, interval) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// views returns a PeerView of every peer whose meta we could read, sorted by
+// ID. A peer without a readable meta has no address to forward to.
+func (t *table) views() []route.PeerView {
+	vs := make([]route.PeerView, 0, len(t.peers))
+	for id, p := range t.peers {
+		if !p.metaOK {
+			continue
+		}
+		v := route.PeerView{
+			ID:          id,
+			Addr:        p.meta.APIAddr,
+			Models:      slices.Clone(p.meta.Models),
+			KeyScheme:   int(p.meta.KeyScheme),
+			Load:        loadOf(p.meta),
+			LoadAt:      p.loadAt,
+			LastFailure: p.lastFailure,
+			Draining:    p.meta.Draining,
+		}
+		if p.digest != nil { // a nil *Digest in the interface would not be nil
+			v.Digest, v.DigestAt = p.digest, p.digestAt
+		}
+		vs = append(vs, v)
+	}
+	slices.SortFunc(vs, func(a, b route.PeerView) int { return strings.Compare(a.ID, b.ID) })
+	return vs
+}
+
+func loadOf(m Meta) route.Load {
+	return route.Load{
+		Running:             m.Running,
+		Waiting:             m.Waiting,
+		KVUsage:             float64(m.KVUsageMilli) / 1000,
+		InFlight:            m.InFlight,
+		QueuedPrefillTokens: m.QueuedPrefill,
+	}
+}
+
+// metaLoad is loadOf's inverse, up to the meta's 1/1000 KV-usage precision.
+func metaLoad(m *Meta, l route.Load) {
+	m.Running, m.Waiting, m.InFlight, m.QueuedPrefill = l.Running, l.Waiting, l.InFlight, l.QueuedPrefillTokens
+	m.KVUsageMilli = int(l.KVUsage*1000 + 0.5)
+}

@@ -1,0 +1,278 @@
+package gossip
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func metaAt(epoch, version uint64) Meta {
+	return Meta{APIAddr: "p:8000", HasDigest: true, DigestEpoch: epoch, DigestVersion: version}
+}
+
+// copyOf returns the epoch and version of the table's copy of id.
+func copyOf(tb *table, id string) (epoch, version uint64, ok bool) {
+	p := tb.peers[id]
+	if p == nil || p.digest == nil {
+		return 0, 0, false
+	}
+	h := p.digest.Header()
+	return h.Epoch, h.Version, true
+}
+
+func TestTableApplyDelta(t *testing.T) {
+	tests := []struct {
+		name        string
+		copy        *bloom.Digest // nil: no copy
+		x           bloom.Delta
+		want        outcome
+		wantDropped bool
+		wantVersion uint64 // of the copy afterwards; 0: no copy
+	}{
+		{"follows", testDigest("p", 1, 5), bloom.Delta{Node: "p", Epoch: 1, From: 5, To: 6, Keys: []blockkey.Key{9}}, applied, false, 6},
+		{"ahead is held", testDigest("p", 1, 5), bloom.Delta{Node: "p", Epoch: 1, From: 6, To: 7}, held, false, 5},
+		{"stale", testDigest("p", 1, 5), bloom.Delta{Node: "p", Epoch: 1, From: 4, To: 5}, stale, false, 5},
+		{"no copy yet", nil, bloom.Delta{Node: "p", Epoch: 1, From: 5, To: 6}, gap, false, 0},
+		{"new epoch drops copy", testDigest("p", 1, 5), bloom.Delta{Node: "p", Epoch: 2, From: 5, To: 6}, gap, true, 0},
+		{"unknown origin", testDigest("p", 1, 5), bloom.Delta{Node: "q", Epoch: 1, From: 5, To: 6}, unknown, false, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := newTable()
+			tb.upsert("p", metaAt(1, 5), true, t0)
+			tb.peers["p"].digest = tt.copy
+			got, dropped := tb.applyDelta(tt.x, t0.Add(time.Second))
+			if got != tt.want || dropped != tt.wantDropped {
+				t.Errorf("applyDelta(%+v) = %v, %v; want %v, %v", tt.x, got, dropped, tt.want, tt.wantDropped)
+			}
+			_, v, _ := copyOf(tb, "p")
+			if v != tt.wantVersion {
+				t.Errorf("copy version after applyDelta = %d; want %d", v, tt.wantVersion)
+			}
+		})
+	}
+}
+
+func TestTableAppliedDeltaIsTestable(t *testing.T) {
+	tb := newTable()
+	tb.upsert("p", metaAt(1, 1), true, t0)
+	if o := tb.applyDigest(testDigest("p", 1, 1, 100), t0); o != applied {
+		t.Fatalf("applyDigest = %v; want applied", o)
+	}
+	if o, _ := tb.applyDelta(bloom.Delta{Node: "p", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{101}}, t0.Add(time.Second)); o != applied {
+		t.Fatalf("applyDelta = %v; want applied", o)
+	}
+	v := tb.views()[0]
+	if n := v.Digest.PrefixLen([]blockkey.Key{100, 101}); n != 2 || !v.DigestAt.Equal(t0.Add(time.Second)) {
+		t.Errorf("view PrefixLen = %d, DigestAt %v; want 2, %v", n, v.DigestAt, t0.Add(time.Second))
+	}
+}
+
+func TestTableApplyDigest(t *testing.T) {
+	tests := []struct {
+		name        string
+		copy        *bloom.Digest
+		in          *bloom.Digest
+		want        outcome
+		wantVersion uint64
+	}{
+		{"first", nil, testDigest("p", 1, 5), applied, 5},
+		{"newer", testDigest("p", 1, 5), testDigest("p", 1, 9), applied, 9},
+		{"same version refreshes", testDigest("p", 1, 5), testDigest("p", 1, 5), applied, 5},
+		{"older", testDigest("p", 1, 5), testDigest("p", 1, 4), stale, 5},
+		{"other epoch, lower version", testDigest("p", 1, 5), testDigest("p", 2, 1), applied, 1},
+		{"unknown", nil, testDigest("q", 1, 5), unknown, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := newTable()
+			tb.upsert("p", metaAt(1, 5), true, t0)
+			tb.peers["p"].digest = tt.copy
+			if got := tb.applyDigest(tt.in, t0); got != tt.want {
+				t.Errorf("applyDigest(%+v) = %v; want %v", tt.in.Header(), got, tt.want)
+			}
+			if _, v, _ := copyOf(tb, "p"); v != tt.wantVersion {
+				t.Errorf("copy version = %d; want %d", v, tt.wantVersion)
+			}
+		})
+	}
+}
+
+func TestTableUpsertEpoch(t *testing.T) {
+	tests := []struct {
+		name        string
+		before      Meta
+		copy        *bloom.Digest
+		after       Meta
+		afterOK     bool
+		wantDropped bool
+	}{
+		{"same epoch keeps", metaAt(1, 5), testDigest("p", 1, 5), metaAt(1, 9), true, false},
+		{"epoch moves on drops", metaAt(1, 5), testDigest("p", 1, 5), metaAt(2, 1), true, true},
+		{"copy already of new epoch", metaAt(1, 5), testDigest("p", 2, 1), metaAt(2, 1), true, false},
+		{"malformed meta changes nothing", metaAt(1, 5), testDigest("p", 1, 5), Meta{}, false, false},
+		{"no digest announced", metaAt(1, 5), testDigest("p", 1, 5), Meta{APIAddr: "p:8000"}, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := newTable()
+			tb.upsert("p", tt.before, true, t0)
+			tb.peers["p"].digest = tt.copy
+			if got := tb.upsert("p", tt.after, tt.afterOK, t0.Add(time.Second)); got != tt.wantDropped {
+				t.Errorf("upsert(%+v) dropped = %v; want %v", tt.after, got, tt.wantDropped)
+			}
+			if _, _, ok := copyOf(tb, "p"); ok == tt.wantDropped {
+				t.Errorf("copy held = %v; want %v", ok, !tt.wantDropped)
+			}
+			wantMeta := tt.before
+			if tt.afterOK {
+				wantMeta = tt.after
+			}
+			if diff := cmp.Diff(wantMeta, tb.peers["p"].meta); diff != "" {
+				t.Errorf("meta mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestTableRepairs(t *testing.T) {
+	const after, every = 2 * time.Second, time.Second
+	tb := newTable()
+	tb.upsert("behind", metaAt(1, 9), true, t0)
+	tb.peers["behind"].digest = testDigest("behind", 1, 5)
+	tb.upsert("current", metaAt(1, 5), true, t0)
+	tb.peers["current"].digest = testDigest("current", 1, 7) // meta lags deltas: normal
+	tb.upsert("missing", metaAt(3, 1), true, t0)
+	tb.upsert("silent", Meta{APIAddr: "s:1"}, true, t0) // never published a digest
+
+	steps := []struct {
+		at   time.Duration
+		want []string
+	}{
+		{0, nil},           // lag just noticed
+		{time.Second, nil}, // not long enough
+		{2 * time.Second, []string{"behind", "missing"}},
+		{2500 * time.Millisecond, nil}, // asked 0.5 s ago
+		{3 * time.Second, []string{"behind", "missing"}},
+	}
+	for _, s := range steps {
+		if got := tb.repairs(t0.Add(s.at), time.Hour, after, every); !cmp.Equal(got, s.want, cmpopts.EquateEmpty()) {
+			t.Errorf("repairs(t0+%v) = %v; want %v", s.at, got, s.want)
+		}
+	}
+	tb.applyDigest(testDigest("behind", 1, 9), t0.Add(3*time.Second))
+	if got := tb.repairs(t0.Add(10*time.Second), time.Hour, after, every); !cmp.Equal(got, []string{"missing"}) {
+		t.Errorf("repairs after the full digest = %v; want [missing]", got)
+	}
+}
+
+func TestTableReorder(t *testing.T) {
+	d := func(from uint64, k blockkey.Key) bloom.Delta {
+		return bloom.Delta{Node: "p", Epoch: 1, From: from, To: from + 1, Keys: []blockkey.Key{k}}
+	}
+	tb := newTable()
+	tb.upsert("p", metaAt(1, 1), true, t0)
+	tb.applyDigest(testDigest("p", 1, 1), t0)
+	// A burst handed over newest first.
+	for i, x := range []bloom.Delta{d(4, 14), d(3, 13), d(2, 12), d(1, 11)} {
+		want := held
+		if i == 3 {
+			want = applied
+		}
+		if o, _ := tb.applyDelta(x, t0); o != want {
+			t.Errorf("applyDelta(%d→%d) = %v; want %v", x.From, x.To, o, want)
+		}
+	}
+	if _, v, _ := copyOf(tb, "p"); v != 5 {
+		t.Errorf("version after the reversed burst = %d; want 5", v)
+	}
+	if v := tb.views()[0]; v.Digest.PrefixLen([]blockkey.Key{11, 12, 13, 14}) != 4 {
+		t.Errorf("reversed burst: not every key testable")
+	}
+	if p := tb.peers["p"]; len(p.early) != 0 || !p.earlySince.IsZero() {
+		t.Errorf("held deltas left after drain: %d", len(p.early))
+	}
+
+	// 5→6 is lost: 6→7 waits, then a full digest is asked for.
+	const wait = 100 * time.Millisecond
+	if o, _ := tb.applyDelta(d(6, 16), t0); o != held {
+		t.Fatalf("applyDelta(6→7) = %v; want held", o)
+	}
+	if got := tb.repairs(t0.Add(wait/2), wait, time.Hour, time.Second); len(got) != 0 {
+		t.Errorf("repairs before the reorder wait = %v; want none", got)
+	}
+	if got := tb.repairs(t0.Add(wait), wait, time.Hour, time.Second); !cmp.Equal(got, []string{"p"}) {
+		t.Errorf("repairs after the reorder wait = %v; want [p]", got)
+	}
+	// The full digest at 6 lets the held 6→7 apply.
+	tb.applyDigest(testDigest("p", 1, 6, 11, 12, 13, 14, 15), t0.Add(wait))
+	if _, v, _ := copyOf(tb, "p"); v != 7 {
+		t.Errorf("version after the full digest = %d; want 7 (held delta applied)", v)
+	}
+}
+
+func TestTableEarlyBounded(t *testing.T) {
+	tb := newTable()
+	tb.upsert("p", metaAt(1, 1), true, t0)
+	tb.applyDigest(testDigest("p", 1, 1), t0)
+	var last outcome
+	for i := range uint64(maxEarly + 1) {
+		last, _ = tb.applyDelta(bloom.Delta{Node: "p", Epoch: 1, From: 10 + i, To: 11 + i}, t0)
+	}
+	if last != gap || len(tb.peers["p"].early) != maxEarly {
+		t.Errorf("delta %d ahead = %v with %d held; want gap with %d held", maxEarly+1, last, len(tb.peers["p"].early), maxEarly)
+	}
+}
+
+func TestTableViewsAndFailures(t *testing.T) {
+	tb := newTable()
+	tb.upsert("b", Meta{APIAddr: "b:8000", Models: []string{"m"}, KeyScheme: 1, Draining: true,
+		Running: 2, Waiting: 1, KVUsageMilli: 500, InFlight: 3, QueuedPrefill: 40}, true, t0)
+	tb.upsert("a", Meta{APIAddr: "a:8000"}, true, t0.Add(time.Second))
+	tb.upsert("bad", Meta{}, false, t0) // meta never readable: no address
+	tb.markFailed("b", t0.Add(5*time.Second))
+	tb.markFailed("b", t0.Add(4*time.Second)) // older report does not win
+	tb.markFailed("nobody", t0)
+
+	want := []route.PeerView{
+		{ID: "a", Addr: "a:8000", LoadAt: t0.Add(time.Second)},
+		{ID: "b", Addr: "b:8000", Models: []string{"m"}, KeyScheme: 1, Draining: true,
+			Load:   route.Load{Running: 2, Waiting: 1, KVUsage: 0.5, InFlight: 3, QueuedPrefillTokens: 40},
+			LoadAt: t0, LastFailure: t0.Add(5 * time.Second)},
+	}
+	if diff := cmp.Diff(want, tb.views(), cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("views mismatch (-want +got):\n%s", diff)
+	}
+	tb.remove("b")
+	if got := len(tb.views()); got != 1 {
+		t.Errorf("len(views) after remove = %d; want 1", got)
+	}
+}
+
+func TestTableAsk(t *testing.T) {
+	tb := newTable()
+	tb.upsert("p", Meta{}, true, t0)
+	steps := []struct {
+		id   string
+		at   time.Duration
+		want bool
+	}{
+		{"p", 0, true},
+		{"p", 500 * time.Millisecond, false},
+		{"p", time.Second, true},
+		{"q", 0, false}, // unknown
+	}
+	for _, s := range steps {
+		if got := tb.ask(s.id, t0.Add(s.at), time.Second); got != s.want {
+			t.Errorf("ask(%q, t0+%v) = %v; want %v", s.id, s.at, got, s.want)
+		}
+	}
+}

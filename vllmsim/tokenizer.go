@@ -1,0 +1,420 @@
+package vllmsim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrBadChat: the chat request cannot be rendered (vLLM answers 400).
+var ErrBadChat = errors.New("invalid chat request")
+
+// Special token ids. They are small, as in real vocabularies, and their
+// literal text is recognised wherever it appears in input (as Hugging Face
+// tokenizers do by default).
+const (
+	TokenEndOfText uint32 = 0 // <|endoftext|>
+	TokenBOS       uint32 = 1 // <|begin_of_text|>, added by addSpecial
+	TokenIMStart   uint32 = 2 // <|im_start|>
+	TokenIMEnd     uint32 = 3 // <|im_end|>
+	TokenPad       uint32 = 4 // <|pad|>
+)
+
+var specials = []string{"<|endoftext|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"}
+
+// Vocabulary layout. Ids below numSpecial are specials (some reserved),
+// then one token per byte (fallback for anything else), then every
+// lowercase chunk of 1–4 letters with and without a leading space (ids
+// computed, not stored), then the stored pieces: common words in four
+// casings, ASCII punctuation and digits, whitespace runs.
+const (
+	numSpecial   = 16
+	byteBase     = numSpecial
+	chunkBase    = byteBase + 256
+	maxChunk     = 4
+	chunkPerLead = 26 + 26*26 + 26*26*26 + 26*26*26*26
+	pieceBase    = chunkBase + 2*chunkPerLead
+)
+
+// chunkOffset is the index of the first chunk of length l among the
+// chunks of one lead (shorter chunks come first).
+func chunkOffset(l int) int {
+	off, p := 0, 1
+	for range l - 1 {
+		p *= 26
+		off += p
+	}
+	return off
+}
+
+// Tokenizer is the simulator's deterministic tokenizer and chat template.
+// It is lossless (Decode(Encode(s)) == s for any string), so Encode's
+// output is canonical: Encode(Decode(ids)) == ids for every ids Encode or
+// the engine produced. Text is split into pieces (a letter run with its
+// leading space, one digit or punctuation mark with its leading space,
+// a whitespace run); a piece that is a known word is one token, others are
+// cut greedily into the longest known pieces and lowercase chunks. English
+// comes out at roughly four characters per token. It is safe for
+// concurrent use (immutable after NewTokenizer).
+type Tokenizer struct {
+	ids    map[string]uint32
+	pieces []string // stored pieces by id - pieceBase
+	maxLen int      // longest stored piece in bytes
+	// Generator vocabulary: each entry is one canonical token.
+	lower, capital, capSpace []uint32 // " word", "Word", " Word"
+	period, comma            uint32
+}
+
+// NewTokenizer builds the vocabulary (a few milliseconds; build once).
+func NewTokenizer() *Tokenizer {
+	t := &Tokenizer{ids: make(map[string]uint32)}
+	add := func(p string) uint32 {
+		if id, ok := t.ids[p]; ok {
+			return id
+		}
+		id := uint32(pieceBase + len(t.pieces))
+		t.ids[p] = id
+		t.pieces = append(t.pieces, p)
+		t.maxLen = max(t.maxLen, len(p))
+		return id
+	}
+	for c := byte('!'); c <= '~'; c++ {
+		if c >= 'a' && c <= 'z' {
+			continue // lowercase letters are chunks
+		}
+		add(string(c))
+		add(" " + string(c))
+	}
+	for _, ws := range []string{" ", "\n", "\t", "\r", "\v", "\f", "  ", "   ", "    ", "        ",
+		"\n\n", "\n\n\n", "\r\n", "\t\t", " \n", "\n    ", "\n        "} {
+		add(ws)
+	}
+	for _, w := range strings.Fields(words) {
+		c := strings.ToUpper(w[:1]) + w[1:]
+		t.lower = append(t.lower, add(" "+w))
+		add(w)
+		t.capital = append(t.capital, add(c))
+		t.capSpace = append(t.capSpace, add(" "+c))
+	}
+	t.period, t.comma = t.ids["."], t.ids[","]
+	return t
+}
+
+// VocabSize is the number of token ids (specials, bytes, chunks, pieces).
+func (t *Tokenizer) VocabSize() int { return pieceBase + len(t.pieces) }
+
+// Encode tokenizes text (~4 characters per token on English). addSpecial
+// prepends the BOS token, as add_special_tokens does for completions.
+func (t *Tokenizer) Encode(text string, addSpecial bool) []uint32 {
+	ids := make([]uint32, 0, len(text)/3+2)
+	if addSpecial {
+		ids = append(ids, TokenBOS)
+	}
+	return t.encode(ids, text)
+}
+
+func (t *Tokenizer) encode(ids []uint32, text string) []uint32 {
+	for len(text) > 0 {
+		i := strings.Index(text, "<|")
+		if i < 0 {
+			return t.encodePlain(ids, text)
+		}
+		ids = t.encodePlain(ids, text[:i])
+		text = text[i:]
+		matched := false
+		for id, s := range specials {
+			if strings.HasPrefix(text, s) {
+				ids = append(ids, uint32(id))
+				text = text[len(s):]
+				matched = true
+				break
+			}
+		}
+		if !matched {
+			ids = t.encodePlain(ids, text[:2])
+			text = text[2:]
+		}
+	}
+	return ids
+}
+
+// encodePlain tokenizes text that holds no special-token literal.
+func (t *Tokenizer) encodePlain(ids []uint32, text string) []uint32 {
+	for len(text) > 0 {
+		n := pieceLen(text)
+		ids = t.encodePiece(ids, text[:n])
+		text = text[n:]
+	}
+	return ids
+}
+
+func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
+func isDigit(c byte) bool  { return c >= '0' && c <= '9' }
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f'
+}
+func isPunct(c byte) bool { return c > ' ' && c < 0x7f && !isLetter(c) && !isDigit(c) }
+
+// pieceLen is the length of the piece that starts text (pre-tokenization).
+func pieceLen(s string) int {
+	c := s[0]
+	switch {
+	case c == ' ' && len(s) > 1 && isLetter(s[1]):
+		return 1 + letterRun(s[1:])
+	case c == ' ' && len(s) > 1 && (isDigit(s[1]) || isPunct(s[1])):
+		return 2
+	case isLetter(c):
+		return letterRun(s)
+	case isSpace(c):
+		n := 1
+		for n < len(s) && isSpace(s[n]) {
+			n++
+		}
+		// Leave a final space to the word, digit or mark that follows.
+		if n > 1 && s[n-1] == ' ' && n < len(s) && (isLetter(s[n]) || isDigit(s[n]) || isPunct(s[n])) {
+			n--
+		}
+		return n
+	}
+	return 1 // a digit, a mark, or a byte outside ASCII/printable
+}
+
+func letterRun(s string) int {
+	n := 0
+	for n < len(s) && isLetter(s[n]) {
+		n++
+	}
+	return n
+}
+
+func (t *Tokenizer) encodePiece(ids []uint32, p string) []uint32 {
+	if id, ok := t.ids[p]; ok {
+		return append(ids, id)
+	}
+	for i := 0; i < len(p); {
+		best, n := uint32(0), 0
+		for l := min(t.maxLen, len(p)-i); l > 0; l-- {
+			if id, ok := t.ids[p[i:i+l]]; ok {
+				best, n = id, l
+				break
+			}
+		}
+		if id, l := chunkAt(p[i:]); l > n {
+			best, n = id, l
+		}
+		if n == 0 {
+			best, n = byteBase+uint32(p[i]), 1
+		}
+		ids = append(ids, best)
+		i += n
+	}
+	return ids
+}
+
+// chunkAt returns the id and length of the longest lowercase chunk (with
+// an optional leading space) at the start of s, or length 0.
+func chunkAt(s string) (uint32, int) {
+	lead, i := 0, 0
+	if len(s) > 0 && s[0] == ' ' {
+		lead, i = 1, 1
+	}
+	v, l := 0, 0
+	for l < maxChunk && i+l < len(s) && s[i+l] >= 'a' && s[i+l] <= 'z' {
+		v = v*26 + int(s[i+l]-'a')
+		l++
+	}
+	if l == 0 {
+		return 0, 0
+	}
+	return uint32(chunkBase + lead*chunkPerLead + chunkOffset(l) + v), i + l
+}
+
+// Decode turns ids back into text; Encode(Decode(ids)) == ids for ids the
+// engine generates. Ids outside the vocabulary decode to nothing.
+func (t *Tokenizer) Decode(ids []uint32) string {
+	var b strings.Builder
+	for _, id := range ids {
+		switch {
+		case id < uint32(len(specials)):
+			b.WriteString(specials[id])
+		case id < byteBase:
+		case id < chunkBase:
+			b.WriteByte(byte(id - byteBase))
+		case id < pieceBase:
+			writeChunk(&b, int(id-chunkBase))
+		case int(id-pieceBase) < len(t.pieces):
+			b.WriteString(t.pieces[id-pieceBase])
+		}
+	}
+	return b.String()
+}
+
+func writeChunk(b *strings.Builder, x int) {
+	if x >= chunkPerLead {
+		b.WriteByte(' ')
+		x -= chunkPerLead
+	}
+	l := maxChunk
+	for l > 1 && x < chunkOffset(l) {
+		l--
+	}
+	x -= chunkOffset(l)
+	var buf [maxChunk]byte
+	for i := l - 1; i >= 0; i-- {
+		buf[i] = 'a' + byte(x%26)
+		x /= 26
+	}
+	b.Write(buf[:l])
+}
+
+// generator returns the engine's "model": a deterministic stream of
+// canonical tokens spelling pseudo-English sentences, seeded per request.
+func (t *Tokenizer) generator(seed uint64) func() uint32 {
+	const (
+		start = iota
+		inSentence
+		afterPeriod
+		afterComma
+	)
+	state, x := start, seed
+	return func() uint32 {
+		// splitmix64
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		z ^= z >> 31
+		w := int(z % uint64(len(t.lower)))
+		switch state {
+		case start:
+			state = inSentence
+			return t.capital[w]
+		case afterPeriod:
+			state = inSentence
+			return t.capSpace[w]
+		case afterComma:
+			state = inSentence
+			return t.lower[w]
+		}
+		switch (z >> 40) % 16 {
+		case 0:
+			state = afterPeriod
+			return t.period
+		case 1:
+			state = afterComma
+			return t.comma
+		}
+		return t.lower[w]
+	}
+}
+
+// Chat renders messages through the chat template and tokenizes them. The
+// template is ChatML: "<|im_start|>role\ncontent<|im_end|>\n" per message;
+// tools go into a system turn first (merged with a leading system message);
+// AddGenerationPrompt appends "<|im_start|>assistant\n";
+// ContinueFinalMessage leaves the last message open (no <|im_end|>).
+// Each segment is tokenized on its own, so turn N+1 of a conversation
+// starts with turn N's prompt followed by turn N's generated tokens.
+func (t *Tokenizer) Chat(msgs []Message, o ChatOptions) ([]uint32, error) {
+	if o.AddGenerationPrompt && o.ContinueFinalMessage {
+		return nil, fmt.Errorf("%w: add_generation_prompt and continue_final_message are both set", ErrBadChat)
+	}
+	if o.ContinueFinalMessage && len(msgs) == 0 {
+		return nil, fmt.Errorf("%w: continue_final_message needs a message", ErrBadChat)
+	}
+	var ids []uint32
+	tools, err := compactTools(o.Tools)
+	if err != nil {
+		return nil, err
+	}
+	if tools != "" {
+		sys := ""
+		if len(msgs) > 0 && msgs[0].Role == "system" {
+			sys = msgs[0].Content + "\n\n"
+			msgs = msgs[1:]
+		}
+		ids = t.turn(ids, "system", sys+toolsHeader+tools+toolsFooter, !(o.ContinueFinalMessage && len(msgs) == 0))
+	}
+	for i, m := range msgs {
+		ids = t.turn(ids, m.Role, m.Content, !(o.ContinueFinalMessage && i == len(msgs)-1))
+	}
+	if o.AddGenerationPrompt {
+		ids = append(ids, TokenIMStart)
+		ids = t.encode(ids, "assistant\n")
+	}
+	return ids, nil
+}
+
+const (
+	toolsHeader = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" +
+		"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+	toolsFooter = "\n</tools>\n\nFor each function call, return a json object with function name and " +
+		"arguments within <tool_call></tool_call> XML tags."
+)
+
+// compactTools validates the tools JSON and removes insignificant space so
+// that formatting does not change the tokens. null and [] mean no tools
+// (the template tests the list for truth).
+func compactTools(raw []byte) (string, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return "", nil
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return "", fmt.Errorf("%w: tools: %v", ErrBadChat, err)
+	}
+	if s := b.String(); s != "null" && s != "[]" {
+		return s, nil
+	}
+	return "", nil
+}
+
+func (t *Tokenizer) turn(ids []uint32, role, content string, closed bool) []uint32 {
+	ids = append(ids, TokenIMStart)
+	ids = t.encode(ids, role+"\n")
+	ids = t.encode(ids, content)
+	if closed {
+		ids = append(ids, TokenIMEnd)
+		ids = t.encode(ids, "\n")
+	}
+	return ids
+}
+
+// words is the generator's vocabulary and the stored whole-word pieces:
+// common English words, so English text mostly costs one token per word.
+const words = `
+the of and to in is was for that on as with by he at from his it an were are which
+this be or has had first one their its new after who they two her she been other when
+there all during into school time may years more most only over city some world would
+where later up such used many can state about national out known university united
+then made also between since under through first both these three being before while
+however until team part well including season him series called area population new
+film music year general following war government high day group people work house
+company first second members three american best good back long own right come little
+state old number small great life place man world way take name still system make
+just like any even home city each end found very show play family much game last
+began use could world did those few because set same must form several based led
+four within around local made day another line early public among power against field
+will age without point took major end water due top held along today next given
+order near different including name country main history book five large back real
+south north east west children law often per days given business land side though
+small around house less health important few air body head yet light held story
+power point move office music question policy start report mind love open model
+study case research market data human learn build view create support service level
+simple change problem design process value result fact class idea speak order rate
+money price cost report thing information energy plan hold turn word sure help ask
+need feel seem leave put mean keep let begin seem talk turn start show hear play run
+move live believe bring happen write provide sit stand lose pay meet include continue
+set learn change lead understand watch follow stop create speak read allow add spend
+grow open walk win offer remember love consider appear buy wait serve die send expect
+build stay fall cut reach kill remain suggest raise pass sell require report decide
+pull true clear whole free full short strong possible special easy hard late early
+young black white red blue green able available likely certain recent private social
+economic political natural federal final central single common current similar
+environmental financial legal medical military physical cultural personal nice
+always never sometimes often again already almost also away ever far here now once
+perhaps quite rather really soon together too why how what who whose whom whether
+model token cache block prefix request server cluster router memory network node
+`
