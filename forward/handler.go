@@ -247,8 +247,9 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			return
 		}
 		keys, tokens := h.keys(r.Context(), p, perr)
-		st.decision = h.choose(p.Model, keys, tokens)
-		targets := h.targets(st.decision)
+		var peers []route.PeerView
+		st.decision, peers = h.choose(p.Model, keys, tokens)
+		targets := h.targets(st.decision, peers)
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
 			st.reason += "-nokeys"
@@ -306,7 +307,7 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 
 // choose runs the policy on a snapshot of the peer table, with this front's
 // own in-flight counts as the freshest load signal.
-func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) route.Decision {
+func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
 	if h.peers != nil {
@@ -331,16 +332,16 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) route.De
 		}
 		peers[i].Load.InFlight = h.inflight[id]
 	}
-	return h.policy.Choose(req, peers, now)
+	return h.policy.Choose(req, peers, now), peers
 }
 
 // targets turns a decision into the ordered attempts: the chosen peer, the
 // next best eligible peer, then the local vLLM.
-func (h *Handler) targets(d route.Decision) []target {
+func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 	var out []target
-	addr := map[string]string{}
-	if h.peers != nil && d.Target != "" && !d.Local {
-		for _, pv := range h.peers.Snapshot(h.now()) {
+	if d.Target != "" && !d.Local {
+		addr := make(map[string]string, len(peers))
+		for _, pv := range peers {
 			addr[pv.ID] = pv.Addr
 		}
 		if a := addr[d.Target]; a != "" {
@@ -459,5 +460,6 @@ func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.De
 		return route.Decision{}, 0, perr
 	}
 	keys, tokens := h.keys(ctx, p, perr)
-	return h.choose(p.Model, keys, tokens), len(keys), nil
+	d, _ := h.choose(p.Model, keys, tokens)
+	return d, len(keys), nil
 }
