@@ -165,12 +165,8 @@ func TestPrintEventsCount(t *testing.T) {
 	}
 }
 
-func TestRunDispatch(t *testing.T) {
-	err := run([]string{"serve", "--block-size", "0"})
+func TestRunEventsUsage(t *testing.T) {
 	var ec exitCoder
-	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "block-size") {
-		t.Errorf("run(serve --block-size 0) = %v; want usage error with exit 2", err)
-	}
 	if err := run([]string{"events", "--no-such-flag"}); !errors.As(err, &ec) || ec.ExitCode() != 2 {
 		t.Errorf("run(events --no-such-flag) = %v; want usage error with exit 2", err)
 	}
