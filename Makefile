@@ -33,3 +33,31 @@ fuzz-smoke fuzz:
 
 clean:
 	rm -rf $(BIN) out
+
+# The README's main command: a 4-pod simulated cluster, one prefix-heavy
+# workload through the plain Service, kvroute and a central precise router;
+# prints the table and where the plots are. About 2 minutes.
+DEMO_FLAGS ?= --pods 4 --workload shared-prefix --policies service,kvroute,central-precise \
+	--rate 10 --duration 30s --out out/demo
+demo:
+	$(GO) run ./cmd/kvbench $(DEMO_FLAGS)
+
+# The full matrix (not in CI; about three hours at ~75 s per policy and
+# load): every workload, every policy, an offered-load sweep, and the
+# Mooncake replay when TRACE exists.
+BENCH_POLICIES ?= service,kvroute,round-robin,least-loaded,chwbl,approx-prefix,central-precise
+BENCH_SWEEP    ?= 4,8,16
+BENCH_FLAGS    ?= --pods 4 --duration 60s --blocks-per-pod 4096
+TRACE          ?= ../shared/traces/mooncake-fast25/conversation_trace.jsonl
+bench:
+	$(GO) build -o $(BIN)/ ./cmd/kvbench
+	@for w in shared-prefix agent-fanout doc-qa multi-turn-chat no-reuse; do \
+	  echo "== bench $$w"; \
+	  $(BIN)/kvbench $(BENCH_FLAGS) --workload $$w --policies $(BENCH_POLICIES) \
+	    --sweep $(BENCH_SWEEP) --out out/bench/$$w || exit 1; \
+	done
+	@if [ -f "$(TRACE)" ]; then \
+	  echo "== bench mooncake $(TRACE)"; \
+	  $(BIN)/kvbench $(BENCH_FLAGS) --trace $(TRACE) --policies $(BENCH_POLICIES) \
+	    --sweep 1,2,4 --duration 120s --out out/bench/mooncake || exit 1; \
+	else echo "== bench mooncake skipped: no $(TRACE)"; fi

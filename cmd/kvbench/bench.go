@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kvroute/kvroute/baseline"
+	"github.com/kvroute/kvroute/chaos"
+	"github.com/kvroute/kvroute/loadgen"
+)
+
+// model is the served model name of the benchmark cluster.
+const model = "sim-model"
+
+// schedule builds the workload at one offered load. Every policy runs the
+// schedule built here from the same seed, so they all see the same
+// requests at the same offsets.
+func schedule(o options, load float64, trace []loadgen.TraceRecord, log io.Writer) (loadgen.Schedule, error) {
+	if o.Trace != "" {
+		s, skipped := loadgen.Mooncake(trace, loadgen.MooncakeParams{
+			TimeScale: load, Seed: o.Seed, Duration: o.Duration, MaxRequests: o.MaxRequests,
+			MaxPromptTokens: o.maxPromptTokens(256), MaxOutputTokens: 256,
+		})
+		if skipped > 0 {
+			fmt.Fprintf(log, "kvbench: skipped %d trace requests longer than %d tokens (one pod's cache is %d)\n",
+				skipped, o.maxPromptTokens(256), o.BlocksPerPod*blockSize)
+		}
+		if len(s.Sessions) == 0 {
+			return s, fmt.Errorf("trace %s: no requests in the first %v at time scale %v", o.Trace, o.Duration, load)
+		}
+		return s, nil
+	}
+	return loadgen.Generate(o.Workload, o.workloadConfig(load), rand.New(rand.NewPCG(o.Seed, 0x6b7662)))
+}
+
+// offered is a schedule's mean arrival rate in requests per second.
+func offered(s loadgen.Schedule, d time.Duration) float64 {
+	if n := len(s.Sessions); n > 1 && s.Sessions[n-1].At > 0 {
+		d = s.Sessions[n-1].At
+	}
+	return float64(s.Requests()) / d.Seconds()
+}
+
+// clusterDir is a short directory for the cluster's sockets and logs (the
+// ipc:// paths must fit in 107 bytes).
+func clusterDir() (string, error) {
+	return os.MkdirTemp("", "kvb")
+}
+
+// runPolicy starts a fresh cluster for one policy (so no policy inherits
+// another's cache), sends the schedule through it and summarises.
+func runPolicy(ctx context.Context, o options, policy string, s loadgen.Schedule, progress io.Writer) (loadgen.PolicyResult, error) {
+	dir, err := clusterDir()
+	if err != nil {
+		return loadgen.PolicyResult{}, err
+	}
+	defer os.RemoveAll(dir)
+	cfg := chaos.LocalConfig()
+	cfg.Pods = o.Pods
+	cfg.Dir = dir
+	cfg.BinDir = o.BinDir
+	cfg.Model = model
+	cfg.Subnet = o.Subnet
+	cfg.Sidecars = policy == policyKVRoute
+	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
+	cfg.Sim.BlockSize = blockSize
+	cfg.StopGrace = 2 * time.Second
+	cfg.Progress = progress
+	c, err := chaos.Start(ctx, cfg)
+	if err != nil {
+		return loadgen.PolicyResult{}, fmt.Errorf("%s: start cluster: %w", policy, err)
+	}
+	defer c.Stop()
+
+	var pods []string
+	var eps []loadgen.Endpoint
+	for _, p := range c.Pods() {
+		pods = append(pods, p.Name)
+		switch policy {
+		case policyService:
+			eps = append(eps, loadgen.Endpoint{URL: p.SimURL, Pod: p.Name})
+		case policyKVRoute:
+			eps = append(eps, loadgen.Endpoint{URL: "http://" + p.API})
+		}
+	}
+	if eps == nil {
+		url, stop, err := startProxy(ctx, c, policy, o.Seed)
+		if err != nil {
+			return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
+		}
+		defer stop()
+		eps = []loadgen.Endpoint{{URL: url}}
+	}
+	fmt.Fprintf(progress, "kvbench: %s: %d requests over %v\n", policy, s.Requests(), o.Duration)
+	runCtx, cancel := context.WithTimeout(ctx, o.Duration+o.Drain)
+	defer cancel()
+	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
+		Endpoints: eps, Client: loadgen.NewClient(nil, model), Concurrency: o.Concurrency,
+		Seed: o.Seed, Stop: o.Duration, Progress: progress,
+	}, s)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
+	}
+	return loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale), nil
+}
+
+// startProxy runs a baseline central proxy in this process on the
+// cluster's Service address and returns its URL and a stop function that
+// waits for it to exit.
+func startProxy(ctx context.Context, c *chaos.Cluster, policy string, seed uint64) (string, func(), error) {
+	pc := baseline.DefaultConfig()
+	pc.Policy = policy
+	pc.Model = model
+	pc.BlockSize = blockSize
+	pc.Seed = seed
+	for _, p := range c.Pods() {
+		pc.Backends = append(pc.Backends, baseline.Backend{Name: p.Name, URL: p.SimURL,
+			Events: p.Events, Replay: p.Replay, Topic: p.Topic})
+	}
+	px, err := baseline.New(pc)
+	if err != nil {
+		return "", nil, fmt.Errorf("proxy: %w", err)
+	}
+	ln, err := net.Listen("tcp", c.ServiceAddr(0))
+	if err != nil {
+		return "", nil, fmt.Errorf("proxy listen: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- px.Run(ctx) }()
+	hs := &http.Server{Handler: px, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() { defer close(served); hs.Serve(ln) }()
+	stop := func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		hs.Shutdown(sctx)
+		cancel()
+		<-runErr
+		<-served
+	}
+	// central-precise subscribes before the first request; a failed
+	// subscription surfaces here rather than as silent misses.
+	select {
+	case err := <-runErr:
+		runErr <- err
+		stop()
+		return "", nil, fmt.Errorf("proxy: %w", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	return "http://" + ln.Addr().String(), stop, nil
+}
+
+// writeOutputs writes the JSON, the markdown table and the plots, and
+// returns the paths written.
+func writeOutputs(o options, points []loadgen.SweepPoint, workload string) ([]string, error) {
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	var written []string
+	last := points[len(points)-1]
+	rep := loadgen.Report{Workload: workload, Pods: o.Pods, Policies: last.Policies}
+	if err := os.MkdirAll(filepath.Dir(o.JSON), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(o.JSON)
+	if err != nil {
+		return nil, err
+	}
+	err = loadgen.WriteJSON(f, rep)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	written = append(written, o.JSON)
+
+	var md []byte
+	for _, pt := range points {
+		md = fmt.Appendf(md, "## offered load %.3g requests/s\n\n%s\n", pt.Rate,
+			loadgen.Markdown(loadgen.Report{Workload: workload, Pods: o.Pods, Policies: pt.Policies}))
+		name := "ttft-cdf.png"
+		if len(points) > 1 {
+			name = fmt.Sprintf("ttft-cdf-%.3g.png", pt.Rate)
+		}
+		path := filepath.Join(o.Out, name)
+		title := fmt.Sprintf("%s, %d pods, %.3g req/s: TTFT CDF", workload, o.Pods, pt.Rate)
+		if err := loadgen.PlotCDF(path, title, pt.Policies); err != nil {
+			return written, err
+		}
+		written = append(written, path)
+	}
+	mdPath := filepath.Join(o.Out, "results.md")
+	if err := os.WriteFile(mdPath, md, 0o644); err != nil {
+		return written, err
+	}
+	written = append(written, mdPath)
+	if len(points) > 1 {
+		paths, err := loadgen.PlotSweep(o.Out, fmt.Sprintf("%s, %d pods", workload, o.Pods), points)
+		written = append(written, paths...)
+		if err != nil {
+			return written, err
+		}
+		type point struct {
+			OfferedLoad float64 `json:"offered_load"`
+			loadgen.Report
+		}
+		sweep := make([]point, len(points))
+		for i, pt := range points {
+			sweep[i] = point{pt.Rate, loadgen.Report{Workload: workload, Pods: o.Pods, Policies: pt.Policies}}
+		}
+		b, err := json.MarshalIndent(sweep, "", "  ")
+		if err != nil {
+			return written, err
+		}
+		path := filepath.Join(o.Out, "sweep.json")
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+			return written, err
+		}
+		written = append(written, path)
+	}
+	return written, nil
+}

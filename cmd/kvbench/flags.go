@@ -1,0 +1,176 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/baseline"
+	"github.com/kvroute/kvroute/loadgen"
+)
+
+// Policy names besides the baseline proxy's (baseline.Names).
+const (
+	// policyService: a Kubernetes Service straight to the simulators. The
+	// load generator picks the pod at random per request itself: that is
+	// chaos.Service (kube-proxy, random per connection) with one connection
+	// per request, the many-clients case, minus a TCP splice, and it tells
+	// us the serving pod, which the simulators do not report.
+	policyService = "service"
+	// policyKVRoute: the same Service in front of the kvroute sidecars; the
+	// sidecars' x-kvroute-served-by header names the serving pod.
+	policyKVRoute = "kvroute"
+)
+
+// options is the parsed command line.
+type options struct {
+	Pods         int
+	Workload     string
+	Trace        string
+	Policies     []string
+	Rate         float64
+	TimeScale    float64 // trace time compression
+	Duration     time.Duration
+	JSON         string
+	Out          string
+	Sweep        []float64 // rates, or time scales for a trace
+	Seed         uint64
+	BlocksPerPod int
+	MaxRequests  int
+	Concurrency  int
+	Fill         float64
+	BinDir       string
+	Subnet       string
+	// Drain bounds how long a run waits for answers after the last arrival.
+	Drain time.Duration
+	Quiet bool
+}
+
+func allPolicies() []string {
+	return append([]string{policyService, policyKVRoute}, baseline.Names...)
+}
+
+func parseFlags(args []string, usage io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	var policies, sweep string
+	fs.IntVar(&o.Pods, "pods", 4, "simulated vLLM pods")
+	fs.StringVar(&o.Workload, "workload", "shared-prefix", "one of "+strings.Join(loadgen.Workloads, ", ")+", or mooncake (with --trace)")
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay (implies --workload mooncake)")
+	fs.StringVar(&policies, "policies", "service,kvroute", "comma-separated, from: "+strings.Join(allPolicies(), ", "))
+	fs.Float64Var(&o.Rate, "rate", 8, "offered load, requests per second (synthetic workloads)")
+	fs.Float64Var(&o.TimeScale, "time-scale", 1, "trace time compression: 2 replays a trace twice as fast")
+	fs.DurationVar(&o.Duration, "duration", 30*time.Second, "arrivals are sent during this long (a trace is cut there)")
+	fs.StringVar(&o.JSON, "json", "", "write the results JSON here (default OUT/results.json)")
+	fs.StringVar(&o.Out, "out", "out", "directory for results.json, results.md and the PNG plots")
+	fs.StringVar(&sweep, "sweep", "", "comma-separated offered loads to sweep (requests/s; time scales with --trace)")
+	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and of the Service's pod choice")
+	fs.IntVar(&o.BlocksPerPod, "blocks-per-pod", 2048, "KV cache blocks of 16 tokens per pod (--num-gpu-blocks-override)")
+	fs.IntVar(&o.MaxRequests, "max-requests", 0, "cap on requests per run (0: none)")
+	fs.IntVar(&o.Concurrency, "concurrency", 256, "max requests in flight")
+	fs.Float64Var(&o.Fill, "fill", 0.73, "fraction of the cluster's KV cache the distinct prefixes occupy")
+	fs.StringVar(&o.BinDir, "bin", "bin", "where the vllm-sim and sidecar binaries are built and found")
+	fs.StringVar(&o.Subnet, "subnet", "127.0.90", "loopback /24 of the cluster (127.x.y): pods on .2.., the Service on .1")
+	fs.DurationVar(&o.Drain, "drain", 60*time.Second, "how long to wait for answers after the last arrival")
+	fs.BoolVar(&o.Quiet, "quiet", false, "no progress lines")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.Trace != "" {
+		o.Workload = "mooncake"
+	}
+	known := allPolicies()
+	for _, p := range strings.Split(policies, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !slices.Contains(known, p) {
+			return o, fmt.Errorf("--policies: unknown policy %q (have %s)", p, strings.Join(known, ", "))
+		}
+		if slices.Contains(o.Policies, p) {
+			return o, fmt.Errorf("--policies: %q twice", p)
+		}
+		o.Policies = append(o.Policies, p)
+	}
+	for _, s := range strings.Split(sweep, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v <= 0 {
+			return o, fmt.Errorf("--sweep: %q is not a positive number", s)
+		}
+		o.Sweep = append(o.Sweep, v)
+	}
+	switch {
+	case len(o.Policies) == 0:
+		return o, errors.New("--policies: none given")
+	case o.Pods < 1:
+		return o, fmt.Errorf("--pods %d: want at least 1", o.Pods)
+	case o.Workload == "mooncake" && o.Trace == "":
+		return o, errors.New("--workload mooncake needs --trace FILE")
+	case o.Workload != "mooncake" && !slices.Contains(loadgen.Workloads, o.Workload):
+		return o, fmt.Errorf("--workload %q: want one of %s, or mooncake", o.Workload, strings.Join(loadgen.Workloads, ", "))
+	case o.Rate <= 0 || o.TimeScale <= 0:
+		return o, errors.New("--rate and --time-scale must be positive")
+	case o.Duration <= 0:
+		return o, errors.New("--duration must be positive")
+	case o.BlocksPerPod < 64:
+		return o, fmt.Errorf("--blocks-per-pod %d: want at least 64", o.BlocksPerPod)
+	case o.Fill <= 0 || o.Fill > 4:
+		return o, fmt.Errorf("--fill %v: want (0, 4]", o.Fill)
+	case o.MaxRequests < 0 || o.Concurrency < 1:
+		return o, errors.New("--max-requests must be >= 0 and --concurrency >= 1")
+	}
+	if o.JSON == "" {
+		o.JSON = o.Out + "/results.json"
+	}
+	return o, nil
+}
+
+// loads are the offered loads to run: the sweep, or the single --rate /
+// --time-scale.
+func (o options) loads() []float64 {
+	if len(o.Sweep) > 0 {
+		return o.Sweep
+	}
+	if o.Trace != "" {
+		return []float64{o.TimeScale}
+	}
+	return []float64{o.Rate}
+}
+
+// blockSize is vLLM's default block size, which the simulators run with.
+const blockSize = 16
+
+// maxPromptTokens keeps every prompt, with its output, well inside one
+// pod's KV cache: a request larger than the cache could never be scheduled.
+func (o options) maxPromptTokens(maxOutput int) int {
+	return o.BlocksPerPod*blockSize*3/4 - maxOutput
+}
+
+// workloadConfig is the synthetic workload sized to this cluster at rate.
+func (o options) workloadConfig(rate float64) loadgen.Config {
+	c := loadgen.DefaultConfig()
+	c.Rate = rate
+	c.Duration = o.Duration
+	c.MaxRequests = o.MaxRequests
+	c.CacheTokens = o.Pods * o.BlocksPerPod * blockSize
+	c.Fill = o.Fill
+	c.MaxPromptTokens = o.maxPromptTokens(int(c.Chat.OutputTokens.Max))
+	// A document longer than a quarter of a pod's cache leaves too little
+	// room for the others routed there.
+	c.DocQA.DocTokens.Max = min(c.DocQA.DocTokens.Max, float64(o.BlocksPerPod*blockSize/4))
+	c.DocQA.DocTokens.Mean = min(c.DocQA.DocTokens.Mean, (c.DocQA.DocTokens.Min+c.DocQA.DocTokens.Max)/2)
+	return c
+}

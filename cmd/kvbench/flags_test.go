@@ -1,0 +1,108 @@
+package main
+
+import (
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/loadgen"
+)
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+		check   func(t *testing.T, o options)
+	}{
+		{name: "defaults", check: func(t *testing.T, o options) {
+			if o.Pods != 4 || o.Workload != "shared-prefix" || !slices.Equal(o.Policies, []string{"service", "kvroute"}) ||
+				o.Rate != 8 || o.Duration != 30*time.Second || o.JSON != "out/results.json" || o.BlocksPerPod != 2048 {
+				t.Errorf("defaults %+v", o)
+			}
+			if l := o.loads(); !slices.Equal(l, []float64{8}) {
+				t.Errorf("loads %v; want [8]", l)
+			}
+		}},
+		{name: "trace implies mooncake", args: []string{"--trace", "x.jsonl", "--time-scale", "3"}, check: func(t *testing.T, o options) {
+			if o.Workload != "mooncake" || !slices.Equal(o.loads(), []float64{3}) {
+				t.Errorf("workload %q loads %v", o.Workload, o.loads())
+			}
+		}},
+		{name: "sweep and policies", args: []string{"--sweep", "2, 4,8", "--policies", "kvroute,central-precise,chwbl", "--json", "r.json"},
+			check: func(t *testing.T, o options) {
+				if !slices.Equal(o.loads(), []float64{2, 4, 8}) || len(o.Policies) != 3 || o.JSON != "r.json" {
+					t.Errorf("%+v", o)
+				}
+			}},
+		{name: "unknown policy", args: []string{"--policies", "service,magic"}, wantErr: "unknown policy"},
+		{name: "policy twice", args: []string{"--policies", "kvroute,kvroute"}, wantErr: "twice"},
+		{name: "no policies", args: []string{"--policies", ""}, wantErr: "none"},
+		{name: "unknown workload", args: []string{"--workload", "nope"}, wantErr: "--workload"},
+		{name: "mooncake without trace", args: []string{"--workload", "mooncake"}, wantErr: "--trace"},
+		{name: "bad sweep", args: []string{"--sweep", "1,x"}, wantErr: "--sweep"},
+		{name: "negative sweep", args: []string{"--sweep", "-1"}, wantErr: "--sweep"},
+		{name: "zero pods", args: []string{"--pods", "0"}, wantErr: "--pods"},
+		{name: "tiny cache", args: []string{"--blocks-per-pod", "8"}, wantErr: "--blocks-per-pod"},
+		{name: "zero rate", args: []string{"--rate", "0"}, wantErr: "--rate"},
+		{name: "extra args", args: []string{"x"}, wantErr: "unexpected"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.args, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags(%q) error %v; want one containing %q", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseFlags(%q): %v", tt.args, err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+// TestWorkloadSizing checks the sizing rule: the shared prefixes fill
+// most of the cluster's KV cache and no single pod holds them all, and
+// every workload's prompts fit one pod.
+func TestWorkloadSizing(t *testing.T) {
+	for _, pods := range []int{3, 4, 8} {
+		for _, w := range loadgen.Workloads {
+			o, err := parseFlags([]string{"--pods", strconv.Itoa(pods), "--workload", w}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := o.workloadConfig(8)
+			podTokens := o.BlocksPerPod * blockSize
+			if c.CacheTokens != pods*podTokens {
+				t.Errorf("%d pods: cache %d tokens; want %d", pods, c.CacheTokens, pods*podTokens)
+			}
+			s, err := schedule(o, 8, nil, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			firsts := map[uint32]bool{}
+			for _, x := range s.Sessions {
+				tu := x.Turns[0]
+				if len(tu.Prompt)+tu.MaxTokens > podTokens*3/4 {
+					t.Fatalf("%s, %d pods: prompt of %d tokens over 3/4 of one pod (%d)", w, pods, len(tu.Prompt), podTokens)
+				}
+				if len(tu.Prompt) > 0 {
+					firsts[tu.Prompt[0]] = true
+				}
+			}
+			if w != "shared-prefix" {
+				continue
+			}
+			distinct := len(firsts) * c.SharedPrefix.SystemTokens
+			if distinct <= podTokens || distinct > c.CacheTokens {
+				t.Errorf("%d pods: distinct prefixes %d tokens; want in (%d, %d]", pods, distinct, podTokens, c.CacheTokens)
+			}
+		}
+	}
+}

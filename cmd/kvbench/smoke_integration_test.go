@@ -1,0 +1,72 @@
+//go:build integration
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/chaos"
+	"github.com/kvroute/kvroute/loadgen"
+)
+
+// TestSmokeKVRouteBeatsService is the CI-sized benchmark: 3 pods, the
+// prefix-heavy shared-prefix workload, the plain Service against kvroute.
+// It asserts the ordering that must hold, not absolute times: kvroute's
+// token-weighted hit rate above the Service's.
+func TestSmokeKVRouteBeatsService(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := t.TempDir()
+	if err := chaos.Build(ctx, bin, chaos.SimBinary, chaos.SidecarBinary); err != nil {
+		t.Skipf("cannot build vllm-sim and sidecar, so no cluster to benchmark: %v", err)
+	}
+	out := t.TempDir()
+	subnet := fmt.Sprintf("127.%d.240", 100+os.Getpid()%100)
+	o, err := parseFlags([]string{"--pods", "3", "--workload", "shared-prefix", "--policies", "service,kvroute",
+		"--rate", "6", "--duration", "15s", "--drain", "30s", "--seed", "7",
+		"--bin", bin, "--out", out, "--subnet", subnet, "--quiet"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table, log bytes.Buffer
+	if err := run(ctx, o, &table, &log); err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	t.Logf("\n%s", table.String())
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Workload != "shared-prefix" || rep.Pods != 3 || len(rep.Policies) != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	svc, kv := rep.Policies[0], rep.Policies[1]
+	if svc.Name != "service" || kv.Name != "kvroute" {
+		t.Fatalf("policies %q, %q", svc.Name, kv.Name)
+	}
+	for _, p := range rep.Policies {
+		if p.Requests < 50 || p.SuccessRate < 0.99 {
+			t.Errorf("%s: %d requests, success %.3f; want >= 50 and >= 99%%", p.Name, p.Requests, p.SuccessRate)
+		}
+	}
+	if kv.HitRate <= svc.HitRate {
+		t.Errorf("kvroute hit rate %.3f <= service %.3f; want kvroute above", kv.HitRate, svc.HitRate)
+	}
+	for _, f := range []string{"ttft-cdf.png", "results.md"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Errorf("missing output: %v", err)
+		}
+	}
+}

@@ -1,0 +1,166 @@
+package loadgen
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// PolicyResult is one policy's figures. The JSON fields are the benchmark's
+// published shape; times are seconds, simulated when the server reports
+// them.
+type PolicyResult struct {
+	Name        string  `json:"name"`
+	Requests    int     `json:"requests"`
+	SuccessRate float64 `json:"success_rate"`
+	// HitRate is token-weighted: Σ cached_tokens / Σ prompt_tokens over
+	// successful requests.
+	HitRate     float64 `json:"hit_rate"`
+	TTFTP50     float64 `json:"ttft_p50_s"`
+	TTFTP90     float64 `json:"ttft_p90_s"`
+	TTFTP99     float64 `json:"ttft_p99_s"`
+	E2EP50      float64 `json:"e2e_p50_s"`
+	E2EP99      float64 `json:"e2e_p99_s"`
+	OutputTokS  float64 `json:"output_tok_s"`
+	MaxMeanLoad float64 `json:"max_mean_load"`
+
+	// Not published in the JSON:
+
+	// PerPod counts requests served per pod (every known pod listed).
+	PerPod map[string]int `json:"-"`
+	// WallTTFTP90 is the client-measured TTFT p90 in seconds.
+	WallTTFTP90 float64 `json:"-"`
+	// TTFTs are the successful requests' TTFTs, sorted (for CDF plots).
+	TTFTs []float64 `json:"-"`
+}
+
+// Report is the benchmark's JSON document.
+type Report struct {
+	Workload string         `json:"workload"`
+	Pods     int            `json:"pods"`
+	Policies []PolicyResult `json:"policies"`
+}
+
+// Percentile is the nearest-rank p-th percentile (0 < p <= 100) of sorted
+// values; 0 for none.
+func Percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// Summarize computes a policy's figures from its samples. pods lists every
+// pod of the cluster, so that an idle pod counts in the load balance;
+// pods seen only in samples are added. timeScale is simulated seconds per
+// wall second (the simulator's --sim-time-scale; <= 0 means 1): output
+// tokens per second are over the run's wall span, from the first send to the
+// last answer, converted to simulated time.
+func Summarize(name string, samples []Sample, pods []string, timeScale float64) PolicyResult {
+	if timeScale <= 0 {
+		timeScale = 1
+	}
+	res := PolicyResult{Name: name, Requests: len(samples), PerPod: make(map[string]int)}
+	for _, p := range pods {
+		res.PerPod[p] = 0
+	}
+	var ttft, e2e, wall []float64
+	var prompt, cached, out int
+	var first, last time.Duration = math.MaxInt64, 0
+	for _, s := range samples {
+		first = min(first, s.Sent)
+		if !s.OK() {
+			continue
+		}
+		last = max(last, s.Sent+s.WallE2E)
+		ttft = append(ttft, s.TTFT)
+		e2e = append(e2e, s.E2E)
+		wall = append(wall, s.WallTTFT.Seconds())
+		prompt += s.PromptTokens
+		cached += s.CachedTokens
+		out += s.OutputTokens
+		if s.Pod != "" {
+			res.PerPod[s.Pod]++
+		}
+	}
+	if len(samples) > 0 {
+		res.SuccessRate = float64(len(ttft)) / float64(len(samples))
+	}
+	if prompt > 0 {
+		res.HitRate = float64(cached) / float64(prompt)
+	}
+	slices.Sort(ttft)
+	slices.Sort(e2e)
+	slices.Sort(wall)
+	res.TTFTs = ttft
+	res.TTFTP50, res.TTFTP90, res.TTFTP99 = Percentile(ttft, 50), Percentile(ttft, 90), Percentile(ttft, 99)
+	res.E2EP50, res.E2EP99 = Percentile(e2e, 50), Percentile(e2e, 99)
+	res.WallTTFTP90 = Percentile(wall, 90)
+	if span := (last - first).Seconds() * timeScale; len(ttft) > 0 && span > 0 {
+		res.OutputTokS = float64(out) / span
+	}
+	res.MaxMeanLoad = maxMean(res.PerPod)
+	return res
+}
+
+// maxMean is the busiest pod's request count over the mean; 0 when no pod
+// served anything.
+func maxMean(perPod map[string]int) float64 {
+	if len(perPod) == 0 {
+		return 0
+	}
+	total, most := 0, 0
+	for _, n := range perPod {
+		total += n
+		most = max(most, n)
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(most) / (float64(total) / float64(len(perPod)))
+}
+
+// WriteJSON writes r indented.
+func WriteJSON(w io.Writer, r Report) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode report: %w", err)
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// Markdown renders r as a table, one row per policy, plus the per-pod
+// request counts.
+func Markdown(r Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "workload %s, %d pods (times in simulated seconds)\n\n", r.Workload, r.Pods)
+	b.WriteString("| policy | requests | success | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | out tok/s | max/mean load | wall TTFT p90 |\n")
+	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, p := range r.Policies {
+		fmt.Fprintf(&b, "| %s | %d | %.1f%% | %.1f%% | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.3f |\n",
+			p.Name, p.Requests, 100*p.SuccessRate, 100*p.HitRate, p.TTFTP50, p.TTFTP90, p.TTFTP99,
+			p.E2EP50, p.E2EP99, p.OutputTokS, p.MaxMeanLoad, p.WallTTFTP90)
+	}
+	for _, p := range r.Policies {
+		if len(p.PerPod) == 0 {
+			continue
+		}
+		pods := make([]string, 0, len(p.PerPod))
+		for k := range p.PerPod {
+			pods = append(pods, k)
+		}
+		slices.Sort(pods)
+		fmt.Fprintf(&b, "\n%s requests per pod:", p.Name)
+		for _, k := range pods {
+			fmt.Fprintf(&b, " %s=%d", k, p.PerPod[k])
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}

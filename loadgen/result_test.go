@@ -1,0 +1,158 @@
+package loadgen
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestPercentile(t *testing.T) {
+	ten := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	tests := []struct {
+		in   []float64
+		p    float64
+		want float64
+	}{
+		{nil, 50, 0},
+		{[]float64{4}, 99, 4},
+		{ten, 50, 5},
+		{ten, 90, 9},
+		{ten, 99, 10},
+		{ten, 100, 10},
+		{ten, 1, 1},
+		{[]float64{1, 2}, 50, 1},
+	}
+	for _, tt := range tests {
+		if got := Percentile(tt.in, tt.p); got != tt.want {
+			t.Errorf("Percentile(%v, %v) = %v; want %v", tt.in, tt.p, got, tt.want)
+		}
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	ok := func(pod string, prompt, cached, out int, ttft, e2e float64, sent time.Duration) Sample {
+		return Sample{Pod: pod, PromptTokens: prompt, CachedTokens: cached, OutputTokens: out,
+			TTFT: ttft, E2E: e2e, Sim: true, Sent: sent, WallE2E: time.Second, WallTTFT: 100 * time.Millisecond}
+	}
+	samples := []Sample{
+		ok("p0", 1000, 800, 10, 0.1, 1.0, 0),
+		ok("p0", 1000, 0, 10, 0.4, 2.0, time.Second),
+		ok("p1", 2000, 1000, 20, 0.2, 1.5, 2*time.Second),
+		ok("p0", 0, 0, 0, 0.3, 3.0, 3*time.Second),
+		{Pod: "p1", Err: "status 500", Sent: 9 * time.Second, PromptTokens: 5000},
+	}
+	got := Summarize("kvroute", samples, []string{"p0", "p1", "p2", "p3"}, 1)
+	want := PolicyResult{
+		Name: "kvroute", Requests: 5, SuccessRate: 0.8,
+		HitRate: 1800.0 / 4000.0,
+		TTFTP50: 0.2, TTFTP90: 0.4, TTFTP99: 0.4,
+		E2EP50: 1.5, E2EP99: 3.0,
+		// 40 output tokens from the first send (0 s) to the last success's
+		// end (3 s + 1 s).
+		OutputTokS: 40.0 / 4.0,
+		// 3 requests on p0 against a mean of 4/4 = 1.
+		MaxMeanLoad: 3,
+		PerPod:      map[string]int{"p0": 3, "p1": 1, "p2": 0, "p3": 0},
+		WallTTFTP90: 0.1,
+		TTFTs:       []float64{0.1, 0.2, 0.3, 0.4},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Summarize (-want +got):\n%s", d)
+	}
+	if got := Summarize("x", samples, nil, 2).OutputTokS; got != 5 {
+		t.Errorf("time scale 2: out tok/s %v; want 5", got)
+	}
+	empty := Summarize("none", nil, []string{"a"}, 1)
+	if empty.Requests != 0 || empty.SuccessRate != 0 || empty.MaxMeanLoad != 0 || math.IsNaN(empty.HitRate) {
+		t.Errorf("empty summary %+v", empty)
+	}
+	if _, err := json.Marshal(empty); err != nil {
+		t.Errorf("empty summary does not marshal: %v", err)
+	}
+}
+
+// TestReportJSONShape pins the published field names exactly.
+func TestReportJSONShape(t *testing.T) {
+	r := Report{Workload: "shared-prefix", Pods: 4, Policies: []PolicyResult{
+		Summarize("service", []Sample{{Pod: "a", PromptTokens: 10, CachedTokens: 5}}, []string{"a"}, 1),
+	}}
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keys(doc), []string{"pods", "policies", "workload"}; !slices.Equal(got, want) {
+		t.Errorf("top-level keys %v; want %v", got, want)
+	}
+	pol := doc["policies"].([]any)[0].(map[string]any)
+	want := []string{"e2e_p50_s", "e2e_p99_s", "hit_rate", "max_mean_load", "name", "output_tok_s", "requests",
+		"success_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"}
+	if got := keys(pol); !slices.Equal(got, want) {
+		t.Errorf("policy keys %v; want %v", got, want)
+	}
+	if pol["name"] != "service" || pol["hit_rate"] != 0.5 || doc["pods"] != 4.0 || doc["workload"] != "shared-prefix" {
+		t.Errorf("values: %s", buf.String())
+	}
+}
+
+func keys(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestMarkdown(t *testing.T) {
+	r := Report{Workload: "w", Pods: 2, Policies: []PolicyResult{
+		{Name: "service", Requests: 10, SuccessRate: 1, HitRate: 0.25, TTFTP90: 1.5, PerPod: map[string]int{"b": 4, "a": 6}},
+		{Name: "kvroute", Requests: 10, SuccessRate: 0.9, HitRate: 0.75},
+	}}
+	md := Markdown(r)
+	for _, want := range []string{"| service | 10 | 100.0% | 25.0% |", "| kvroute | 10 | 90.0% | 75.0% |",
+		"service requests per pod: a=6 b=4", "workload w, 2 pods"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestPlots(t *testing.T) {
+	dir := t.TempDir()
+	res := []PolicyResult{
+		{Name: "service", TTFTs: []float64{0.1, 0.5, 0.9}, HitRate: 0.2, TTFTP90: 0.9},
+		{Name: "kvroute", TTFTs: []float64{0.05, 0.1, 0.2}, HitRate: 0.7, TTFTP90: 0.2},
+	}
+	cdf := filepath.Join(dir, "cdf.png")
+	if err := PlotCDF(cdf, "t", res); err != nil {
+		t.Fatal(err)
+	}
+	paths, err := PlotSweep(dir, "t", []SweepPoint{{Rate: 1, Policies: res}, {Rate: 2, Policies: res}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append(paths, cdf) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("\x89PNG")) || len(b) < 1000 {
+			t.Errorf("%s: not a PNG (%d bytes)", p, len(b))
+		}
+	}
+	if len(paths) != 2 {
+		t.Errorf("PlotSweep wrote %v; want 2 files", paths)
+	}
+}

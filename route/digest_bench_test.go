@@ -1,0 +1,66 @@
+package route_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
+)
+
+// BenchmarkChooseBloom measures the whole choice against real Bloom digests
+// (100k-key capacity at 1%): every peer holds a shared 256-token system
+// prompt and 20k other keys; one peer holds 75% of the prompt. Stride 4 is
+// the one-key-per-64-tokens granularity.
+func BenchmarkChooseBloom(b *testing.B) {
+	for _, peers := range []int{8, 64, 256} {
+		for _, tokens := range []int{1024, 32768} {
+			for _, stride := range []int{1, 4} {
+				b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=%d", peers, tokens, stride), func(b *testing.B) {
+					benchChooseBloom(b, peers, tokens, stride)
+				})
+			}
+		}
+	}
+}
+
+func benchChooseBloom(b *testing.B, npeers, ntokens, stride int) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	scheme := blockkey.Scheme{BlockSize: 16, Stride: stride}
+	tokens := make([]uint32, ntokens)
+	for i := range tokens {
+		tokens[i] = rng.Uint32N(32000)
+	}
+	keys := scheme.Request(blockkey.Root("m", "", ""), tokens)
+	system := keys[:max(1, 256/scheme.TokensPerKey())]
+	params := bloom.ParamsFor(100_000/stride, 0.01)
+	now := time.Unix(1_800_000_000, 0)
+	views := make([]route.PeerView, npeers)
+	for i := range views {
+		held := make([]blockkey.Key, 0, 20_000/stride+len(keys))
+		held = append(held, system...)
+		if i == npeers/2 {
+			held = append(held, keys[:len(keys)*3/4]...)
+		}
+		for range 20_000 / stride {
+			held = append(held, blockkey.Key(rng.Uint64()))
+		}
+		id := fmt.Sprintf("pod-%03d", i)
+		views[i] = route.PeerView{ID: id, Addr: id + ":8000", Local: i == 0, KeyScheme: blockkey.Version,
+			Digest: bloom.Build(bloom.Header{Node: id, Params: params}, held), DigestAt: now,
+			Load: route.Load{Running: i % 3}, LoadAt: now}
+	}
+	policy := route.DefaultChain(route.DefaultConfig(), nil)
+	req := route.Request{Keys: keys, TokensPerKey: scheme.TokensPerKey(), PromptTokens: ntokens}
+	b.ResetTimer()
+	var d route.Decision
+	for b.Loop() {
+		d = policy.Choose(req, views, now)
+	}
+	if d.Target != views[npeers/2].ID {
+		b.Fatalf("chose %s (%s); want the holder %s", d.Target, d.Reason, views[npeers/2].ID)
+	}
+}
