@@ -1,6 +1,7 @@
 package bloom
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/kvroute/kvroute/blockkey"
@@ -13,23 +14,60 @@ func design100k() (*Digest, []blockkey.Key) {
 	return Build(Header{Node: "pod-a", Epoch: 1, Version: 1, Params: ParamsFor(100_000, 0.01)}, keys), keys
 }
 
+// benchParams are the params a 100k-key, 1% digest gets in each scheme:
+// scheme 1 the classic sizing ParamsFor gave while it was the default.
+var benchParams = map[uint8]Params{hashDouble: {M: 958_528, K: 7}, hashBlocked: ParamsFor(100_000, 0.01)}
+
+// BenchmarkTest tests keys against one 100k-key digest, which stays in cache.
 func BenchmarkTest(b *testing.B) {
-	d, keys := design100k()
-	absent := uniformKeys(51, 4096)
-	b.Run("present", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; b.Loop(); i++ {
-			if !d.Test(keys[i%len(keys)]) {
-				b.Fatal("false negative")
+	keys, absent := uniformKeys(50, 100_000), uniformKeys(51, 4096)
+	for _, s := range schemes {
+		d := Build(Header{HashScheme: s, Params: benchParams[s]}, keys)
+		b.Run(fmt.Sprintf("scheme=%d/present", s), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				if !d.Test(keys[i%len(keys)]) {
+					b.Fatal("false negative")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("scheme=%d/absent", s), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				d.Test(absent[i%len(absent)])
+			}
+		})
+	}
+}
+
+// BenchmarkTest64 spreads tests over 64 different 100k-key digests (7.7 MB
+// in all), as a choice over 64 peers does, so most tests miss the cache.
+// Present keys walk the digests in turn; absent keys too, and stop at the
+// first clear bit.
+func BenchmarkTest64(b *testing.B) {
+	const peers, sample = 64, 1024
+	for _, s := range schemes {
+		ds := make([]*Digest, peers)
+		present := make([]blockkey.Key, peers*sample) // present[i] is in ds[i%peers]
+		for i := range ds {
+			keys := uniformKeys(uint64(1000+i), 100_000)
+			ds[i] = Build(Header{HashScheme: s, Params: benchParams[s]}, keys)
+			for j, k := range keys[:sample] {
+				present[j*peers+i] = k
 			}
 		}
-	})
-	b.Run("absent", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; b.Loop(); i++ {
-			d.Test(absent[i%len(absent)])
-		}
-	})
+		absent := uniformKeys(51, peers*sample)
+		b.Run(fmt.Sprintf("scheme=%d/present", s), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				if !ds[i%peers].Test(present[i%len(present)]) {
+					b.Fatal("false negative")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("scheme=%d/absent", s), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				ds[i%peers].Test(absent[i%len(absent)])
+			}
+		})
+	}
 }
 
 func BenchmarkBuild100k(b *testing.B) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -137,11 +138,18 @@ func TestUnmarshalDeltaErrors(t *testing.T) {
 }
 
 // TestApplyChain applies a chain of deltas and checks the result equals a
-// digest built from scratch, bit for bit, while each older digest is untouched.
+// digest built from scratch, bit for bit, while each older digest is untouched,
+// in every hash scheme.
 func TestApplyChain(t *testing.T) {
+	for _, s := range schemes {
+		t.Run(fmt.Sprintf("scheme %d", s), func(t *testing.T) { testApplyChain(t, s) })
+	}
+}
+
+func testApplyChain(t *testing.T, scheme uint8) {
 	p := ParamsFor(1000, 0.01)
 	base, add1, add2 := uniformKeys(80, 300), uniformKeys(81, 40), uniformKeys(82, 25)
-	d0 := Build(Header{Node: "pod-a", Epoch: 3, Version: 10, Params: p}, base)
+	d0 := Build(Header{Node: "pod-a", HashScheme: scheme, Epoch: 3, Version: 10, Params: p}, base)
 	before, _ := d0.MarshalBinary()
 
 	d1, err := d0.Apply(Delta{Node: "pod-a", Epoch: 3, From: 10, To: 11, Keys: add1})
@@ -157,7 +165,7 @@ func TestApplyChain(t *testing.T) {
 		t.Fatalf("Apply(13→14, no keys) error = %v", err)
 	}
 
-	want := Build(Header{Node: "pod-a", Epoch: 3, Version: 14, Params: p}, slices.Concat(base, add1, add2))
+	want := Build(Header{Node: "pod-a", HashScheme: scheme, Epoch: 3, Version: 14, Params: p}, slices.Concat(base, add1, add2))
 	wb, _ := want.MarshalBinary()
 	gb, _ := d3.MarshalBinary()
 	if !bytes.Equal(gb, wb) {

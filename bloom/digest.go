@@ -9,21 +9,17 @@ import (
 	"github.com/kvroute/kvroute/blockkey"
 )
 
-// HashScheme identifies how a key becomes K bit positions. Scheme 1:
-//
-//	h1 = mix(key)            (mix: the SplitMix64 finalizer)
-//	h2 = mix(h1) | 1
-//	loc_i = (h1 + i·h2) mod M, for i = 0..K-1
-//
-// This is double hashing on the key itself: blockkey's keys are already
-// 64-bit hashes, so the library's murmur pass over their bytes is not needed
-// (18 vs 45 ns, libraries.md §2.3). h1 is still remixed, at about 1 ns, so
-// that keys with structure cannot cluster the first probe: sequential keys
-// measured 1.24% against a 1% target with h1 = key, and 1.01% remixed. h2 is
-// forced odd so that, M being a multiple of 64, the step never shares the
-// factor 2 with M and never reduces to zero. Changing any of this needs a new
-// scheme number: a receiver refuses a digest whose scheme it does not know.
-const HashScheme uint8 = 1
+// HashScheme is the bit-location scheme Build uses by default: 2, the
+// cache-line-blocked filter (hash2.go). Scheme 1 (hash1.go), double hashing
+// over the whole filter, is still read, tested and extended, so digests from
+// peers not yet upgraded keep matching; a peer that knows only scheme 1
+// refuses scheme 2 digests (ErrUnsupported), and so degrades to load-based
+// routing for the upgraded pods until it is upgraded too. Changing how either
+// scheme maps a key to bits needs a new scheme number.
+const HashScheme = hashBlocked
+
+// knownScheme reports whether this build can read digests in scheme s.
+func knownScheme(s uint8) bool { return s == hashDouble || s == hashBlocked }
 
 // Header describes a digest: whose it is, which state of that pod's cache it
 // reflects, and how to read its bits.
@@ -52,13 +48,17 @@ type Digest struct {
 	bits *bitset.BitSet // the bbloom filter's bit set, read and written only through here
 }
 
-// Build returns the digest of keys. It sets h.HashScheme to HashScheme,
-// h.Count to len(keys), a zero h.KeyScheme to blockkey.Version, and moves
-// h.Params into range (M a positive multiple of 64 up to MaxBits, K in
-// 1..MaxK). Build takes O(M/64 + K·len(keys)).
+// Build returns the digest of keys. It keeps h.HashScheme when it is a
+// scheme this build knows (1 or 2, so a cluster can keep building scheme 1
+// while old peers remain) and sets it to HashScheme otherwise. It sets h.Count
+// to len(keys) and a zero h.KeyScheme to blockkey.Version, and moves h.Params
+// into range: M a positive multiple of 64 (512 for scheme 2) up to MaxBits, K
+// in 1..MaxK. Build takes O(M/64 + K·len(keys)).
 func Build(h Header, keys []blockkey.Key) *Digest {
-	h.Params = normalize(h.Params)
-	h.HashScheme = HashScheme
+	if !knownScheme(h.HashScheme) {
+		h.HashScheme = HashScheme
+	}
+	h.Params = normalize(h.Params, h.HashScheme)
 	if h.KeyScheme == 0 {
 		h.KeyScheme = blockkey.Version
 	}
@@ -108,21 +108,13 @@ func (d *Digest) FillRatio() float64 {
 // Test reports whether k may be present: false is certain, true is wrong with
 // about the false-positive rate the digest was sized for.
 func (d *Digest) Test(k blockkey.Key) bool {
-	if d.empty() {
+	switch {
+	case d.empty():
 		return false
+	case d.h.HashScheme == hashDouble:
+		return d.test1(k)
 	}
-	loc, step := d.start(k)
-	m := d.h.M
-	for range d.h.K {
-		if !d.bits.Test(uint(loc)) {
-			return false
-		}
-		loc += step
-		if loc >= m {
-			loc -= m
-		}
-	}
-	return true
+	return d.test2(k)
 }
 
 // PrefixLen returns how many keys from the start of the chain are present; it
@@ -139,29 +131,9 @@ func (d *Digest) PrefixLen(keys []blockkey.Key) int {
 
 // add sets k's bits; only Build and Apply call it, before the digest is shared.
 func (d *Digest) add(k blockkey.Key) {
-	loc, step := d.start(k)
-	m := d.h.M
-	for range d.h.K {
-		d.bits.Set(uint(loc))
-		loc += step
-		if loc >= m {
-			loc -= m
-		}
+	if d.h.HashScheme == hashDouble {
+		d.add1(k)
+		return
 	}
-}
-
-// start returns h1 mod M and h2 mod M. Adding the reduced step and subtracting
-// M once yields (h1 + i·h2) mod M exactly with two divisions per key instead
-// of K; neither sum overflows because M <= MaxBits.
-func (d *Digest) start(k blockkey.Key) (loc, step uint64) {
-	h1 := mix(uint64(k))
-	h2 := mix(h1) | 1
-	return h1 % d.h.M, h2 % d.h.M
-}
-
-// mix is the SplitMix64 finalizer, a bijection with full avalanche.
-func mix(z uint64) uint64 {
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
+	d.add2(k)
 }

@@ -2,8 +2,10 @@ package bloom
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"math/big"
-	"strings"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -45,19 +47,29 @@ func TestBuildHeader(t *testing.T) {
 			want: Header{KeyScheme: blockkey.Version, HashScheme: HashScheme, Node: "pod-a", Epoch: 4, Version: 9, Count: 3, Params: Params{M: 1024, K: 7}},
 		},
 		{
-			name: "keeps a given key scheme, overrides hash scheme",
-			in:   Header{KeyScheme: 7, HashScheme: 200, Params: Params{M: 64, K: 1}},
-			want: Header{KeyScheme: 7, HashScheme: HashScheme, Count: 3, Params: Params{M: 64, K: 1}},
+			name: "keeps a given key scheme, overrides an unknown hash scheme",
+			in:   Header{KeyScheme: 7, HashScheme: 200, Params: Params{M: 512, K: 1}},
+			want: Header{KeyScheme: 7, HashScheme: HashScheme, Count: 3, Params: Params{M: 512, K: 1}},
 		},
 		{
 			name: "zero params become the smallest valid",
 			in:   Header{},
-			want: Header{KeyScheme: blockkey.Version, HashScheme: HashScheme, Count: 3, Params: Params{M: 64, K: 1}},
+			want: Header{KeyScheme: blockkey.Version, HashScheme: HashScheme, Count: 3, Params: Params{M: 512, K: 1}},
 		},
 		{
-			name: "M rounds up to a word, K clamps",
-			in:   Header{Params: Params{M: 100, K: 40}},
-			want: Header{KeyScheme: blockkey.Version, HashScheme: HashScheme, Count: 3, Params: Params{M: 128, K: MaxK}},
+			name: "M rounds up to a block, K clamps",
+			in:   Header{Params: Params{M: 600, K: 40}},
+			want: Header{KeyScheme: blockkey.Version, HashScheme: HashScheme, Count: 3, Params: Params{M: 1024, K: MaxK}},
+		},
+		{
+			name: "keeps scheme 1, M rounds up to a word",
+			in:   Header{HashScheme: hashDouble, Params: Params{M: 100, K: 3}},
+			want: Header{KeyScheme: blockkey.Version, HashScheme: hashDouble, Count: 3, Params: Params{M: 128, K: 3}},
+		},
+		{
+			name: "keeps scheme 2",
+			in:   Header{HashScheme: hashBlocked, Params: Params{M: 512, K: 3}},
+			want: Header{KeyScheme: blockkey.Version, HashScheme: hashBlocked, Count: 3, Params: Params{M: 512, K: 3}},
 		},
 	}
 	for _, tt := range tests {
@@ -78,12 +90,17 @@ func TestBuildHeader(t *testing.T) {
 	}
 }
 
+// schemes are the hash schemes this build reads and writes.
+var schemes = []uint8{hashDouble, hashBlocked}
+
 func TestNoFalseNegatives(t *testing.T) {
-	for _, keys := range [][]blockkey.Key{uniformKeys(2, 20_000), sequentialKeys(0, 20_000)} {
-		d := Build(Header{Params: ParamsFor(10_000, 0.01)}, keys) // twice the design load
-		for _, k := range keys {
-			if !d.Test(k) {
-				t.Fatalf("Test(%#x) = false; want true for an inserted key", k)
+	for _, s := range schemes {
+		for _, keys := range [][]blockkey.Key{uniformKeys(2, 20_000), sequentialKeys(0, 20_000)} {
+			d := Build(Header{HashScheme: s, Params: ParamsFor(10_000, 0.01)}, keys) // twice the design load
+			for _, k := range keys {
+				if !d.Test(k) {
+					t.Fatalf("scheme %d: Test(%#x) = false; want true for an inserted key", s, k)
+				}
 			}
 		}
 	}
@@ -121,8 +138,11 @@ func TestPrefixLen(t *testing.T) {
 
 // TestFalsePositiveRate fills each filter to its design load and probes one
 // million keys never inserted. The keys are fixed, so the count is exact and
-// the test cannot flake; the bound is 1.5x the target (and above 0.5x, so an
-// oversized filter would fail too).
+// the test cannot flake. Scheme 2 is what ParamsFor sizes for: its rate must
+// be within 1.1x the target (1000 expected hits at 0.1%, so 3 standard
+// deviations). Scheme 1 on the same params has more bits than it needs and
+// keeps the old bound of 1.5x. Both must stay above 0.5x, so an oversized
+// filter fails too.
 func TestFalsePositiveRate(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -132,50 +152,70 @@ func TestFalsePositiveRate(t *testing.T) {
 	}{
 		{"10k at 1%", 10_000, 0.01, func(n int) []blockkey.Key { return uniformKeys(10, n) }},
 		{"100k at 1%", 100_000, 0.01, func(n int) []blockkey.Key { return uniformKeys(11, n) }},
+		{"10k at 0.1%", 10_000, 0.001, func(n int) []blockkey.Key { return uniformKeys(14, n) }},
 		{"25k at 0.1%", 25_000, 0.001, func(n int) []blockkey.Key { return uniformKeys(12, n) }},
+		{"100k at 0.1%", 100_000, 0.001, func(n int) []blockkey.Key { return uniformKeys(15, n) }},
 		{"1k at 5%", 1_000, 0.05, func(n int) []blockkey.Key { return uniformKeys(13, n) }},
 		{"10k sequential keys at 1%", 10_000, 0.01, func(n int) []blockkey.Key { return sequentialKeys(1<<40, n) }},
 	}
 	const probes = 1_000_000
+	probe := uniformKeys(99, probes)
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := Build(Header{Params: ParamsFor(tt.capacity, tt.target)}, tt.keys(tt.capacity))
-			fp := 0
-			for _, k := range uniformKeys(99, probes) {
-				if d.Test(k) {
-					fp++
+		keys := tt.keys(tt.capacity)
+		for _, s := range schemes {
+			t.Run(fmt.Sprintf("%s/scheme %d", tt.name, s), func(t *testing.T) {
+				d := Build(Header{HashScheme: s, Params: ParamsFor(tt.capacity, tt.target)}, keys)
+				fp := 0
+				for _, k := range probe {
+					if d.Test(k) {
+						fp++
+					}
 				}
-			}
-			rate := float64(fp) / probes
-			t.Logf("%s: M=%d K=%d fill=%.3f measured FP %.4f%%", tt.name, d.Header().M, d.Header().K, d.FillRatio(), 100*rate)
-			if rate > 1.5*tt.target || rate < 0.5*tt.target {
-				t.Errorf("false-positive rate = %.4f; want within [0.5, 1.5] x %.4f", rate, tt.target)
-			}
-		})
+				rate := float64(fp) / probes
+				t.Logf("M=%d K=%d fill=%.3f measured FP %.4f%% (%.3fx)", d.Header().M, d.Header().K, d.FillRatio(), 100*rate, rate/tt.target)
+				hi := 1.5
+				if s == hashBlocked {
+					hi = 1.1
+				}
+				if rate > hi*tt.target || rate < 0.5*tt.target {
+					t.Errorf("false-positive rate = %.5f; want within [0.5, %.1f] x %.4f", rate, hi, tt.target)
+				}
+			})
+		}
 	}
 }
 
 func TestFillRatio(t *testing.T) {
 	p := ParamsFor(10_000, 0.01)
+	// 1 - e^(-kn/m): the expected fraction of bits set by n keys.
+	expect := func(n int) float64 { return 1 - math.Exp(-float64(p.K)*float64(n)/float64(p.M)) }
 	tests := []struct {
 		name     string
 		keys     int
 		min, max float64
 	}{
 		{"empty", 0, 0, 0},
-		// one key sets exactly K distinct bits when M is large
-		{"one key", 1, 7.0 / 95_872, 7.0 / 95_872},
-		// at design load an optimal filter is half full: 1 - e^(-kn/m) ≈ 0.5
-		{"design load", 10_000, 0.48, 0.52},
-		{"overloaded", 30_000, 0.85, 0.92},
+		{"design load", 10_000, expect(10_000) - 0.02, expect(10_000) + 0.02},
+		{"overloaded", 30_000, expect(30_000) - 0.03, expect(30_000) + 0.03},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := Build(Header{Params: p}, uniformKeys(20, tt.keys)).FillRatio()
-			if got < tt.min || got > tt.max {
-				t.Errorf("FillRatio() = %.5f; want in [%.5f, %.5f]", got, tt.min, tt.max)
-			}
-		})
+	for _, s := range schemes {
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("scheme %d/%s", s, tt.name), func(t *testing.T) {
+				got := Build(Header{HashScheme: s, Params: p}, uniformKeys(20, tt.keys)).FillRatio()
+				if got < tt.min || got > tt.max {
+					t.Errorf("FillRatio() = %.5f; want in [%.5f, %.5f]", got, tt.min, tt.max)
+				}
+			})
+		}
+	}
+	// One key sets exactly K distinct bits under scheme 1 (M is large, the
+	// step odd); under scheme 2 its positions may coincide.
+	one := uniformKeys(21, 1)
+	if got, want := Build(Header{HashScheme: hashDouble, Params: p}, one).FillRatio(), float64(p.K)/float64(p.M); got != want {
+		t.Errorf("scheme 1: FillRatio() of one key = %g; want %g", got, want)
+	}
+	if got := Build(Header{HashScheme: hashBlocked, Params: p}, one).FillRatio(); got <= 0 || got > float64(p.K)/float64(p.M) {
+		t.Errorf("scheme 2: FillRatio() of one key = %g; want in (0, %g]", got, float64(p.K)/float64(p.M))
 	}
 }
 
@@ -185,7 +225,7 @@ func TestFillRatio(t *testing.T) {
 func TestHashSchemeReference(t *testing.T) {
 	for _, p := range []Params{{M: 64, K: 7}, {M: 640, K: 3}, {M: 95_872, K: 7}, {M: MaxBits, K: MaxK}, {M: 3 * 64, K: 32}} {
 		for _, k := range append(uniformKeys(30, 50), 0, 1, 1<<63, ^blockkey.Key(0)) {
-			d := &Digest{h: Header{Params: p}}
+			d := &Digest{h: Header{HashScheme: hashDouble, Params: p}}
 			loc, step := d.start(k)
 			h1 := new(big.Int).SetUint64(mix(uint64(k)))
 			h2 := new(big.Int).SetUint64(mix(mix(uint64(k))) | 1)
@@ -205,21 +245,87 @@ func TestHashSchemeReference(t *testing.T) {
 	}
 }
 
-// TestHashSchemeGolden pins the bits of a tiny digest. If it fails, the wire
-// meaning of HashScheme 1 changed: bump HashScheme instead.
-func TestHashSchemeGolden(t *testing.T) {
-	d := Build(Header{Params: Params{M: 128, K: 3}}, []blockkey.Key{0x0123456789abcdef, 42})
-	var b strings.Builder
-	for i := range uint(128) {
-		if d.bits.Test(i) {
-			b.WriteString("1")
-		} else {
-			b.WriteString("0")
+// blockedRef computes a key's scheme-2 bit positions (block·512 + bit) from
+// the definition in hash2.go, in exact integers, independently of the
+// incremental code.
+func blockedRef(k blockkey.Key, p Params) []uint64 {
+	h1 := mix(uint64(k))
+	prod := new(big.Int).Mul(new(big.Int).SetUint64(h1), new(big.Int).SetUint64(p.M/512))
+	block := prod.Rsh(prod, 64).Uint64()
+	var pos []uint64
+	for i := range uint64(p.K) {
+		j := i / 7
+		seed := new(big.Int).Mul(new(big.Int).SetUint64(j+1), new(big.Int).SetUint64(0x9e3779b97f4a7c15))
+		seed.Add(seed, new(big.Int).SetUint64(h1))
+		seed.Mod(seed, new(big.Int).Lsh(big.NewInt(1), 64))
+		r := mix(seed.Uint64())
+		pos = append(pos, 512*block+(r>>(9*(i%7)))%512)
+	}
+	return pos
+}
+
+// TestBlockedReference builds one-key digests and checks that exactly the
+// bits of the scheme's definition are set, and that Test fails when any one
+// of them is cleared.
+func TestBlockedReference(t *testing.T) {
+	for _, p := range []Params{{M: 512, K: 7}, {M: 1024, K: 3}, {M: 99_328, K: 6}, {M: 3 * 512, K: 8}, {M: 1 << 22, K: MaxK}, {M: 7 * 512, K: 15}} {
+		for _, k := range append(uniformKeys(31, 20), 0, 1, 1<<63, ^blockkey.Key(0)) {
+			d := Build(Header{HashScheme: hashBlocked, Params: p}, []blockkey.Key{k})
+			want := map[uint64]bool{}
+			for _, b := range blockedRef(k, p) {
+				want[b] = true
+			}
+			got := map[uint64]bool{}
+			for i, w := range d.bits.Words() {
+				for b := range uint64(64) {
+					if w&(1<<b) != 0 {
+						got[64*uint64(i)+b] = true
+					}
+				}
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Fatalf("M=%d K=%d key %#x: bits set mismatch (-want +got):\n%s", p.M, p.K, k, diff)
+			}
+			for b := range want {
+				d.bits.Clear(uint(b))
+				if d.Test(k) {
+					t.Fatalf("M=%d K=%d key %#x: Test = true with bit %d cleared", p.M, p.K, k, b)
+				}
+				d.bits.Set(uint(b))
+			}
+			if !d.Test(k) {
+				t.Fatalf("M=%d K=%d key %#x: Test = false", p.M, p.K, k)
+			}
 		}
 	}
-	const want = "00000000000000000000000000000000001000000000100000000000000000000000000100000010000000000000000000000000000010000000000000000100"
-	if got := b.String(); got != want {
-		t.Errorf("bits = %s; want %s", got, want)
+}
+
+// TestHashSchemeGolden pins the bits of tiny digests. If it fails, the wire
+// meaning of a hash scheme changed: add a scheme number instead. Scheme 1's
+// pin is the one it has had since it was the default.
+func TestHashSchemeGolden(t *testing.T) {
+	tests := []struct {
+		scheme uint8
+		p      Params
+		want   []uint
+	}{
+		{hashDouble, Params{M: 128, K: 3}, []uint{34, 44, 71, 78, 108, 125}},
+		// both keys in block 1
+		{hashBlocked, Params{M: 1024, K: 3}, []uint{545, 561, 617, 641, 645, 796}},
+		// blocks 10 and 11; K > 7 takes a second mix per key
+		{hashBlocked, Params{M: 8192, K: 9}, []uint{5217, 5218, 5225, 5231, 5249, 5335, 5337, 5404, 5617, 5642, 5665, 5681, 5728, 5765, 5798, 5823, 5912, 6014}},
+	}
+	for _, tt := range tests {
+		d := Build(Header{HashScheme: tt.scheme, Params: tt.p}, []blockkey.Key{0x0123456789abcdef, 42})
+		var got []uint
+		for i := range uint(tt.p.M) {
+			if d.bits.Test(i) {
+				got = append(got, i)
+			}
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("scheme %d %+v: bits set = %#v; want %#v", tt.scheme, tt.p, got, tt.want)
+		}
 	}
 }
 

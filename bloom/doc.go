@@ -28,8 +28,12 @@
 // (as false positives) until the next full digest. FillRatio tells the owner
 // when the filter has drifted far enough from its index to rebuild.
 //
-// Hashing: block keys are already uniform 64-bit hashes, so the k bit
-// positions come from double hashing on the key itself rather than from the
-// library's murmur pass (see HashScheme). Both ends must use the same scheme;
-// it travels in every digest and a digest with an unknown scheme is refused.
+// Hashing: block keys are already uniform 64-bit hashes, so the bit positions
+// come from remixing the key itself rather than from the library's murmur
+// pass. The default, HashScheme 2, is a blocked filter: a key's K bits lie in
+// one 64-byte cache line, so testing a digest that is not in cache costs one
+// miss rather than K (hash2.go); ParamsFor sizes for it. Scheme 1, double
+// hashing over the whole filter (hash1.go), is still read. Both ends must
+// know the scheme; it travels in every digest and a digest with an unknown
+// scheme is refused.
 package bloom

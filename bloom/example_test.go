@@ -35,6 +35,6 @@ func ExampleBuild() {
 	fmt.Printf("%s epoch %d version %d: %d keys, %d bytes\n", h.Node, h.Epoch, h.Version, peer.Len(), len(wire))
 	fmt.Println("prefix blocks cached:", peer.PrefixLen(request))
 	// Output:
-	// vllm-0 epoch 1 version 42: 3 keys, 30010 bytes
+	// vllm-0 epoch 1 version 42: 3 keys, 31026 bytes
 	// prefix blocks cached: 2
 }

@@ -13,6 +13,7 @@ func FuzzUnmarshal(f *testing.F) {
 		Build(Header{Node: "pod-a", Epoch: 1, Version: 2, Params: Params{M: 64, K: 1}}, nil),
 		Build(Header{Node: "pod-b", Epoch: 7, Version: 9, Params: Params{M: 256, K: 3}}, uniformKeys(1, 20)),
 		Build(Header{Params: ParamsFor(64, 0.01)}, uniformKeys(2, 64)),
+		Build(Header{Node: "old", HashScheme: hashDouble, Params: Params{M: 192, K: 3}}, uniformKeys(5, 9)),
 		Build(Header{Node: strings.Repeat("z", MaxNodeBytes), Params: Params{M: 128, K: MaxK}}, uniformKeys(3, 2)),
 	} {
 		b, err := d.MarshalBinary()

@@ -71,8 +71,8 @@ func (d *Digest) MarshalBinary() ([]byte, error) {
 }
 
 // Unmarshal decodes a digest written by MarshalBinary. It checks the magic,
-// format version and hash scheme, that M is a positive multiple of 64 up to
-// MaxBits, that K is in 1..MaxK, and that the input holds exactly M/64 words:
+// format version and hash scheme (1 or 2), that M is a positive multiple of
+// 64 (512 for scheme 2) up to MaxBits, that K is in 1..MaxK, and that the input holds exactly M/64 words:
 // no more, no less. The result does not alias b.
 func Unmarshal(b []byte) (*Digest, error) {
 	r := reader{b: b}
@@ -86,7 +86,7 @@ func Unmarshal(b []byte) (*Digest, error) {
 	if format != FormatVersion {
 		return nil, fmt.Errorf("unmarshal digest: format version %d: %w", format, ErrUnsupported)
 	}
-	if hashScheme != HashScheme {
+	if !knownScheme(hashScheme) {
 		return nil, fmt.Errorf("unmarshal digest: hash scheme %d: %w", hashScheme, ErrUnsupported)
 	}
 	h := Header{KeyScheme: keyScheme, HashScheme: hashScheme}
@@ -96,8 +96,8 @@ func Unmarshal(b []byte) (*Digest, error) {
 	if r.short {
 		return nil, fmt.Errorf("unmarshal digest: truncated header: %w", ErrMalformed)
 	}
-	if !h.Params.valid() {
-		return nil, fmt.Errorf("unmarshal digest: M=%d K=%d out of range: %w", h.M, h.K, ErrMalformed)
+	if !h.Params.valid(hashScheme) {
+		return nil, fmt.Errorf("unmarshal digest: M=%d K=%d out of range for hash scheme %d: %w", h.M, h.K, hashScheme, ErrMalformed)
 	}
 	if rest := uint64(len(r.b)); rest != h.M/8 {
 		return nil, fmt.Errorf("unmarshal digest: %d bytes of bits for M=%d: %w", rest, h.M, ErrMalformed)

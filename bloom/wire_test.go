@@ -24,6 +24,7 @@ func TestMarshalRoundTrip(t *testing.T) {
 		{"longest node name", Header{Node: strings.Repeat("n", MaxNodeBytes), Params: ParamsFor(100, 0.01)}, uniformKeys(61, 10)},
 		{"extreme versions", Header{Node: "p", Epoch: ^uint64(0), Version: ^uint64(0) - 1, Params: ParamsFor(1000, 0.001)}, uniformKeys(62, 1000)},
 		{"max K", Header{Node: "p", KeyScheme: 255, Params: Params{M: 4096, K: MaxK}}, uniformKeys(63, 20)},
+		{"scheme 1", Header{Node: "old", HashScheme: hashDouble, Params: Params{M: 640, K: 7}}, uniformKeys(64, 50)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,19 +67,21 @@ func TestMarshalRoundTrip(t *testing.T) {
 }
 
 func TestMarshalBinaryLayout(t *testing.T) {
-	d := Build(Header{Node: "ab", Epoch: 3, Version: 4, Params: Params{M: 64, K: 2}}, []blockkey.Key{7})
+	d := Build(Header{Node: "ab", Epoch: 3, Version: 4, Params: Params{M: 512, K: 2}}, []blockkey.Key{7})
 	b, err := d.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []byte("KVRD")
 	want = append(want, FormatVersion, blockkey.Version, HashScheme, 2, 'a', 'b')
-	want = binary.BigEndian.AppendUint64(want, 3)  // epoch
-	want = binary.BigEndian.AppendUint64(want, 4)  // version
-	want = binary.BigEndian.AppendUint64(want, 1)  // count
-	want = binary.BigEndian.AppendUint64(want, 64) // M
-	want = binary.BigEndian.AppendUint32(want, 2)  // K
-	want = binary.BigEndian.AppendUint64(want, d.bits.Words()[0])
+	want = binary.BigEndian.AppendUint64(want, 3)   // epoch
+	want = binary.BigEndian.AppendUint64(want, 4)   // version
+	want = binary.BigEndian.AppendUint64(want, 1)   // count
+	want = binary.BigEndian.AppendUint64(want, 512) // M
+	want = binary.BigEndian.AppendUint32(want, 2)   // K
+	for _, w := range d.bits.Words() {
+		want = binary.BigEndian.AppendUint64(want, w)
+	}
 	if !bytes.Equal(b, want) {
 		t.Errorf("MarshalBinary() = %x; want %x", b, want)
 	}
@@ -105,7 +108,7 @@ type rawDigest struct {
 
 func validRaw() rawDigest {
 	return rawDigest{magic: digestMagic, format: FormatVersion, keyScheme: 1, hashScheme: HashScheme,
-		node: "pod", nodeLen: -1, epoch: 1, version: 2, count: 3, m: 128, k: 3, words: 2}
+		node: "pod", nodeLen: -1, epoch: 1, version: 2, count: 3, m: 512, k: 3, words: 8}
 }
 
 func (r rawDigest) bytes() []byte {
@@ -136,18 +139,22 @@ func TestUnmarshalErrors(t *testing.T) {
 		{"wrong magic", func(r *rawDigest) { r.magic = "KVRX" }, ErrMalformed},
 		{"format 2", func(r *rawDigest) { r.format = 2 }, ErrUnsupported},
 		{"format 0", func(r *rawDigest) { r.format = 0 }, ErrUnsupported},
-		{"hash scheme 2", func(r *rawDigest) { r.hashScheme = 2 }, ErrUnsupported},
+		{"hash scheme 0", func(r *rawDigest) { r.hashScheme = 0 }, ErrUnsupported},
+		{"hash scheme 3", func(r *rawDigest) { r.hashScheme = 3 }, ErrUnsupported},
+		{"hash scheme 1, M a word multiple", func(r *rawDigest) { r.hashScheme, r.m, r.words = 1, 128, 2 }, nil},
+		{"hash scheme 1, M not a word multiple", func(r *rawDigest) { r.hashScheme, r.m, r.words = 1, 100, 2 }, ErrMalformed},
+		{"M a word but not a block multiple", func(r *rawDigest) { r.m, r.words = 576, 9 }, ErrMalformed},
 		{"node longer than announced", func(r *rawDigest) { r.nodeLen = 1 }, ErrMalformed},
 		{"M zero", func(r *rawDigest) { r.m, r.words = 0, 0 }, ErrMalformed},
 		{"M not a word multiple", func(r *rawDigest) { r.m = 100 }, ErrMalformed},
-		{"M above MaxBits", func(r *rawDigest) { r.m, r.words = MaxBits*2, 2 }, ErrMalformed},
+		{"M above MaxBits", func(r *rawDigest) { r.m = MaxBits * 2 }, ErrMalformed},
 		{"M huge without the words", func(r *rawDigest) { r.m = 1 << 62 }, ErrMalformed},
 		{"M at MaxBits without the words", func(r *rawDigest) { r.m = MaxBits }, ErrMalformed},
 		{"K zero", func(r *rawDigest) { r.k = 0 }, ErrMalformed},
 		{"K above MaxK", func(r *rawDigest) { r.k = MaxK + 1 }, ErrMalformed},
 		{"K max", func(r *rawDigest) { r.k = MaxK }, nil},
-		{"one word missing", func(r *rawDigest) { r.words = 1 }, ErrMalformed},
-		{"one word extra", func(r *rawDigest) { r.words = 3 }, ErrMalformed},
+		{"one word missing", func(r *rawDigest) { r.words = 7 }, ErrMalformed},
+		{"one word extra", func(r *rawDigest) { r.words = 9 }, ErrMalformed},
 		{"trailing byte", func(r *rawDigest) { r.extra = 1 }, ErrMalformed},
 		{"empty node", func(r *rawDigest) { r.node = "" }, nil},
 	}

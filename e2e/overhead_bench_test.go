@@ -1,0 +1,246 @@
+//go:build integration
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkOverhead measures the sidecar's added latency over calling the
+// simulator directly, side by side in one open-loop run: at a steady rate
+// (-e2e.rate, all series together, for -e2e.duration) it sends small
+// completions requests in turn
+//
+//   - direct: to pod A's simulator;
+//   - local:  through pod A's sidecar, which serves them on A (no hop);
+//   - hop:    through pod B's sidecar, which forwards them once to A;
+//
+// plain and streaming, with a token-id prompt (no /tokenize call), and
+// plain with a text prompt (the sidecar calls A's /tokenize first). Every
+// series hits the same simulator with the same cached prompt, at
+// --sim-time-scale 1000, so the simulator's own time is small and equal for
+// all; the differences of the percentiles are the sidecar's cost. It is a
+// measurement: it asserts only that the requests went where the series
+// says. Run it once: go test -tags integration -run '^$' -bench Overhead
+// -benchtime 1x ./e2e.
+func BenchmarkOverhead(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, progress: testProgress{b}}, b.Cleanup)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, other := f.c.Pod(0), f.c.Pod(1)
+	rng := seeded(b.Name())
+	// Prompts that pod A's sidecar places on A: 8 full blocks and a bit.
+	// Affinity scores a peer by matched tokens minus 64 per request of
+	// load, so a 2-block match loses to an idle peer as soon as A reports
+	// one running request, and the choice falls to rendezvous (still A).
+	tokPlain := f.pickLocal(b, 0, func() []byte { return body(tokens(rng, 8*blockSize+8), 4, false) })
+	var tok completion
+	json.Unmarshal(tokPlain, &tok)
+	tokStream := body(tok.Prompt, 4, true)
+	textPlain := f.pickLocal(b, 0, func() []byte {
+		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4,
+			"prompt": fmt.Sprintf("Overhead probe %d: the quick brown fox jumps over the lazy dog, twice over, and then once more for luck.", rng.IntN(1<<30))})
+		return b
+	})
+	for _, p := range [][]byte{tokPlain, textPlain} {
+		r, err := f.do(ctx, http.MethodPost, a.API, "/v1/completions", p, nil)
+		if err != nil || r.Status != http.StatusOK || r.ServedBy != a.Name {
+			b.Fatalf("warm-up: %v, status %d, served by %q; want %s", err, r.Status, r.ServedBy, a.Name)
+		}
+	}
+	f.waitRoute(b, 1, tokPlain, a.Name, 8)
+
+	ss := []series{
+		{name: "direct plain", addr: a.SimAddr, body: tokPlain},
+		{name: "local plain", addr: a.API, body: tokPlain, servedBy: a.Name},
+		{name: "hop plain", addr: other.API, body: tokPlain, servedBy: a.Name},
+		{name: "direct stream", addr: a.SimAddr, body: tokStream},
+		{name: "local stream", addr: a.API, body: tokStream, servedBy: a.Name},
+		{name: "hop stream", addr: other.API, body: tokStream, servedBy: a.Name},
+		{name: "direct text", addr: a.SimAddr, body: textPlain},
+		{name: "local text", addr: a.API, body: textPlain, servedBy: a.Name},
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
+	// One second unrecorded opens the connections and warms the caches.
+	openLoop(ctx, hc, ss, *rate, time.Second)
+	for i := range ss {
+		ss[i].reset()
+	}
+	b.ResetTimer()
+	openLoop(ctx, hc, ss, *rate, *duration)
+	b.StopTimer()
+
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "\nopen loop, %.0f req/s for %v, %d series, sim time scale 1000\n", *rate, *duration, len(ss))
+	fmt.Fprintf(&tab, "%-14s %5s %5s  %9s %9s  %9s %9s  %11s %11s  %s\n", "series", "n", "errs",
+		"ttfb p50", "ttfb p99", "ttlb p50", "ttlb p99", "Δttlb p50", "Δttlb p99", "decisions")
+	base := map[string]*series{}
+	for i := range ss {
+		s := &ss[i]
+		kind := s.name[strings.IndexByte(s.name, ' ')+1:]
+		if strings.HasPrefix(s.name, "direct") {
+			base[kind] = s
+		}
+		d := base[kind]
+		p50, p99 := percentile(s.ttlb, 50), percentile(s.ttlb, 99)
+		dp50, dp99 := p50-percentile(d.ttlb, 50), p99-percentile(d.ttlb, 99)
+		fmt.Fprintf(&tab, "%-14s %5d %5d  %9s %9s  %9s %9s  %11s %11s  %v\n", s.name, len(s.ttlb), s.errs,
+			us(percentile(s.ttfb, 50)), us(percentile(s.ttfb, 99)), us(p50), us(p99), us(dp50), us(dp99), s.decisions)
+		if s != d {
+			unit := strings.ReplaceAll(s.name, " ", "-")
+			b.ReportMetric(float64(dp50.Microseconds()), unit+"-Δp50-µs")
+			b.ReportMetric(float64(dp99.Microseconds()), unit+"-Δp99-µs")
+		}
+		if s.errs > 0 {
+			b.Errorf("%s: %d of %d requests failed or went elsewhere; first: %v", s.name, s.errs, s.errs+len(s.ttlb), s.firstErr)
+		}
+	}
+	fmt.Fprintf(&tab, "Δ = this series' percentile minus the direct series' (same prompt kind); ttfb = first body byte\n")
+	// Printed, not logged: go test cuts a benchmark's log to a few lines.
+	fmt.Print(tab.String())
+}
+
+// pickLocal draws request bodies until pod i's sidecar would serve one on
+// its own pod, and returns it.
+func (f *fixture) pickLocal(t testing.TB, i int, draw func() []byte) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 64 {
+		b := draw()
+		d, err := f.explain(ctx, i, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Local {
+			return b
+		}
+	}
+	t.Fatalf("64 prompts, none placed on %s by its own sidecar", f.c.Pod(i).Name)
+	return nil
+}
+
+// series is one kind of request in the open loop and its measurements.
+type series struct {
+	name     string
+	addr     string
+	body     []byte
+	servedBy string // the X-Kvroute-Served-By every answer must carry; "" for direct
+
+	mu         sync.Mutex
+	ttfb, ttlb []time.Duration
+	errs       int
+	firstErr   error
+	decisions  map[string]int
+}
+
+func (s *series) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ttfb, s.ttlb, s.errs, s.firstErr, s.decisions = nil, nil, 0, nil, nil
+}
+
+func (s *series) countDecision(d string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.decisions == nil {
+		s.decisions = map[string]int{}
+	}
+	s.decisions[d]++
+}
+
+func (s *series) record(ttfb, ttlb time.Duration, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.errs++
+		if s.firstErr == nil {
+			s.firstErr = err
+		}
+		return
+	}
+	s.ttfb = append(s.ttfb, ttfb)
+	s.ttlb = append(s.ttlb, ttlb)
+}
+
+// openLoop sends requests at a fixed rate for d, cycling through the
+// series, whether or not earlier requests have finished (an open loop, so
+// a slow answer cannot hide the latency of the ones queued behind it). It
+// returns when every request has finished.
+func openLoop(ctx context.Context, hc *http.Client, ss []series, rate float64, d time.Duration) {
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	end := time.After(d)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-end:
+			return
+		case <-tick.C:
+		}
+		s := &ss[n%len(ss)]
+		wg.Go(func() { s.record(measure(ctx, hc, s)) })
+	}
+}
+
+// measure sends one request of s and times its first and last body byte.
+func measure(ctx context.Context, hc *http.Client, s *series) (ttfb, ttlb time.Duration, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/v1/completions", strings.NewReader(string(s.body)))
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	var buf [4096]byte
+	for ttfb == 0 {
+		n, err := resp.Body.Read(buf[:])
+		if n > 0 {
+			ttfb = time.Since(start)
+		}
+		if err != nil {
+			if ttfb == 0 {
+				return 0, 0, fmt.Errorf("%s: empty body: %w", s.name, err)
+			}
+			break
+		}
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return 0, 0, err
+	}
+	ttlb = time.Since(start)
+	switch {
+	case resp.StatusCode != http.StatusOK:
+		return 0, 0, fmt.Errorf("%s: status %d", s.name, resp.StatusCode)
+	case resp.Header.Get("X-Kvroute-Served-By") != s.servedBy:
+		return 0, 0, fmt.Errorf("%s: served by %q (decision %q); want %q", s.name,
+			resp.Header.Get("X-Kvroute-Served-By"), resp.Header.Get("X-Kvroute-Decision"), s.servedBy)
+	}
+	if s.servedBy != "" {
+		s.countDecision(resp.Header.Get("X-Kvroute-Decision"))
+	}
+	return ttfb, ttlb, nil
+}
+
+// us formats d in microseconds, signed, as the table shows it.
+func us(d time.Duration) string {
+	return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+}
