@@ -97,8 +97,9 @@ type Handler struct {
 	hop     Hop
 	now     func() time.Time
 
-	mu       sync.Mutex // guards recent, inflight and policy use
+	mu       sync.Mutex // guards recent, work, inflight and policy use
 	recent   *route.Recent
+	work     route.Work
 	policy   route.Policy
 	inflight map[string]int
 
@@ -248,17 +249,13 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		}
 		keys, tokens := h.keys(r.Context(), p, perr)
 		var peers []route.PeerView
-		st.decision, peers = h.choose(p.Model, keys, tokens)
+		st.decision, peers = h.choose(p.Model, keys, tokens, true)
 		targets := h.targets(st.decision, peers)
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
 			st.reason += "-nokeys"
 		}
-		for _, cd := range st.decision.Candidates {
-			if cd.Chosen {
-				st.predicted = cd.MatchedTokens
-			}
-		}
+		st.predicted = st.decision.Expected()
 		if len(keys) > 0 && len(targets) > 0 && targets[0].Peer != "" {
 			h.mu.Lock()
 			h.recent.Record(targets[0].Peer, keys, h.now())
@@ -307,7 +304,8 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 
 // choose runs the policy on a snapshot of the peer table, with this front's
 // own in-flight counts as the freshest load signal.
-func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.Decision, []route.PeerView) {
+// Only a request that is then served (observe) updates the work average.
+func (h *Handler) choose(model string, keys []blockkey.Key, tokens int, observe bool) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
 	if h.peers != nil {
@@ -322,6 +320,7 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 	req := route.Request{Model: model, Keys: keys, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: tokens}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	req.LoadTokens = h.work.LoadTokens()
 	for i := range peers {
 		id := peers[i].ID
 		if peers[i].Local {
@@ -332,7 +331,11 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 		}
 		peers[i].Load.InFlight = h.inflight[id]
 	}
-	return h.policy.Choose(req, peers, now), peers
+	d := h.policy.Choose(req, peers, now)
+	if observe && tokens > 0 {
+		h.work.Observe(tokens, d.Expected())
+	}
+	return d, peers
 }
 
 // targets turns a decision into the ordered attempts: the chosen peer, the
@@ -460,6 +463,6 @@ func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.De
 		return route.Decision{}, 0, perr
 	}
 	keys, tokens := h.keys(ctx, p, perr)
-	d, _ := h.choose(p.Model, keys, tokens)
+	d, _ := h.choose(p.Model, keys, tokens, false)
 	return d, len(keys), nil
 }

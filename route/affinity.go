@@ -7,14 +7,17 @@ import (
 	"github.com/kvroute/kvroute/blockkey"
 )
 
-// Affinity sends a request to the peer that saves the most prefill tokens,
-// among eligible peers within the load bound. It scores a peer by
+// Affinity sends a request to the peer that saves the most prefill tokens
+// net of the queue it would wait behind, among eligible peers within the
+// load bound. It scores a peer by
 //
-//	MatchedTokens - LoadTokens*Load
+//	MatchedTokens - price*Load,  price = max(Config.LoadTokens, Request.LoadTokens)
 //
-// and declines (no target) when the top-scoring peer matches fewer than
-// MinMatchKeys keys, so a Chain moves on to Rendezvous. Recent, if set,
-// adds this sidecar's own recent forwards to the peers' digests.
+// and picks the best score, even a peer that holds less when the holder's
+// queue costs more than its cache saves. It declines (no target) when no
+// peer within the bound matches MinMatchKeys keys: a prefix nobody holds
+// goes to Rendezvous. Recent, if set, adds this sidecar's own recent
+// forwards to the peers' digests.
 type Affinity struct {
 	Config Config
 	Recent *Recent
@@ -30,7 +33,9 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	if tpk < 1 {
 		tpk = DefaultTokensPerKey
 	}
+	price := max(p.Config.LoadTokens, req.LoadTokens)
 	cs := a.d.Candidates
+	held := -1 // a scored peer with the longest match
 	for i, pv := range peers {
 		c := &cs[i]
 		if !c.Eligible {
@@ -45,7 +50,10 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 		}
 		if a.inBound(i) {
 			c.Scored = true
-			c.Score = float64(c.MatchedTokens) - p.Config.LoadTokens*c.Load
+			c.Score = float64(c.MatchedTokens) - price*c.Load
+			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
+				held = i
+			}
 		}
 	}
 	rk, _ := rendezvousKey(p.Config, req.Keys)
@@ -58,11 +66,15 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	if best < 0 {
 		return a.decline("affinity: no peer within the bound")
 	}
-	if need := max(p.Config.MinMatchKeys, 1); cs[best].MatchedKeys < need {
-		return a.decline(fmt.Sprintf("affinity: best %s matches %s < %d",
-			cs[best].ID, plural(cs[best].MatchedKeys, "key"), need))
+	if need := max(p.Config.MinMatchKeys, 1); cs[held].MatchedKeys < need {
+		return a.decline(fmt.Sprintf("affinity: longest match %s at %s < %d",
+			plural(cs[held].MatchedKeys, "key"), cs[held].ID, need))
 	}
-	return a.choose(best, ReasonAffinity)
+	d := a.choose(best, ReasonAffinity)
+	if best != held && cs[best].MatchedKeys < cs[held].MatchedKeys {
+		d.Note = addNote(d.Note, fmt.Sprintf("load over affinity: %s holds more", cs[held].ID))
+	}
+	return d
 }
 
 // matchPeer returns how many leading keys pv holds, by its digest or by

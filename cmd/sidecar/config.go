@@ -78,7 +78,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
-	fs.DurationVar(&c.LoadInterval, "load-interval", time.Second, "how often the local vLLM's load is scraped and advertised")
+	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")

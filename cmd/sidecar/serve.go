@@ -123,6 +123,9 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.APIAddr = net.JoinHostPort(advertise, strconv.Itoa(port))
 	gcfg.Models = []string{cfg.Model}
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
+	// Peers balance on the load they see: advertise it as often as it is
+	// scraped, or a sidecar acts on load up to a second older than that.
+	gcfg.MetaInterval = cfg.LoadInterval
 	mesh, err := gossip.Join(runCtx, gcfg)
 	if err != nil {
 		return fmt.Errorf("join mesh: %w", err)
