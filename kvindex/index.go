@@ -322,6 +322,23 @@ func (ix *Index) hold(parent uint64, hashes []uint64, tokens []uint32, bs int, c
 	ix.stats.Expired += uint64(expired)
 }
 
+// Restart records a vLLM restart that the caller learned of before the
+// batch that shows it (the subscriber saw the sequence go back, and the new
+// publisher's first batches may then arrive by replay, which Apply's own
+// check cannot see): the index is cleared, the epoch bumped, and every
+// stream's sequence forgotten, so the next batch of each stream, live or
+// replayed, applies as its first.
+func (ix *Index) Restart() Change {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	var ch Change
+	ix.reset(&ch)
+	clear(ix.streams)
+	ch.Restarted = true
+	ix.stats.Restarts++
+	return ch
+}
+
 // reset empties the index for a new epoch. The delta restarts from the
 // empty set.
 func (ix *Index) reset(ch *Change) {

@@ -356,3 +356,34 @@ func BenchmarkApply(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*blocks)/b.Elapsed().Seconds(), "blocks/s")
 }
+
+// TestRestartThenReplayedFirstBatch: a restarted vLLM's seq 0 lost live and
+// fetched by replay applies after Restart, instead of being dropped as stale.
+func TestRestartThenReplayedFirstBatch(t *testing.T) {
+	ix := New(Config{Model: "m"})
+	stored := func(seq uint64, hash uint64) kvevent.Batch {
+		toks := make([]uint32, 16)
+		for i := range toks {
+			toks[i] = uint32(hash)*100 + uint32(i)
+		}
+		return kvevent.Batch{Topic: "t", Seq: seq, Events: []kvevent.Event{{Kind: kvevent.BlockStored,
+			BlockHashes: []uint64{hash}, TokenIDs: toks, BlockSize: 16}}}
+	}
+	for seq := range uint64(5) {
+		ix.Apply(stored(seq, 100+seq))
+	}
+	epoch := ix.Epoch()
+	if ch := ix.ApplyReplayed(stored(0, 7)); !ch.Stale {
+		t.Fatalf("without Restart, a replayed seq 0 must be stale: %+v", ch)
+	}
+	ch := ix.Restart()
+	if !ch.Restarted || ix.Epoch() == epoch || ix.Blocks() != 0 {
+		t.Fatalf("Restart() = %+v, epoch %d→%d, blocks %d; want restarted, new epoch, empty", ch, epoch, ix.Epoch(), ix.Blocks())
+	}
+	if ch := ix.ApplyReplayed(stored(0, 7)); ch.Stale || ix.Blocks() != 1 {
+		t.Errorf("replayed seq 0 after Restart: %+v, blocks %d; want applied", ch, ix.Blocks())
+	}
+	if ch := ix.Apply(stored(1, 8)); ch.Gap != nil || ch.Restarted || ix.Blocks() != 2 {
+		t.Errorf("live seq 1 after replayed 0: %+v, blocks %d; want in order", ch, ix.Blocks())
+	}
+}

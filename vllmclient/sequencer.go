@@ -31,7 +31,8 @@ type msg struct {
 // While a replay runs, replayed batches are delivered in order with
 // duplicates dropped and holes reported as Gaps; when it ends (or fails,
 // or the hold overflows) the held live batches are released through the
-// same rules, without asking for another replay. Replayed seqs stay in a
+// same rules, asking for another replay only if this one made progress
+// (a batch lost while it ran). Replayed seqs stay in a
 // window until a live seq at or past next arrives, so a live copy that was
 // still queued in the SUB socket is dropped as a duplicate instead of
 // being mistaken for a restart (a copy whose ts differs is a restart).
@@ -51,9 +52,10 @@ type seqState struct {
 }
 
 type replayRun struct {
-	topic   string // stream being repaired (sq.topic at start-up)
-	startup bool   // holds every live message, not only topic's
-	from    uint64
+	topic    string // stream being repaired (sq.topic at start-up)
+	startup  bool   // holds every live message, not only topic's
+	from     uint64
+	progress bool // delivered at least one replayed batch
 }
 
 // step is what the loop must do after one input: deliver items in order,
@@ -126,6 +128,7 @@ func (sq *sequencer) replayed(m msg, topicSent bool) step {
 		s.items = append(s.items, gapItem(sq.stream(m.topic), st.next, m.seq))
 	}
 	s.items = append(s.items, sq.item(m, true))
+	rp.progress = true
 	st.next = m.seq + 1
 	if st.window == nil {
 		st.window = make(map[uint64]float64)
@@ -139,20 +142,23 @@ func (sq *sequencer) replayed(m msg, topicSent bool) step {
 }
 
 // replayDone handles the end marker, and replayFailed a timeout or socket
-// error; both release the held live batches.
+// error; both release the held live batches. After a replay that delivered
+// something, a hole among the held batches (a batch lost while the replay
+// ran) may be replayed again: each new replay needs progress, so this ends.
 func (sq *sequencer) replayDone() step {
 	var s step
-	sq.finish(&s)
+	sq.finish(&s, sq.rp != nil && sq.rp.progress)
 	return s
 }
 
 func (sq *sequencer) replayFailed() step {
-	s := sq.replayDone()
+	var s step
+	sq.finish(&s, false)
 	s.abort = true
 	return s
 }
 
-func (sq *sequencer) finish(s *step) {
+func (sq *sequencer) finish(s *step, mayReplay bool) {
 	if sq.rp == nil {
 		return
 	}
@@ -160,7 +166,7 @@ func (sq *sequencer) finish(s *step) {
 	held := sq.held
 	sq.held = nil
 	for _, m := range held {
-		sq.onLive(s, m, false)
+		sq.onLive(s, m, mayReplay)
 	}
 }
 
@@ -169,7 +175,7 @@ func (sq *sequencer) onLive(s *step, m msg, mayReplay bool) {
 		sq.held = append(sq.held, m)
 		if len(sq.held) > sq.holdMax {
 			s.abort = true
-			sq.finish(s)
+			sq.finish(s, false)
 		}
 		return
 	}

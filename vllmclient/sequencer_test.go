@@ -142,6 +142,16 @@ func TestSequencer(t *testing.T) {
 			want:   []string{"replay 0", "b t 0", "replay 1", "gap t 1 4", "b t 4", "b t 5"},
 		},
 		{
+			// Seq 5 is lost live while the replay of 1..3 runs; vLLM still
+			// holds it, so a second replay fetches it instead of a Gap.
+			name:   "batch lost during a replay is replayed too",
+			replay: true,
+			ops: []op{start, done, live("t", 0), live("t", 4), live("t", 6), rep("t", 1), rep("t", 2), rep("t", 3),
+				rep("t", 4), done, rep("t", 5), rep("t", 6), done, live("t", 7)},
+			want: []string{"replay 0", "b t 0", "replay 1", "r t 1", "r t 2", "r t 3", "r t 4",
+				"dup", "replay 5", "r t 5", "r t 6", "dup", "b t 7"},
+		},
+		{
 			name:   "failed replay releases what it has",
 			replay: true,
 			ops:    []op{start, done, live("t", 0), live("t", 4), rep("t", 1), fail},

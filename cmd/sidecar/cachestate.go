@@ -78,6 +78,10 @@ func (s *cacheState) apply(it vllmclient.Item) {
 	case vllmclient.KindRestart:
 		s.metrics.eventRestarts.Inc()
 		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("seq", it.Seq).Msg("vLLM restarted: its cache is gone")
+		// Clear now: the new publisher's first batches may come by replay.
+		s.ix.Restart()
+		s.needFull = true
+		s.pending = s.pending[:0]
 		return
 	case vllmclient.KindDecodeError:
 		s.metrics.eventErrors.Inc()
