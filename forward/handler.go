@@ -142,8 +142,13 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 			r.SetURL(cfg.VLLM)
 			r.Out.Host = cfg.VLLM.Host
 		},
-		Transport:      tr,
-		FlushInterval:  -1,
+		Transport: tr,
+		// 0, not -1: ReverseProxy already flushes every write of a
+		// text/event-stream or unknown-length response (SSE is never
+		// buffered; TestStreamingFlushesPerEvent checks it), and a JSON
+		// body with a Content-Length then goes out in one write instead of
+		// a flush per copy plus chunked framing (~10% of the sidecar's CPU).
+		FlushInterval:  0,
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
 	}

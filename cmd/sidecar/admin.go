@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -47,6 +48,9 @@ func (a *admin) mux() *http.ServeMux {
 	// POST is the API; GET exists for Kubernetes preStop httpGet hooks.
 	m.HandleFunc("POST /drain", a.drainHTTP)
 	m.HandleFunc("GET /drain", a.drainHTTP)
+	// Profiles, on the admin port only (never on the API port clients reach).
+	m.HandleFunc("GET /debug/pprof/", pprof.Index)
+	m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	return m
 }
 
