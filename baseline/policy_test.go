@@ -298,7 +298,7 @@ func TestPrecise(t *testing.T) {
 			for i, m := range tt.match {
 				ms[i] = prefixMatcher(m)
 			}
-			p := NewPrecise(PreciseConfig{Model: "m", Route: route.DefaultConfig()}, ms)
+			p := NewPrecise(PreciseConfig{Model: "m", Scheme: blockkey.Scheme{BlockSize: 16, Stride: 1}, Route: route.DefaultConfig()}, ms)
 			got := p.Pick(req, podsWith(tt.inflight...), t0)
 			switch {
 			case tt.want >= 0 && got != tt.want:
@@ -312,7 +312,7 @@ func TestPrecise(t *testing.T) {
 }
 
 func TestPreciseKeysMatchScheme(t *testing.T) {
-	tokens := make([]uint32, 50)
+	tokens := make([]uint32, 200)
 	p := NewPrecise(PreciseConfig{Model: "m"}, nil)
 	want := blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), tokens)
 	if d := cmp.Diff(want, p.Keys(Request{Model: "m", Tokens: tokens})); d != "" {

@@ -34,7 +34,7 @@ func TestTokensPerKey(t *testing.T) {
 	for _, tt := range []struct {
 		s    Scheme
 		want int
-	}{{DefaultScheme(), 16}, {Scheme{16, 4}, 64}, {Scheme{64, 0}, 64}} {
+	}{{DefaultScheme(), 64}, {Scheme{16, 1}, 16}, {Scheme{64, 0}, 64}} {
 		if got := tt.s.TokensPerKey(); got != tt.want {
 			t.Errorf("%+v.TokensPerKey() = %d; want %d", tt.s, got, tt.want)
 		}

@@ -116,7 +116,8 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Progress = s.progress
 	// The sidecar's short timing that has a flag: digest changes go out
 	// every 50 ms instead of 100 ms.
-	cfg.SidecarArgs = append([]string{"--digest-interval", "50ms"}, s.args...)
+	// A key per block: the tests count matches in vLLM blocks.
+	cfg.SidecarArgs = append([]string{"--digest-interval", "50ms", "--routing-stride", "1"}, s.args...)
 	f := &fixture{hc: &http.Client{
 		Timeout:   20 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true},

@@ -94,6 +94,7 @@ func newNode(t *testing.T, name string) *node {
 	u, _ := url.Parse(vllm.URL)
 	cfg := DefaultConfig()
 	cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey = name, u, "m", []byte("k")
+	cfg.Scheme = perBlock
 	cfg.MaxBodyBytes = 1 << 10
 	fp := &fakePeers{}
 	h := New(cfg, fp, byteTokenizer{}, nil, zerolog.Nop())
@@ -122,11 +123,14 @@ func post(t *testing.T, url, body string, hdr map[string]string) *http.Response 
 	return resp
 }
 
+// perBlock keys every 16-token block, so the short test prompt has 4 keys.
+var perBlock = blockkey.Scheme{BlockSize: 16, Stride: 1}
+
 const prompt = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdefZ" // 4 blocks + 1
 
 func promptKeys() []blockkey.Key {
 	toks, _ := byteTokenizer{}.Tokenize(context.Background(), Prompt{Text: prompt})
-	return blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), toks)
+	return perBlock.Request(blockkey.Root("m", "", ""), toks)
 }
 
 func TestRoutesToHolder(t *testing.T) {

@@ -31,6 +31,9 @@ func removed(hashes ...uint64) kvevent.Event {
 	return kvevent.Event{Kind: kvevent.BlockRemoved, BlockHashes: hashes}
 }
 
+// perBlock is vLLM's block size with a routing key on every block.
+var perBlock = blockkey.Scheme{BlockSize: 16, Stride: 1}
+
 func TestApply(t *testing.T) {
 	root := blockkey.Root("m", "", "")
 	abc := blockToks(100, 3, 4)
@@ -128,6 +131,9 @@ func TestApply(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := tt.cfg
 			cfg.Model = "m"
+			if cfg.Scheme == (blockkey.Scheme{}) {
+				cfg.Scheme = perBlock // these cases expect a key per block
+			}
 			ix := New(cfg)
 			var ch Change
 			for i, evs := range tt.batches {
@@ -280,7 +286,7 @@ func TestFixtureKeys(t *testing.T) {
 			if len(fx.BlockHashes) != 25 || len(fx.TokenIDs) != 400 {
 				t.Fatalf("fixture has %d hashes, %d tokens; want 25, 400", len(fx.BlockHashes), len(fx.TokenIDs))
 			}
-			ix := New(Config{Model: fx.ModelName})
+			ix := New(Config{Model: fx.ModelName, Scheme: perBlock})
 			ch := ix.Apply(kvevent.Batch{Events: []kvevent.Event{ev}})
 			lora := ""
 			if fx.LoRAName != nil {

@@ -24,7 +24,7 @@ func (s chainSet) PrefixLen(keys []blockkey.Key) int {
 func ExampleChain() {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	scheme := blockkey.DefaultScheme()
-	prompt := make([]uint32, 200)
+	prompt := make([]uint32, 800) // 12 routing keys of 64 tokens
 	for i := range prompt {
 		prompt[i] = uint32(i)
 	}
@@ -52,5 +52,5 @@ func ExampleChain() {
 	// eligible 2/2  mean 3.00  bound 7.00
 	//   peer    keys  tokens    load      score  status
 	//   pod-a      0       0    2.00   -128.000  local, no digest
-	// * pod-b      8     128    3.00    -64.000
+	// * pod-b      8     512    3.00    320.000
 }

@@ -404,11 +404,14 @@ func TestCompare(t *testing.T) {
 		{"tokens differ", []kvevent.Event{stored(nil, 1, 2), stored(u(2), 3)}, cache(1, 9), 3}, // keys of 2 and 3, routing keys
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := kvindex.New(kvindex.Config{Model: simModel, Scheme: blockkey.DefaultScheme()})
+			ix := kvindex.New(kvindex.Config{Model: simModel, Scheme: perBlock})
 			ix.Apply(kvevent.Batch{Events: tc.events})
-			if got := compare(ix, tc.sim, blockkey.DefaultScheme()); len(got) != tc.want {
+			if got := compare(ix, tc.sim, perBlock); len(got) != tc.want {
 				t.Errorf("compare found %d differences %q; want %d", len(got), got, tc.want)
 			}
 		})
 	}
 }
+
+// perBlock keys every vLLM block, so a comparison sees every block's key.
+var perBlock = blockkey.Scheme{BlockSize: 16, Stride: 1}

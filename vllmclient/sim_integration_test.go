@@ -124,7 +124,7 @@ func TestSimReplayRepairsDrops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	s := startSim(t, simOptions{Encoding: "map", Blocks: simBlocks, DropRate: 0.2})
-	f := follow(t, s, true, blockkey.DefaultScheme())
+	f := follow(t, s, true, perBlock)
 	w := workload{DocSeed: 3, ReqSeed: 4, Docs: 300, Requests: 2000, Workers: 8}
 	w.run(t, ctx, s)
 	// A dropped batch is noticed only when a later one arrives: stop
@@ -169,7 +169,7 @@ func TestSimDropsWithoutReplay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	s := startSim(t, simOptions{Encoding: "map", Blocks: simBlocks})
-	f := follow(t, s, false, blockkey.DefaultScheme())
+	f := follow(t, s, false, perBlock)
 	f.await(t, ctx, s)
 	type row struct {
 		rate                      float64
@@ -241,7 +241,7 @@ func TestSimRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	s := startSim(t, simOptions{Encoding: "array", Blocks: simBlocks})
-	f := follow(t, s, true, blockkey.DefaultScheme())
+	f := follow(t, s, true, perBlock)
 	w := workload{DocSeed: 7, ReqSeed: 8, Docs: 200, Requests: 1000, Workers: 8}
 	w.run(t, ctx, s)
 	old := f.requireExact(t, ctx, s)
@@ -302,7 +302,7 @@ func TestSimRestartFirstBatchLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	s := startSim(t, simOptions{Encoding: "map", Blocks: simBlocks})
-	f := follow(t, s, true, blockkey.DefaultScheme())
+	f := follow(t, s, true, perBlock)
 	w := workload{DocSeed: 10, ReqSeed: 11, Docs: 100, Requests: 300, Workers: 8}
 	w.run(t, ctx, s)
 	f.requireExact(t, ctx, s)

@@ -73,7 +73,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.StringVar(&c.EventsReplayEndpoint, "kv-events-replay-endpoint", "", "vLLM's replay ROUTER endpoint; enables exact recovery after lost events")
 	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks; rank r publishes on port+r")
 	fs.IntVar(&c.BlockSize, "block-size", 16, "vLLM's block size in tokens (events carry it too)")
-	fs.IntVar(&c.RoutingStride, "routing-stride", 1, "routing granularity in vLLM blocks (one digest key per stride x block-size tokens)")
+	fs.IntVar(&c.RoutingStride, "routing-stride", 4, "routing granularity in vLLM blocks (one digest key per stride x block-size tokens)")
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
