@@ -3,8 +3,8 @@ package forward
 import (
 	"context"
 	"errors"
-	"net/http"
 	"net"
+	"net/http"
 	"syscall"
 )
 
