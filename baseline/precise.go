@@ -38,7 +38,6 @@ type Precise struct {
 	cfg     PreciseConfig
 	chain   route.Chain
 	recent  *route.Recent
-	work    route.Work
 	indexes []route.Matcher
 }
 
@@ -96,7 +95,6 @@ func (p *Precise) Decide(req Request, pods []Pod, now time.Time) (route.Decision
 		views[i] = v
 	}
 	req2 := route.Request{Model: req.Model, Keys: keys, TokensPerKey: p.cfg.Scheme.TokensPerKey(), PromptTokens: len(req.Tokens)}
-	req2.LoadTokens = p.work.LoadTokens()
 	return p.chain.Choose(req2, views, now), keys
 }
 
@@ -104,9 +102,6 @@ func (p *Precise) Decide(req Request, pods []Pod, now time.Time) (route.Decision
 // back to the first pod.
 func (p *Precise) Pick(req Request, pods []Pod, now time.Time) int {
 	d, keys := p.Decide(req, pods, now)
-	if len(req.Tokens) > 0 {
-		p.work.Observe(len(req.Tokens), d.Expected())
-	}
 	for i, pod := range pods {
 		if pod.Name == d.Target {
 			if p.recent != nil && len(keys) > 0 {

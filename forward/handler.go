@@ -97,9 +97,8 @@ type Handler struct {
 	hop     Hop
 	now     func() time.Time
 
-	mu       sync.Mutex // guards recent, work, inflight and policy use
+	mu       sync.Mutex // guards recent, inflight and policy use
 	recent   *route.Recent
-	work     route.Work
 	policy   route.Policy
 	inflight map[string]int
 
@@ -254,7 +253,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		}
 		keys, tokens := h.keys(r.Context(), p, perr)
 		var peers []route.PeerView
-		st.decision, peers = h.choose(p.Model, keys, tokens, true)
+		st.decision, peers = h.choose(p.Model, keys, tokens)
 		targets := h.targets(st.decision, peers)
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
@@ -309,8 +308,7 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 
 // choose runs the policy on a snapshot of the peer table, with this front's
 // own in-flight counts as the freshest load signal.
-// Only a request that is then served (observe) updates the work average.
-func (h *Handler) choose(model string, keys []blockkey.Key, tokens int, observe bool) (route.Decision, []route.PeerView) {
+func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
 	if h.peers != nil {
@@ -325,7 +323,6 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int, observe 
 	req := route.Request{Model: model, Keys: keys, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: tokens}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	req.LoadTokens = h.work.LoadTokens()
 	for i := range peers {
 		id := peers[i].ID
 		if peers[i].Local {
@@ -337,9 +334,6 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int, observe 
 		peers[i].Load.InFlight = h.inflight[id]
 	}
 	d := h.policy.Choose(req, peers, now)
-	if observe && tokens > 0 {
-		h.work.Observe(tokens, d.Expected())
-	}
 	return d, peers
 }
 
@@ -468,6 +462,6 @@ func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.De
 		return route.Decision{}, 0, perr
 	}
 	keys, tokens := h.keys(ctx, p, perr)
-	d, _ := h.choose(p.Model, keys, tokens, false)
+	d, _ := h.choose(p.Model, keys, tokens)
 	return d, len(keys), nil
 }

@@ -8,16 +8,18 @@ import (
 )
 
 // Affinity sends a request to the peer that saves the most prefill tokens
-// net of the queue it would wait behind, among eligible peers within the
-// load bound. It scores a peer by
+// net of its load, among eligible peers within the load bound. It scores a
+// peer by
 //
-//	MatchedTokens - price*Load,  price = max(Config.LoadTokens, Request.LoadTokens)
+//	MatchedTokens - LoadTokens*Load
 //
-// and picks the best score, even a peer that holds less when the holder's
-// queue costs more than its cache saves. It declines (no target) when no
-// peer within the bound matches MinMatchKeys keys: a prefix nobody holds
-// goes to Rendezvous. Recent, if set, adds this sidecar's own recent
-// forwards to the peers' digests.
+// and picks the best score, even a peer that holds less when the holder is
+// that much busier. It declines (no target) when no peer within the bound
+// matches MinMatchKeys keys or MinMatchFraction of the prompt: a prefix
+// nobody holds, or one too short to matter (every request of the Mooncake
+// conversation trace shares its first 512 tokens), goes to Rendezvous,
+// which balances. Recent, if set, adds this sidecar's own recent forwards
+// to the peers' digests.
 type Affinity struct {
 	Config Config
 	Recent *Recent
@@ -33,7 +35,6 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	if tpk < 1 {
 		tpk = DefaultTokensPerKey
 	}
-	price := max(p.Config.LoadTokens, req.LoadTokens)
 	cs := a.d.Candidates
 	held := -1 // a scored peer with the longest match
 	for i, pv := range peers {
@@ -50,7 +51,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 		}
 		if a.inBound(i) {
 			c.Scored = true
-			c.Score = float64(c.MatchedTokens) - price*c.Load
+			c.Score = float64(c.MatchedTokens) - p.Config.LoadTokens*c.Load
 			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
 				held = i
 			}
@@ -69,6 +70,10 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	if need := max(p.Config.MinMatchKeys, 1); cs[held].MatchedKeys < need {
 		return a.decline(fmt.Sprintf("affinity: longest match %s at %s < %d",
 			plural(cs[held].MatchedKeys, "key"), cs[held].ID, need))
+	}
+	if f := p.Config.MinMatchFraction; req.PromptTokens > 0 && float64(cs[held].MatchedTokens) < f*float64(req.PromptTokens) {
+		return a.decline(fmt.Sprintf("affinity: longest match %d of %d tokens at %s < %.0f%%",
+			cs[held].MatchedTokens, req.PromptTokens, cs[held].ID, 100*f))
 	}
 	d := a.choose(best, ReasonAffinity)
 	if best != held && cs[best].MatchedKeys < cs[held].MatchedKeys {

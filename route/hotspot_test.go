@@ -96,8 +96,10 @@ func simulateHotspot(cfg Config, requests, pods, service int) hotspotResult {
 func TestHotspot(t *testing.T) {
 	unbounded := DefaultConfig()
 	unbounded.Slack, unbounded.MinHeadroom, unbounded.LoadTokens, unbounded.RendezvousKeys = 1e9, 1e9, 0, 1
+	unbounded.RendezvousSlack = 1e9 // new conversations ignore load too
 	firstKey := DefaultConfig()
-	firstKey.RendezvousKeys = 1
+	firstKey.RendezvousKeys, firstKey.RendezvousSlack = 1, 1e9
+	firstKey.Slack = 0.25 // only the bound keeps this case balanced: check it holds at 1.25
 	tests := []struct {
 		name         string
 		cfg          Config

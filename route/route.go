@@ -58,10 +58,6 @@ type Request struct {
 	// PromptTokens, when above 0, caps MatchedTokens (a match can never save
 	// more than the prompt).
 	PromptTokens int
-	// LoadTokens, when above Config.LoadTokens, is Affinity's price of one
-	// unit of load in prefill tokens for this request; callers pass
-	// Work.LoadTokens, the average uncached work of recent requests.
-	LoadTokens float64
 }
 
 // DefaultTokensPerKey is vLLM's default block size, used when a Request
