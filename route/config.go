@@ -65,12 +65,11 @@ type Config struct {
 	// mean 1.
 	RendezvousKeys int
 
-	// RendezvousSlack is how far above the least-loaded peer, in load
-	// units, Rendezvous still considers a peer. Default 1: a burst agreed
-	// by hashing tolerates the one request a sidecar cannot yet see, while
-	// a new prompt never goes to a visibly busier pod. Negative values mean
-	// 0.
-	RendezvousSlack float64
+	// RendezvousChoices is how many of the highest-weight peers Rendezvous
+	// compares by load. Default 2 ("power of two choices"): load-aware
+	// placement of new prompts without herding on stale load reports. 1 is
+	// pure rendezvous hashing; values below 1 mean 1.
+	RendezvousChoices int
 	// KVWeight is the load, in requests, of a full KV cache: a pod near
 	// full preempts or queues. Default 4.
 	KVWeight float64
@@ -92,7 +91,7 @@ func DefaultConfig() Config {
 		MinMatchFraction:     0.25,
 		LoadTokens:           64,
 		RendezvousKeys:       4,
-		RendezvousSlack:      1,
+		RendezvousChoices:    2,
 		KVWeight:             4,
 		PrefillTokensPerLoad: 4096,
 	}

@@ -1,16 +1,21 @@
 package route
 
-import "time"
+import (
+	"sort"
+	"time"
+)
 
-// Rendezvous places a prefix nobody holds: among the least-loaded eligible
-// peers (load at most the minimum plus RendezvousSlack) it picks the
-// highest random weight of (peer ID, the request's first RendezvousKeys
-// keys). Independent sidecars that see the same loads therefore send a
-// burst of new same-prefix requests to the same pod without talking (the
-// sender's own Recent entry keeps its follow-ups there), while unrelated
-// new prompts go to idle pods as a least-loaded policy would: with no reuse
-// at all, prefix routing must cost nothing. It declines a request with no
-// keys (a prompt shorter than one routing block, or tokenize failed).
+// Rendezvous places a prefix nobody holds: among eligible peers within the
+// load bound it ranks peers by the highest random weight of (peer ID, the
+// request's first RendezvousKeys keys) and takes the lighter of the top
+// RendezvousChoices. Independent sidecars that see the same peers agree on
+// the same few pods for a burst of new same-prefix requests without
+// talking (the sender's own Recent entry keeps its follow-ups on the pod
+// it chose), while unrelated prompts, whose top choices differ, spread as
+// "power of two choices" does: load-aware, yet immune to the herding of
+// every sidecar sending to the one pod that looked idlest in a stale load
+// report. It declines a request with no keys (a prompt shorter than one
+// routing block, or tokenize failed).
 type Rendezvous struct {
 	Config Config
 }
@@ -26,24 +31,22 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 		return a.decline("rendezvous: no keys")
 	}
 	cs := a.d.Candidates
-	least := -1.0
+	var ranked []int
 	for i := range cs {
-		if a.inBound(i) && (least < 0 || cs[i].Load < least) {
-			least = cs[i].Load
+		if a.inBound(i) {
+			cs[i].Scored, cs[i].Score = true, unit(weight(cs[i].ID, rk))
+			ranked = append(ranked, i)
 		}
 	}
-	best := -1
-	for i := range cs {
-		if !a.inBound(i) || cs[i].Load > least+p.Config.RendezvousSlack {
-			continue
-		}
-		cs[i].Scored, cs[i].Score = true, unit(weight(cs[i].ID, rk))
-		if best < 0 || better(cs, rk, i, best) {
+	if len(ranked) == 0 {
+		return a.decline("rendezvous: no peer within the bound")
+	}
+	sort.Slice(ranked, func(x, y int) bool { return better(cs, rk, ranked[x], ranked[y]) })
+	best := ranked[0]
+	for _, i := range ranked[1:min(len(ranked), max(p.Config.RendezvousChoices, 1))] {
+		if cs[i].Load < cs[best].Load {
 			best = i
 		}
-	}
-	if best < 0 {
-		return a.decline("rendezvous: no peer within the bound")
 	}
 	return a.choose(best, ReasonRendezvous)
 }
