@@ -65,11 +65,6 @@ type Config struct {
 	// mean 1.
 	RendezvousKeys int
 
-	// RendezvousChoices is how many of the highest-weight peers Rendezvous
-	// compares by load. Default 2 ("power of two choices"): load-aware
-	// placement of new prompts without herding on stale load reports. 1 is
-	// pure rendezvous hashing; values below 1 mean 1.
-	RendezvousChoices int
 	// KVWeight is the load, in requests, of a full KV cache: a pod near
 	// full preempts or queues. Default 4.
 	KVWeight float64
@@ -91,7 +86,6 @@ func DefaultConfig() Config {
 		MinMatchFraction:     0.25,
 		LoadTokens:           64,
 		RendezvousKeys:       4,
-		RendezvousChoices:    2,
 		KVWeight:             4,
 		PrefillTokensPerLoad: 4096,
 	}

@@ -96,9 +96,8 @@ func simulateHotspot(cfg Config, requests, pods, service int) hotspotResult {
 func TestHotspot(t *testing.T) {
 	unbounded := DefaultConfig()
 	unbounded.Slack, unbounded.MinHeadroom, unbounded.LoadTokens, unbounded.RendezvousKeys = 1e9, 1e9, 0, 1
-	unbounded.RendezvousChoices = 1 // new conversations ignore load too
 	firstKey := DefaultConfig()
-	firstKey.RendezvousKeys, firstKey.RendezvousChoices = 1, 1
+	firstKey.RendezvousKeys = 1
 	firstKey.Slack = 0.25 // only the bound keeps this case balanced: check it holds at 1.25
 	tests := []struct {
 		name         string
