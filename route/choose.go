@@ -85,7 +85,7 @@ func excluded(cfg Config, p PeerView, model string, now time.Time) string {
 
 // load returns p's load in requests and whether the report was stale:
 //
-//	max(Running + Waiting, InFlight) + KVWeight*KVUsage + QueuedPrefillTokens/PrefillTokensPerLoad
+//	Running + Waiting + InFlight + KVWeight*KVUsage + QueuedPrefillTokens/PrefillTokensPerLoad
 //
 // or InFlight alone when the report is older than LoadTTL (or never came).
 func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
@@ -94,11 +94,10 @@ func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
 	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && now.Sub(p.LoadAt) > cfg.LoadTTL) {
 		return inflight, true
 	}
-	// The report already counts the requests this sidecar sent that reached
-	// the pod before it was taken; adding InFlight on top would count them
-	// twice and push traffic away from pods this sidecar uses. The larger
-	// of the two is the best estimate without knowing which were counted.
-	x := max(float64(max(l.Running, 0)+max(l.Waiting, 0)), inflight)
+	// InFlight is added on top although the report may already count some
+	// of those requests: each send raises the target's load at once, which
+	// stops a burst from piling onto one pod between reports.
+	x := float64(max(l.Running, 0)+max(l.Waiting, 0)) + inflight
 	if kv := l.KVUsage; kv > 0 && !math.IsNaN(kv) {
 		x += cfg.KVWeight * min(kv, 1)
 	}

@@ -75,14 +75,13 @@ func TestLoad(t *testing.T) {
 		wantStale bool
 	}{
 		{"idle", Load{}, t0, 0, false},
-		{"reported requests", Load{Running: 3, Waiting: 2, InFlight: 1}, t0, 5, false},
-		{"own in flight above the report", Load{Running: 1, InFlight: 4}, t0, 4, false},
+		{"sum of requests", Load{Running: 3, Waiting: 2, InFlight: 1}, t0, 6, false},
 		{"kv usage", Load{KVUsage: 0.5}, t0, 2, false},
 		{"kv usage clamped", Load{KVUsage: 7}, t0, 4, false},
 		{"kv usage NaN ignored", Load{KVUsage: math.NaN()}, t0, 0, false},
 		{"queued prefill", Load{QueuedPrefillTokens: 8192}, t0, 2, false},
 		{"negative counts ignored", Load{Running: -5, Waiting: -1, InFlight: -2}, t0, 0, false},
-		{"report at the TTL is fresh", Load{Running: 3, InFlight: 1}, t0.Add(-5 * time.Second), 3, false},
+		{"report at the TTL is fresh", Load{Running: 3, InFlight: 1}, t0.Add(-5 * time.Second), 4, false},
 		{"stale report: in flight only", Load{Running: 3, KVUsage: 1, InFlight: 1}, t0.Add(-6 * time.Second), 1, true},
 		{"no report: in flight only", Load{Running: 3, InFlight: 2}, time.Time{}, 2, true},
 	}
