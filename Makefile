@@ -6,14 +6,20 @@ BIN       := bin
 FUZZTIME  ?= 20000x
 TESTFLAGS ?= -race -count=1 -timeout 12m
 
-.PHONY: all build test vet unit fuzz fuzz-smoke demo bench clean
+.PHONY: all deps build test vet unit fuzz fuzz-smoke demo bench clean
 
 all: build
 
-build:
+# libzmq (cgo, for pebbe/zmq4) from Debian when it is missing; needs root.
+deps:
+	@pkg-config --exists libzmq 2>/dev/null || { \
+	  echo "== installing libzmq3-dev pkg-config (apt-get)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libzmq3-dev pkg-config; }
+
+build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-vet:
+vet: deps
 	$(GO) vet -tags integration ./...
 
 # Unit, integration (real processes on loopback) and a short fuzz pass over
@@ -41,7 +47,7 @@ clean:
 # prints the table and where the plots are. About 2 minutes.
 DEMO_FLAGS ?= --pods 4 --workload shared-prefix --policies service,kvroute,central-precise \
 	--rate 10 --duration 30s --out out/demo
-demo:
+demo: deps
 	$(GO) run ./cmd/kvbench $(DEMO_FLAGS)
 
 # The full matrix (not in CI; about three hours at ~75 s per policy and
@@ -51,7 +57,7 @@ BENCH_POLICIES ?= service,kvroute,round-robin,least-loaded,chwbl,approx-prefix,c
 BENCH_SWEEP    ?= 4,8,16
 BENCH_FLAGS    ?= --pods 4 --duration 60s --blocks-per-pod 4096
 TRACE          ?= ../shared/traces/mooncake-fast25/conversation_trace.jsonl
-bench:
+bench: deps
 	$(GO) build -o $(BIN)/ ./cmd/kvbench
 	@for w in shared-prefix agent-fanout doc-qa multi-turn-chat no-reuse; do \
 	  echo "== bench $$w"; \
