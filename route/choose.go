@@ -109,11 +109,18 @@ func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
 
 // rendezvousKey returns the key that stands for the request's first
 // RendezvousKeys routing keys, and false for a prompt with no keys.
+//
+// For a long prompt the key reaches MinMatchFraction of it, the share that
+// Affinity needs: requests that share that much meet on one pod, while
+// long unrelated prompts behind a short common preamble (every request of
+// the Mooncake conversation trace shares its first 512 tokens) spread
+// instead of all hashing to the same pod.
 func rendezvousKey(cfg Config, keys []blockkey.Key) (blockkey.Key, bool) {
 	if len(keys) == 0 {
 		return 0, false
 	}
-	return keys[min(max(cfg.RendezvousKeys, 1), len(keys))-1], true
+	n := max(cfg.RendezvousKeys, 1, int(math.Ceil(cfg.MinMatchFraction*float64(len(keys)))))
+	return keys[min(n, len(keys))-1], true
 }
 
 // weight is the highest-random-weight hash of (peer, key): FNV-1a of the ID

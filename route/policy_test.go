@@ -21,6 +21,7 @@ func TestPolicies(t *testing.T) {
 	prompt := keysN(1, 20)
 	other := append([]blockkey.Key{1}, keysN(500, 19)...) // shares key 1 only
 	cfg := DefaultConfig()
+	cfg.MinMatchFraction = 0 // rendezvous on the 4th key, as the pinned weights assume
 	r := NewRecent(DefaultRecentConfig())
 	r.Record("c", keysN(1, 15), t0.Add(-time.Second))
 
