@@ -260,15 +260,9 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			st.reason += "-nokeys"
 		}
 		st.predicted = st.decision.Expected()
-		if len(keys) > 0 {
-			// Speculate for the local pod too: its own digest lags its
-			// events, and the next request of a burst must find the prefix.
-			id := targets[0].Peer
-			if id == "" {
-				id = h.cfg.Self
-			}
+		if len(keys) > 0 && targets[0].Peer != "" {
 			h.mu.Lock()
-			h.recent.Record(id, keys, h.now())
+			h.recent.Record(targets[0].Peer, keys, h.now())
 			h.mu.Unlock()
 		}
 		outcome := "local"
