@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
-	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -26,7 +25,6 @@ type admin struct {
 	reg   *prometheus.Registry
 	mesh  *gossip.Mesh
 	front *forward.Handler
-	ix    *kvindex.Index
 	log   zerolog.Logger
 
 	once     sync.Once
@@ -34,8 +32,8 @@ type admin struct {
 	drainErr error
 }
 
-func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, ix *kvindex.Index, log zerolog.Logger) *admin {
-	return &admin{cfg: cfg, reg: reg, mesh: mesh, front: front, ix: ix, log: log, started: make(chan struct{})}
+func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, log zerolog.Logger) *admin {
+	return &admin{cfg: cfg, reg: reg, mesh: mesh, front: front, log: log, started: make(chan struct{})}
 }
 
 func (a *admin) mux() *http.ServeMux {

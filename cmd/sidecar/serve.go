@@ -150,7 +150,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	engine.NoRoute(front.Passthrough)
 	api := &http.Server{Addr: cfg.Listen, Handler: engine, ReadHeaderTimeout: 10 * time.Second}
 
-	ad := newAdmin(cfg, reg, mesh, front, ix, log)
+	ad := newAdmin(cfg, reg, mesh, front, log)
 	adminSrv := &http.Server{Addr: cfg.AdminListen, Handler: ad.mux(), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 2)
