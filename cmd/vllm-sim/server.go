@@ -503,17 +503,11 @@ func (s *server) health(c *gin.Context) {
 }
 
 func (s *server) tokenize(c *gin.Context) {
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
-		return
-	}
 	var r tokenizeRequest
-	if aerr = decodeJSON(body, &r); aerr != nil {
-		writeError(c, aerr)
+	if !bindJSON(c, &r) {
 		return
 	}
-	if _, _, aerr = s.resolveModel(r.Model); aerr != nil {
+	if _, _, aerr := s.resolveModel(r.Model); aerr != nil {
 		writeError(c, aerr)
 		return
 	}
@@ -562,17 +556,11 @@ func (s *server) tokenize(c *gin.Context) {
 }
 
 func (s *server) detokenize(c *gin.Context) {
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
-		return
-	}
 	var r detokenizeRequest
-	if aerr = decodeJSON(body, &r); aerr != nil {
-		writeError(c, aerr)
+	if !bindJSON(c, &r) {
 		return
 	}
-	if _, _, aerr = s.resolveModel(r.Model); aerr != nil {
+	if _, _, aerr := s.resolveModel(r.Model); aerr != nil {
 		writeError(c, aerr)
 		return
 	}
@@ -652,4 +640,18 @@ func (s *server) simDropRate(c *gin.Context) {
 		}
 	}
 	c.JSON(http.StatusOK, gin.H{"drop_rate": s.events.DropRate()})
+}
+
+// bindJSON reads and decodes a JSON request body into v; on failure it has
+// already answered with vLLM's error and returns false.
+func bindJSON(c *gin.Context, v any) bool {
+	body, aerr := readBody(c)
+	if aerr == nil {
+		aerr = decodeJSON(body, v)
+	}
+	if aerr != nil {
+		writeError(c, aerr)
+		return false
+	}
+	return true
 }
