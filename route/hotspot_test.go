@@ -96,7 +96,7 @@ func simulateHotspot(cfg Config, requests, pods, service int) hotspotResult {
 func TestHotspot(t *testing.T) {
 	unbounded := DefaultConfig()
 	unbounded.Slack, unbounded.MinHeadroom, unbounded.LoadTokens, unbounded.RendezvousKeys = 1e9, 1e9, 0, 1
-	unbounded.MinMatchFraction = 0 // every conversation hashes on the shared first key
+	unbounded.MinMatchFraction, unbounded.ColdHeadroom = 0, 1e9 // every conversation hashes on the shared first key, whatever the load
 	firstKey := DefaultConfig()
 	firstKey.RendezvousKeys, firstKey.MinMatchFraction = 1, 0
 	firstKey.Slack = 0.25 // only the bound keeps this case balanced: check it holds at 1.25

@@ -1,10 +1,14 @@
 package route
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Rendezvous places a prefix nobody holds: among eligible peers within the
-// load bound it picks the highest random weight of (peer ID, the request's
-// first RendezvousKeys keys). Independent sidecars that see the same peers
+// load bound and within ColdHeadroom of the least-loaded one, it picks the
+// highest random weight of (peer ID, the request's first RendezvousKeys
+// keys). Independent sidecars that see the same peers
 // therefore send a burst of new same-prefix requests to the same pod
 // without talking, and when that pod fills past the bound the burst moves
 // to the next pod in the same agreed order. It declines a request with no
@@ -24,9 +28,19 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 		return a.decline("rendezvous: no keys")
 	}
 	cs := a.d.Candidates
+	least := math.Inf(1)
+	for i := range cs {
+		if a.inBound(i) {
+			least = min(least, cs[i].Load)
+		}
+	}
 	best := -1
 	for i := range cs {
 		if !a.inBound(i) {
+			continue
+		}
+		if cs[i].Load > least+max(p.Config.ColdHeadroom, 0) {
+			cs[i].Note = addTag(cs[i].Note, "busier")
 			continue
 		}
 		cs[i].Scored, cs[i].Score = true, unit(weight(cs[i].ID, rk))

@@ -239,6 +239,8 @@ func (s *scenario) set(k, v string) error {
 		fl(&s.cfg.KVWeight)
 	case "min-match":
 		it(&s.cfg.MinMatchKeys)
+	case "cold-headroom":
+		fl(&s.cfg.ColdHeadroom)
 	case "rendezvous-keys":
 		it(&s.cfg.RendezvousKeys)
 	case "fail-for":
