@@ -43,24 +43,23 @@ func TestCachedPrefixIsServedByHolder(t *testing.T) {
 
 // A burst of new requests sharing a new prefix, spread round-robin over
 // every sidecar, lands on one pod: each sidecar picks the rendezvous
-// winner of the prefix's first blocks without asking the others.
+// winner of the prefix's first blocks without asking the others, and the
+// requests after the first follow the claims it shared (route.Claim) while
+// the winner's load, which every sidecar sees within ~25 ms, grows.
 //
 // Size: 2 requests per sidecar, 6 in all, not 24, because the load bound
 // is meant to split a larger burst (DESIGN.md D4: never a hot spot). A
-// peer is over the bound when Load+1 > max(1.25·m, m+4), m the mean load
-// counting this request (route.DefaultConfig). The winner's own sidecar
-// counts every burst request in flight on its vLLM, its own and those
-// forwarded to it, so with T of them in flight on 3 pods it spills when
-// T+1 > (T+1)/3 + 4, i.e. from T = 6 on: a burst of 6 is the largest that
-// must land on one pod even when all of it is in flight at once. Whether 24
-// spill depends on how fast they finish, which is no test. The reported
-// load (vLLM's running count, scraped every second) adds to T, so the burst
-// starts right after the winner's scrape, while its report says idle.
+// peer is over the bound when Load+1 > max(2·m, m+4), m the mean load
+// counting this request (route.DefaultConfig): with T burst requests in
+// flight on 3 pods the winner spills from T = 6 on. The prefix is 1024
+// tokens: a claimed prefix pulls a request to a pod only while the tokens
+// it saves outweigh 64 per request queued there, and a short one (128
+// tokens) rightly spreads once the winner has two.
 func TestBurstOfNewPrefixLandsOnOnePod(t *testing.T) {
 	f := shared(t)
 	rng := seeded(t.Name())
 	const perSidecar = 2
-	prefix := tokens(rng, 8*blockSize)
+	prefix := tokens(rng, 64*blockSize)
 	n := perSidecar * f.c.Len()
 	bodies := make([][]byte, n)
 	for i := range bodies {

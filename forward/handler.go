@@ -33,6 +33,12 @@ type Peers interface {
 	Snapshot(now time.Time) []route.PeerView
 	// MarkFailed records that a forward to peer failed at the given time.
 	MarkFailed(peer string, at time.Time)
+	// SetServing reports how many requests the front has at the local vLLM
+	// (peers learn it at once, which keeps independent fronts from herding).
+	SetServing(n int)
+	// Claim shares that a request whose prefix cs claim was just sent to
+	// peer (this node's own name included).
+	Claim(peer string, cs []route.Claim)
 }
 
 // Tokenizer returns the token ids vLLM will use for a prompt (the local
@@ -97,10 +103,10 @@ type Handler struct {
 	hop     Hop
 	now     func() time.Time
 
-	mu       sync.Mutex // guards recent, inflight and policy use
-	recent   *route.Recent
-	policy   route.Policy
-	inflight map[string]int
+	mu      sync.Mutex // guards recent, flights and policy use
+	recent  *route.Recent
+	policy  route.Policy
+	flights flights
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -116,7 +122,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 	h := &Handler{
 		cfg: cfg, peers: peers, tok: tok, log: log, metrics: m,
 		hop: NewHop(cfg.HopKey, cfg.HopMaxAge), now: time.Now,
-		recent: route.NewRecent(cfg.Recent), inflight: map[string]int{},
+		recent: route.NewRecent(cfg.Recent), flights: flights{},
 	}
 	h.localReady.Store(true)
 	h.policy = route.DefaultChain(cfg.Route, h.recent)
@@ -191,9 +197,9 @@ func (h *Handler) Wait(ctx context.Context) error {
 func (h *Handler) InFlight() map[string]int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make(map[string]int, len(h.inflight))
-	for k, v := range h.inflight {
-		out[k] = v
+	out := make(map[string]int, len(h.flights))
+	for k, v := range h.flights {
+		out[k] = len(v)
 	}
 	return out
 }
@@ -265,6 +271,13 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.recent.Record(targets[0].Peer, keys, h.now())
 			h.mu.Unlock()
 		}
+		if len(keys) > 0 && h.peers != nil {
+			to := targets[0].Peer
+			if to == "" {
+				to = h.cfg.Self
+			}
+			h.peers.Claim(to, route.ClaimsFor(h.cfg.Route, keys))
+		}
 		outcome := "local"
 		if targets[0].Peer != "" {
 			outcome = "forwarded"
@@ -307,7 +320,9 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's
-// own in-flight counts as the freshest load signal.
+// own in-flight requests as the freshest load signal: the local pod's are
+// exact (every request it serves passes here), and for a peer those sent
+// after its last load report.
 func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
@@ -324,14 +339,17 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i := range peers {
-		id := peers[i].ID
-		if peers[i].Local {
-			id = ""
-			if !h.localReady.Load() {
-				peers[i].LastFailure = now
+		p := &peers[i]
+		if p.Local {
+			p.Load.Serving, p.Load.InFlight, p.Load.Fronted = len(h.flights[""]), 0, true
+			if h.localReady.Load() {
+				p.LoadAt = now // Serving is exact; the scrape keeps localReady
+			} else {
+				p.LastFailure = now
 			}
+			continue
 		}
-		peers[i].Load.InFlight = h.inflight[id]
+		p.Load.InFlight = h.flights.since(p.ID, p.LoadAt)
 	}
 	d := h.policy.Choose(req, peers, now)
 	return d, peers
@@ -368,17 +386,11 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 
 func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []target) {
 	st.plan = &plan{targets: targets, body: body, served: -1}
-	first := targets[0].Peer
-	h.mu.Lock()
-	h.inflight[first]++
-	h.mu.Unlock()
+	first, start := targets[0].Peer, h.now()
+	h.track(func() { h.flights.add(first, start) }, first)
 	h.metrics.inflight.Inc()
 	defer func() {
-		h.mu.Lock()
-		if h.inflight[first]--; h.inflight[first] <= 0 {
-			delete(h.inflight, first)
-		}
-		h.mu.Unlock()
+		h.track(func() { h.flights.done(first, start) }, first)
 		h.metrics.inflight.Dec()
 	}()
 	r := c.Request
@@ -387,6 +399,18 @@ func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []tar
 	r.Body = io.NopCloser(http.NoBody)
 	r.ContentLength = int64(len(body))
 	h.proxy.ServeHTTP(c.Writer, r)
+}
+
+// track applies change to the flights and, for the local vLLM, tells the
+// peer table the new count. Both happen under mu so counts reach the table
+// in order.
+func (h *Handler) track(change func(), peer string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	change()
+	if peer == "" && h.peers != nil {
+		h.peers.SetServing(len(h.flights[""]))
+	}
 }
 
 // modifyResponse labels the response and taps its usage for the

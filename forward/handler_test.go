@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -36,9 +37,23 @@ func (s keySet) PrefixLen(keys []blockkey.Key) int {
 }
 
 type fakePeers struct {
-	mu     sync.Mutex
-	views  []route.PeerView
-	failed []string
+	mu      sync.Mutex
+	views   []route.PeerView
+	failed  []string
+	serving []int    // every SetServing, in order
+	claims  []string // the peer of every Claim, in order
+}
+
+func (f *fakePeers) Claim(peer string, cs []route.Claim) {
+	f.mu.Lock()
+	f.claims = append(f.claims, peer)
+	f.mu.Unlock()
+}
+
+func (f *fakePeers) SetServing(n int) {
+	f.mu.Lock()
+	f.serving = append(f.serving, n)
+	f.mu.Unlock()
 }
 
 func (f *fakePeers) Snapshot(time.Time) []route.PeerView {
@@ -133,8 +148,10 @@ func promptKeys() []blockkey.Key {
 	return perBlock.Request(blockkey.Root("m", "", ""), toks)
 }
 
-func TestRoutesToHolder(t *testing.T) {
-	a, b := newNode(t, "a"), newNode(t, "b")
+// holderPair returns nodes a and b where b holds the test prompt and a's
+// peer table says so.
+func holderPair(t *testing.T) (a, b *node) {
+	a, b = newNode(t, "a"), newNode(t, "b")
 	held := keySet{}
 	for _, k := range promptKeys() {
 		held[k] = true
@@ -144,6 +161,11 @@ func TestRoutesToHolder(t *testing.T) {
 		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
 		{ID: "b", Addr: hostOf(b.srv), KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
 	}
+	return a, b
+}
+
+func TestRoutesToHolder(t *testing.T) {
+	a, b := holderPair(t)
 	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`, nil)
 	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "b" || resp.Header.Get(ServedByHeader) != "b" {
 		t.Fatalf("status %d pod %q served-by %q; want 200 from b", resp.StatusCode, resp.Header.Get("X-Pod"), resp.Header.Get(ServedByHeader))
@@ -186,16 +208,8 @@ func TestDeadPeerFallsBackToLocal(t *testing.T) {
 }
 
 func TestForgedHopIsRouted(t *testing.T) {
-	a, b := newNode(t, "a"), newNode(t, "b")
-	held := keySet{}
-	for _, k := range promptKeys() {
-		held[k] = true
-	}
+	a, _ := holderPair(t)
 	now := time.Now()
-	a.peers.views = []route.PeerView{
-		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
-		{ID: "b", Addr: hostOf(b.srv), KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
-	}
 	forged := NewHop([]byte("not the key"), time.Minute).Sign("b", "a", now)
 	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, map[string]string{HopHeader: forged})
 	if resp.Header.Get("X-Pod") != "b" {
@@ -279,5 +293,40 @@ func TestUsageTap(t *testing.T) {
 		if got != 1234 {
 			t.Fatalf("split at %d: found %d; want 1234", split, got)
 		}
+	}
+}
+
+// TestReportsServing checks the front reports its local vLLM's request
+// count on every change: a forwarded request counts where it is served,
+// not at the sidecar that forwarded it.
+func TestReportsServing(t *testing.T) {
+	a, b := holderPair(t)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get(ServedByHeader) != "b" {
+		t.Fatalf("served by %q; want b", resp.Header.Get(ServedByHeader))
+	}
+	// The server finishes its bookkeeping after the client has the body.
+	var gotA, gotB []int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b.peers.mu.Lock()
+		gotB = slices.Clone(b.peers.serving)
+		b.peers.mu.Unlock()
+		if len(gotB) >= 2 {
+			break
+		}
+	}
+	a.peers.mu.Lock()
+	gotA = slices.Clone(a.peers.serving)
+	a.peers.mu.Unlock()
+	a.peers.mu.Lock()
+	claims := slices.Clone(a.peers.claims)
+	a.peers.mu.Unlock()
+	if !slices.Equal(claims, []string{"b"}) {
+		t.Errorf("a claimed %v; want [b]", claims)
+	}
+	if !slices.Equal(gotB, []int{1, 0}) || len(gotA) != 0 {
+		t.Errorf("serving reports: a %v, b %v; want a [], b [1 0]", gotA, gotB)
 	}
 }

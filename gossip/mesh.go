@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -49,6 +48,10 @@ type Mesh struct {
 	metaDirty bool
 	load      route.Load
 	loadAt    time.Time
+	loadSeq   uint64        // Seq of the last pushed report; starts at the join time
+	loadKick  chan struct{} // wakes loadLoop: the load changed
+	claims    []peerClaim   // to go out with the next load report
+	selfClaim []route.Claim // claims on this node, by us or peers
 }
 
 // fullCache keeps the encoded full message of one local digest, so a digest
@@ -71,21 +74,25 @@ func Join(ctx context.Context, cfg Config) (*Mesh, error) {
 		return nil, err
 	}
 	m := &Mesh{
-		cfg:     cfg,
-		log:     cfg.Log.With().Str("component", "gossip").Logger(),
-		inbox:   make(chan []byte, cfg.InboxDepth),
-		done:    make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		now:     time.Now,
-		dropOut: cfg.dropOut,
-		table:   newTable(),
-		senders: map[string]*sender{},
+		cfg:      cfg,
+		log:      cfg.Log.With().Str("component", "gossip").Logger(),
+		inbox:    make(chan []byte, cfg.InboxDepth),
+		done:     make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		loadKick: make(chan struct{}, 1),
+		now:      time.Now,
+		dropOut:  cfg.dropOut,
+		table:    newTable(),
+		senders:  map[string]*sender{},
 		meta: Meta{
 			APIAddr:   cfg.APIAddr,
 			Models:    slices.Clone(cfg.Models),
 			KeyScheme: uint8(cfg.KeyScheme),
 		},
 	}
+	// A restarted node's reports must outrank its old ones, which peers
+	// may still hold if they never saw it leave.
+	m.loadSeq = uint64(time.Now().UnixNano())
 	if err := m.encodeMetaLocked(); err != nil {
 		return nil, err
 	}
@@ -106,9 +113,10 @@ func Join(ctx context.Context, cfg Config) (*Mesh, error) {
 		j.resolver = net.DefaultResolver
 	}
 	first := make(chan bool, 1)
-	m.wg.Add(3)
+	m.wg.Add(4)
 	go m.run()
 	go m.metaLoop()
+	go m.loadLoop()
 	go j.loop(first)
 	select {
 	case <-first:
@@ -179,6 +187,14 @@ func (m *Mesh) handle(b []byte) {
 		}
 		if o == gap {
 			m.askLocked(msg.delta.Node, now)
+		}
+	case kindLoad:
+		if m.table.applyLoad(msg.load, now) == unknown {
+			m.stats.unknownOrigin.Add(1)
+		}
+		// Claims hold whatever the report's order: each is a fact of its own.
+		for _, c := range msg.load.Claims {
+			m.claimLocked(c.Peer, route.Claim{Key: c.Key, Keys: c.Keys, At: now})
 		}
 	case kindNeedFull:
 		s := m.senders[msg.needFull.Requester]
@@ -359,18 +375,109 @@ func (m *Mesh) PublishDelta(x bloom.Delta) error {
 	return nil
 }
 
-// SetLoad records the local load. Peers see it with the next meta update,
-// within MetaInterval.
+// SetLoad records the local vLLM's scraped load (Running, Waiting,
+// KVUsage, QueuedPrefillTokens; Serving and InFlight are ignored). Peers
+// get it pushed within LoadPushInterval, and in the next meta update.
 func (m *Mesh) SetLoad(l route.Load) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	l.Serving, l.InFlight = m.load.Serving, 0
+	m.setLoadLocked(l)
+	m.mu.Unlock()
+}
+
+// SetServing records how many requests the local front has at its vLLM
+// right now. It is cheap: call it on every change.
+func (m *Mesh) SetServing(n int) {
+	m.mu.Lock()
+	l := m.load
+	l.Serving = n
+	m.setLoadLocked(l)
+	m.mu.Unlock()
+}
+
+func (m *Mesh) setLoadLocked(l route.Load) {
+	changed := l != m.load
 	m.load, m.loadAt = l, m.now()
-	if !(l.KVUsage >= 0) { // also NaN
-		l.KVUsage = 0
-	}
-	l.KVUsage = math.Min(l.KVUsage, math.MaxInt32/1000)
 	metaLoad(&m.meta, l)
-	m.metaDirty = true
+	m.metaDirty = m.metaDirty || changed
+	if changed {
+		select {
+		case m.loadKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Claim records that this node just sent a request to peer (this node's
+// own name included) whose prefix cs claim, and shares the claims with
+// every member in the next load push.
+func (m *Mesh) Claim(peer string, cs []route.Claim) {
+	if len(cs) == 0 || peer == "" {
+		return
+	}
+	now := m.now()
+	m.mu.Lock()
+	for _, c := range cs {
+		c.At = now
+		m.claimLocked(peer, c)
+		if len(m.claims) >= maxClaims {
+			m.claims = slices.Delete(m.claims, 0, 1)
+		}
+		m.claims = append(m.claims, peerClaim{Peer: peer, Key: c.Key, Keys: c.Keys})
+	}
+	m.mu.Unlock()
+	select {
+	case m.loadKick <- struct{}{}:
+	default:
+	}
+}
+
+func (m *Mesh) claimLocked(peer string, c route.Claim) {
+	if peer == m.cfg.NodeName {
+		m.selfClaim = addClaim(m.selfClaim, c)
+		return
+	}
+	m.table.claim(peer, c)
+}
+
+// loadRefresh re-pushes an unchanged load, so peers can tell a steady load
+// from a silent node (route.Config.LoadTTL, 5 s by default).
+const loadRefresh = time.Second
+
+// loadLoop pushes the local load to every member when it changed, at most
+// once per LoadPushInterval, and every loadRefresh regardless. It returns
+// when Shutdown closes done.
+func (m *Mesh) loadLoop() {
+	defer m.wg.Done()
+	refresh := time.NewTimer(loadRefresh)
+	defer refresh.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-m.loadKick:
+		case <-refresh.C:
+		}
+		refresh.Reset(loadRefresh)
+		m.mu.Lock()
+		m.loadSeq++
+		b, err := encodeLoad(loadReport{Node: m.cfg.NodeName, Seq: m.loadSeq, Load: m.load, Claims: m.claims})
+		m.claims = nil
+		if err == nil {
+			for _, s := range m.senders {
+				s.enqueue(out{b: b})
+			}
+		}
+		m.mu.Unlock()
+		if err != nil {
+			m.log.Error().Err(err).Msg("encode load report")
+		}
+		select {
+		case <-m.done:
+			return
+		case <-time.After(m.cfg.LoadPushInterval):
+		}
+	}
 }
 
 // SetDraining sets the draining flag and advertises it at once.
@@ -409,6 +516,7 @@ func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 		Load:      m.load,
 		LoadAt:    m.loadAt,
 		Draining:  m.meta.Draining,
+		Claims:    slices.Clone(m.selfClaim),
 	}
 	if m.local != nil {
 		self.Digest, self.DigestAt = m.local, now

@@ -243,9 +243,12 @@ func TestMeshEpochChangeDropsOldClaims(t *testing.T) {
 
 func TestMeshLoadAndDraining(t *testing.T) {
 	ms := cluster(t, 2, nil)
-	ms[0].SetLoad(route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, InFlight: 1, QueuedPrefillTokens: 512})
+	// SetLoad ignores Serving and InFlight: Serving comes from SetServing,
+	// and InFlight is each receiver's own count.
+	ms[0].SetServing(4)
+	ms[0].SetLoad(route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, Serving: 9, InFlight: 1, QueuedPrefillTokens: 512})
 	ms[0].SetDraining(true)
-	want := route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, InFlight: 1, QueuedPrefillTokens: 512}
+	want := route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, Serving: 4, Fronted: true, QueuedPrefillTokens: 512}
 	waitFor(t, 5*time.Second, "load and draining on n1", func() bool {
 		v, ok := view(ms[1], "n0")
 		return ok && v.Draining && v.Load == want && v.Addr == "n0:8000" && len(v.Models) == 1
@@ -254,6 +257,50 @@ func TestMeshLoadAndDraining(t *testing.T) {
 	ms[1].MarkFailed("n0", at)
 	if v, _ := view(ms[1], "n0"); !v.LastFailure.Equal(at) {
 		t.Errorf("LastFailure = %v; want %v", v.LastFailure, at)
+	}
+}
+
+// TestMeshPushesLoad checks load changes reach peers by the direct push,
+// not the meta: with meta updates an hour apart, every change still
+// arrives, the last one wins, and the local view has it at once.
+func TestMeshPushesLoad(t *testing.T) {
+	ms := cluster(t, 3, func(i int, c *Config) { c.MetaInterval = time.Hour; c.LoadPushInterval = 5 * time.Millisecond })
+	for n := 1; n <= 20; n++ {
+		ms[0].SetServing(n)
+	}
+	ms[0].SetLoad(route.Load{Running: 7, Waiting: 1, KVUsage: 0.25})
+	want := route.Load{Running: 7, Waiting: 1, KVUsage: 0.25, Serving: 20}
+	if v, _ := view(ms[0], "n0"); v.Load != want || !v.Local {
+		t.Errorf("local view load %+v; want %+v", v.Load, want)
+	}
+	want.Fronted = true // pushed: only sidecars push, and they front every request
+	waitFor(t, 5*time.Second, "pushed load on n1 and n2", func() bool {
+		v1, _ := view(ms[1], "n0")
+		v2, _ := view(ms[2], "n0")
+		return v1.Load == want && v2.Load == want
+	})
+	if s := ms[0].Stats(); s.Sent.Load.Msgs == 0 || s.Sent.Load.Msgs > 2*21 {
+		t.Errorf("sent %d load reports for 21 changes to 2 peers; want 1..42 (coalesced)", s.Sent.Load.Msgs)
+	}
+}
+
+// TestMeshSharesClaims checks a claim reaches every member's view of the
+// claimed peer, the claimed peer's own (local) view included, and is in
+// the claimant's view at once.
+func TestMeshSharesClaims(t *testing.T) {
+	ms := cluster(t, 3, func(i int, c *Config) { c.MetaInterval = time.Hour })
+	cs := []route.Claim{{Key: 42, Keys: 4}, {Key: 43, Keys: 8}}
+	ms[0].Claim("n1", cs)
+	has := func(m *Mesh, id string) bool {
+		v, _ := view(m, id)
+		return len(v.Claims) == 2 && v.Claims[0].Key == 42 && v.Claims[1].Keys == 8 && !v.Claims[1].At.IsZero()
+	}
+	if !has(ms[0], "n1") {
+		t.Errorf("claimant's view of n1 lacks the claims")
+	}
+	waitFor(t, 5*time.Second, "claims on n1 at n1 (local) and n2", func() bool { return has(ms[1], "n1") && has(ms[2], "n1") })
+	if v, _ := view(ms[2], "n0"); len(v.Claims) != 0 {
+		t.Errorf("n2's view of n0 has claims %+v; want none", v.Claims)
 	}
 }
 

@@ -22,7 +22,7 @@ type Meta struct {
 	Running         int // requests being decoded
 	Waiting         int // requests queued in vLLM
 	KVUsageMilli    int // KV cache usage × 1000
-	InFlight        int // requests this sidecar has in flight to its vLLM
+	InFlight        int // requests this sidecar has at its vLLM (route.Load.Serving)
 	QueuedPrefill   int // prompt tokens queued for prefill
 }
 

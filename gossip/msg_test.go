@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
 )
 
 func testDigest(node string, epoch, version uint64, keys ...blockkey.Key) *bloom.Digest {
@@ -46,6 +47,33 @@ func TestMsgRoundTrip(t *testing.T) {
 	if err != nil || got.kind != kindNeedFull || got.needFull != nf {
 		t.Errorf("decodeMsg(need-full) = %+v, %v; want %+v", got, err, nf)
 	}
+	lr := loadReport{Node: "a", Seq: 1 << 62, Load: route.Load{Running: 3, Waiting: 2, KVUsage: 0.875, Serving: 7, Fronted: true, QueuedPrefillTokens: 9000},
+		Claims: []peerClaim{{Peer: "b", Key: 1<<64 - 1, Keys: 512}, {Peer: "a", Key: 7, Keys: 1}}}
+	lb, err := encodeLoad(lr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = decodeMsg(lb)
+	if err != nil || got.kind != kindLoad {
+		t.Fatalf("decodeMsg(load) = %+v, %v", got, err)
+	}
+	if diff := cmp.Diff(lr, got.load); diff != "" {
+		t.Errorf("decodeMsg(load) mismatch (-want +got):\n%s", diff)
+	}
+	// A report of the version before claims decodes with none.
+	noClaims := lr
+	noClaims.Claims = nil
+	old, _ := encodeLoad(noClaims)
+	old = old[:len(old)-1] // the claim count
+	if got, err := decodeMsg(old); err != nil || len(got.load.Claims) != 0 || got.load.Load != lr.Load {
+		t.Errorf("decodeMsg(load without claims) = %+v, %v; want the load and no claims", got.load, err)
+	}
+	for _, bad := range []loadReport{{}, {Node: "a", Claims: []peerClaim{{Peer: "", Keys: 1}}}, {Node: "a", Claims: []peerClaim{{Peer: "b"}}},
+		{Node: "a", Claims: make([]peerClaim, maxClaims+1)}} {
+		if _, err := encodeLoad(bad); err == nil {
+			t.Errorf("encodeLoad(%+v): no error", bad)
+		}
+	}
 }
 
 func TestDecodeMsgErrors(t *testing.T) {
@@ -62,6 +90,12 @@ func TestDecodeMsgErrors(t *testing.T) {
 		{"need-full truncated", []byte{kindNeedFull, 5, 'a'}},
 		{"need-full trailing", []byte{kindNeedFull, 1, 'a', 1, 'b', 0}},
 		{"need-full empty name", []byte{kindNeedFull, 0, 1, 'b'}},
+		{"load empty name", []byte{kindLoad, 0, 1, 1, 1, 1, 1, 1}},
+		{"load truncated", []byte{kindLoad, 1, 'a', 1, 2, 3}},
+		{"load claim truncated", append(append([]byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0}, 1, 1, 'b'), make([]byte, 5)...)},
+		{"load claim zero keys", append(append([]byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0}, 1, 1, 'b'), make([]byte, 9)...)},
+		{"load too many claims", []byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0, 99}},
+		{"load field too big", []byte{kindLoad, 1, 'a', 1, 0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0, 0, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,7 +111,8 @@ func FuzzDigestMsg(f *testing.F) {
 	db, _ := encodeDigest(small)
 	xb, _ := encodeDelta(bloom.Delta{Node: "n", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{3, 4}})
 	nb, _ := encodeNeedFull(needFull{Requester: "r", Origin: "n"})
-	for _, b := range [][]byte{db, xb, nb, {kindDigest}, {}} {
+	lb, _ := encodeLoad(loadReport{Node: "n", Seq: 5, Load: route.Load{Running: 1, KVUsage: 0.5, Serving: 2}, Claims: []peerClaim{{Peer: "p", Key: 9, Keys: 4}}})
+	for _, b := range [][]byte{db, xb, nb, lb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -93,6 +128,8 @@ func FuzzDigestMsg(f *testing.F) {
 			again, err = encodeDelta(m.delta)
 		case kindNeedFull:
 			again, err = encodeNeedFull(m.needFull)
+		case kindLoad:
+			again, err = encodeLoad(m.load)
 		default:
 			t.Fatalf("decodeMsg returned kind %#x", m.kind)
 		}
@@ -102,6 +139,9 @@ func FuzzDigestMsg(f *testing.F) {
 		m2, err := decodeMsg(again)
 		if err != nil {
 			t.Fatalf("decodeMsg(re-encoded) error %v", err)
+		}
+		if m.kind == kindLoad && !cmp.Equal(m2.load, m.load) {
+			t.Fatalf("load %+v after round trip; want %+v", m2.load, m.load)
 		}
 		if m.kind == kindDigest && m2.digest.Header() != m.digest.Header() {
 			t.Fatalf("digest header %+v after round trip; want %+v", m2.digest.Header(), m.digest.Header())

@@ -7,7 +7,7 @@ import "sync/atomic"
 type Traffic struct{ Msgs, Bytes uint64 }
 
 // ByKind splits traffic by message kind.
-type ByKind struct{ Digest, Delta, NeedFull Traffic }
+type ByKind struct{ Digest, Delta, NeedFull, Load Traffic }
 
 // Stats are the mesh's counters since Join, for export as Prometheus
 // counters (kvroute_gossip_*_total) by the caller.
@@ -57,7 +57,7 @@ func (t *kindTraffic) byKind() ByKind {
 		x := &t[kindIndex(k)]
 		return Traffic{Msgs: x.msgs.Load(), Bytes: x.bytes.Load()}
 	}
-	return ByKind{Digest: get(kindDigest), Delta: get(kindDelta), NeedFull: get(kindNeedFull)}
+	return ByKind{Digest: get(kindDigest), Delta: get(kindDelta), NeedFull: get(kindNeedFull), Load: get(kindLoad)}
 }
 
 func (c *counters) snapshot() Stats {

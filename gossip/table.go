@@ -21,7 +21,10 @@ type peer struct {
 	metaOK      bool          // meta decoded at least once
 	digest      *bloom.Digest // replaced wholesale, never modified
 	digestAt    time.Time     // when digest last changed
-	loadAt      time.Time     // when meta last arrived
+	loadAt      time.Time     // when the load last arrived (push or meta)
+	pushed      route.Load    // the newest pushed load; used once loadSeq > 0
+	loadSeq     uint64        // Seq of pushed; 0 until the first push
+	claims      []route.Claim // newest last, at most keepClaims
 	lastFailure time.Time     // last failed forward reported by MarkFailed
 	behindSince time.Time     // since when digest has lagged meta; zero if not
 	lastAsk     time.Time     // last need-full request sent to it
@@ -66,8 +69,25 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 		p.meta.DigestEpoch != m.DigestEpoch && p.digest.Header().Epoch != m.DigestEpoch {
 		p.digest, p.digestAt, dropped = nil, now, true
 	}
-	p.meta, p.metaOK, p.loadAt = m, true, now
+	p.meta, p.metaOK = m, true
+	if p.loadSeq == 0 { // pushes are fresher than the meta's load
+		p.loadAt = now
+	}
 	return dropped
+}
+
+// applyLoad records a pushed load report. Older reports than the last one
+// applied are stale (UDP reorders); reports from unknown nodes are dropped.
+func (t *table) applyLoad(r loadReport, now time.Time) outcome {
+	p := t.peers[r.Node]
+	switch {
+	case p == nil:
+		return unknown
+	case r.Seq <= p.loadSeq:
+		return stale
+	}
+	p.pushed, p.loadSeq, p.loadAt = r.Load, r.Seq, now
+	return applied
 }
 
 // remove forgets a peer that left or died, with its digest.
@@ -229,10 +249,11 @@ func (t *table) views() []route.PeerView {
 			Addr:        p.meta.APIAddr,
 			Models:      slices.Clone(p.meta.Models),
 			KeyScheme:   int(p.meta.KeyScheme),
-			Load:        loadOf(p.meta),
+			Load:        p.load(),
 			LoadAt:      p.loadAt,
 			LastFailure: p.lastFailure,
 			Draining:    p.meta.Draining,
+			Claims:      slices.Clone(p.claims),
 		}
 		if p.digest != nil { // a nil *Digest in the interface would not be nil
 			v.Digest, v.DigestAt = p.digest, p.digestAt
@@ -243,18 +264,45 @@ func (t *table) views() []route.PeerView {
 	return vs
 }
 
+// keepClaims bounds the claims kept per peer: enough for the bursts of a
+// few distinct prefixes within route.Config.ClaimTTL.
+const keepClaims = 32
+
+// addClaim appends c to claims, dropping the oldest beyond keepClaims.
+func addClaim(claims []route.Claim, c route.Claim) []route.Claim {
+	if len(claims) >= keepClaims {
+		claims = slices.Delete(claims, 0, len(claims)-keepClaims+1)
+	}
+	return append(claims, c)
+}
+
+// claim records a claim on a known peer; unknown peers are ignored.
+func (t *table) claim(id string, c route.Claim) {
+	if p := t.peers[id]; p != nil {
+		p.claims = addClaim(p.claims, c)
+	}
+}
+
+// load is the peer's newest load: pushed, or from its meta before any push.
+func (p *peer) load() route.Load {
+	if p.loadSeq > 0 {
+		return p.pushed
+	}
+	return loadOf(p.meta)
+}
+
 func loadOf(m Meta) route.Load {
 	return route.Load{
 		Running:             m.Running,
 		Waiting:             m.Waiting,
 		KVUsage:             float64(m.KVUsageMilli) / 1000,
-		InFlight:            m.InFlight,
+		Serving:             m.InFlight,
 		QueuedPrefillTokens: m.QueuedPrefill,
 	}
 }
 
 // metaLoad is loadOf's inverse, up to the meta's 1/1000 KV-usage precision.
 func metaLoad(m *Meta, l route.Load) {
-	m.Running, m.Waiting, m.InFlight, m.QueuedPrefill = l.Running, l.Waiting, l.InFlight, l.QueuedPrefillTokens
-	m.KVUsageMilli = int(l.KVUsage*1000 + 0.5)
+	m.Running, m.Waiting, m.InFlight, m.QueuedPrefill = l.Running, l.Waiting, l.Serving, l.QueuedPrefillTokens
+	m.KVUsageMilli = kvMilli(l.KVUsage)
 }

@@ -245,7 +245,7 @@ func TestTableViewsAndFailures(t *testing.T) {
 	want := []route.PeerView{
 		{ID: "a", Addr: "a:8000", LoadAt: t0.Add(time.Second)},
 		{ID: "b", Addr: "b:8000", Models: []string{"m"}, KeyScheme: 1, Draining: true,
-			Load:   route.Load{Running: 2, Waiting: 1, KVUsage: 0.5, InFlight: 3, QueuedPrefillTokens: 40},
+			Load:   route.Load{Running: 2, Waiting: 1, KVUsage: 0.5, Serving: 3, QueuedPrefillTokens: 40},
 			LoadAt: t0, LastFailure: t0.Add(5 * time.Second)},
 	}
 	if diff := cmp.Diff(want, tb.views(), cmpopts.EquateEmpty()); diff != "" {
@@ -274,5 +274,38 @@ func TestTableAsk(t *testing.T) {
 		if got := tb.ask(s.id, t0.Add(s.at), time.Second); got != s.want {
 			t.Errorf("ask(%q, t0+%v) = %v; want %v", s.id, s.at, got, s.want)
 		}
+	}
+}
+
+func TestTableApplyLoad(t *testing.T) {
+	tb := newTable()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tb.upsert("a", Meta{APIAddr: "a:1", Running: 9, InFlight: 9}, true, t0)
+	l := func(s int) route.Load { return route.Load{Running: 1, Serving: s, Fronted: true} }
+	steps := []struct {
+		r    loadReport
+		at   time.Duration
+		want outcome
+		load route.Load
+	}{
+		{loadReport{Node: "b", Seq: 1, Load: l(1)}, 1, unknown, route.Load{Running: 9, Serving: 9}},
+		{loadReport{Node: "a", Seq: 10, Load: l(3)}, 2, applied, l(3)},
+		{loadReport{Node: "a", Seq: 9, Load: l(2)}, 3, stale, l(3)}, // reordered UDP
+		{loadReport{Node: "a", Seq: 10, Load: l(2)}, 4, stale, l(3)},
+		{loadReport{Node: "a", Seq: 12, Load: l(5)}, 5, applied, l(5)},
+	}
+	for i, s := range steps {
+		now := t0.Add(s.at * time.Second)
+		if got := tb.applyLoad(s.r, now); got != s.want {
+			t.Errorf("step %d: applyLoad = %v; want %v", i, got, s.want)
+		}
+		if v := tb.views()[0]; v.Load != s.load {
+			t.Errorf("step %d: load %+v; want %+v", i, v.Load, s.load)
+		}
+	}
+	// A later meta keeps the pushed load and its time: pushes are fresher.
+	tb.upsert("a", Meta{APIAddr: "a:1", Running: 0}, true, t0.Add(time.Minute))
+	if v := tb.views()[0]; v.Load != l(5) || !v.LoadAt.Equal(t0.Add(5*time.Second)) {
+		t.Errorf("after meta: load %+v at %v; want %+v at +5s", v.Load, v.LoadAt, l(5))
 	}
 }

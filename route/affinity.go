@@ -42,7 +42,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 		if !c.Eligible {
 			continue
 		}
-		n, tag := matchPeer(pv, req.Keys, now, p.Config.DigestTTL, p.Recent)
+		n, tag := matchPeer(pv, req.Keys, now, p.Config, p.Recent)
 		c.Note = addTag(c.Note, tag)
 		c.MatchedKeys = n
 		c.MatchedTokens = n * tpk
@@ -82,9 +82,11 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	return d
 }
 
-// matchPeer returns how many leading keys pv holds, by its digest or by
-// r's recent forwards, and a note on where the answer came from.
-func matchPeer(pv PeerView, keys []blockkey.Key, now time.Time, digestTTL time.Duration, r *Recent) (int, string) {
+// matchPeer returns how many leading keys pv holds, by its digest, by r's
+// recent forwards or by its claims, and a note on where the answer came
+// from.
+func matchPeer(pv PeerView, keys []blockkey.Key, now time.Time, cfg Config, r *Recent) (int, string) {
+	digestTTL := cfg.DigestTTL
 	if pv.KeyScheme != blockkey.Version {
 		return 0, fmt.Sprintf("scheme %d", pv.KeyScheme)
 	}
@@ -99,7 +101,12 @@ func matchPeer(pv PeerView, keys []blockkey.Key, now time.Time, digestTTL time.D
 		n = pv.Digest.PrefixLen(keys)
 	}
 	if m := r.PrefixLen(pv.ID, keys, now); m > n {
-		return m, addTag(tag, "recent")
+		n, tag = m, addTag(tag, "recent")
+	}
+	if cfg.ClaimTTL > 0 {
+		if m := claimedLen(pv.Claims, keys, now, cfg.ClaimTTL); m > n {
+			n, tag = m, addTag(tag, "claim")
+		}
 	}
 	return n, tag
 }

@@ -85,8 +85,10 @@ func excluded(cfg Config, p PeerView, model string, now time.Time) string {
 
 // load returns p's load in requests and whether the report was stale:
 //
-//	Running + Waiting + InFlight + KVWeight*KVUsage + QueuedPrefillTokens/PrefillTokensPerLoad
+//	busy + InFlight + kv + QueuedPrefillTokens/PrefillTokensPerLoad
 //
+// where busy is Serving for a Fronted peer, else max(Running+Waiting,
+// Serving), and kv rises from 0 at KVKnee usage to KVWeight when full;
 // or InFlight alone when the report is older than LoadTTL (or never came).
 func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
 	l := p.Load
@@ -94,12 +96,16 @@ func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
 	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && now.Sub(p.LoadAt) > cfg.LoadTTL) {
 		return inflight, true
 	}
-	// InFlight is added on top although the report may already count some
-	// of those requests: each send raises the target's load at once, which
-	// stops a burst from piling onto one pod between reports.
-	x := float64(max(l.Running, 0)+max(l.Waiting, 0)) + inflight
-	if kv := l.KVUsage; kv > 0 && !math.IsNaN(kv) {
-		x += cfg.KVWeight * min(kv, 1)
+	// InFlight is what the report cannot count yet: each send raises the
+	// target's load at once, which stops a burst from piling onto one pod
+	// between reports.
+	busy := max(max(l.Running, 0)+max(l.Waiting, 0), l.Serving)
+	if l.Fronted {
+		busy = max(l.Serving, 0)
+	}
+	x := float64(busy) + inflight
+	if kv := l.KVUsage; kv > cfg.KVKnee && !math.IsNaN(kv) {
+		x += cfg.KVWeight * (min(kv, 1) - cfg.KVKnee) / (1 - min(cfg.KVKnee, 0.999))
 	}
 	if cfg.PrefillTokensPerLoad > 0 && l.QueuedPrefillTokens > 0 {
 		x += float64(l.QueuedPrefillTokens) / float64(cfg.PrefillTokensPerLoad)

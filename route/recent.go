@@ -91,7 +91,7 @@ func (r *Recent) PrefixLen(peer string, keys []blockkey.Key, now time.Time) int 
 // recent forwards, whichever is longer: what Affinity uses. A peer with
 // another key scheme matches nothing. r may be nil.
 func (r *Recent) Match(p PeerView, keys []blockkey.Key, now time.Time) int {
-	n, _ := matchPeer(p, keys, now, 0, r)
+	n, _ := matchPeer(p, keys, now, Config{}, r)
 	return n
 }
 

@@ -20,8 +20,20 @@ type Load struct {
 	// KVUsage is the fraction of KV-cache blocks in use, 0..1
 	// (vllm:kv_cache_usage_perc). Values outside 0..1 are clamped.
 	KVUsage float64
+	// Serving is the number of requests the peer's own sidecar has at its
+	// vLLM, as last reported; the sidecar pushes it on every change.
+	Serving int
+	// Fronted means every request the peer serves passes its sidecar, so
+	// Serving is its exact count and the scraped Running and Waiting, up
+	// to a scrape interval old, are ignored: a request that finished since
+	// the scrape made the pod look busy, which alone cost the no-reuse
+	// workload a third of its TTFT p90 against least-load. Otherwise load
+	// counts the larger of the two.
+	Fronted bool
 	// InFlight is the number of requests this sidecar sent to the peer that
-	// have not finished. It is the only load signal that is never stale.
+	// the peer's report does not count yet (sent after LoadAt; all of them
+	// when the report is stale). It is the only load signal that is never
+	// stale.
 	InFlight int
 	// QueuedPrefillTokens is an optional estimate of uncached prompt tokens
 	// waiting for prefill on the peer; 0 when unknown.
@@ -44,6 +56,8 @@ type PeerView struct {
 	LoadAt      time.Time // when Load's reported fields were measured
 	LastFailure time.Time // last forward to the peer that failed; zero if none
 	Draining    bool
+	// Claims are prefixes sidecars just sent to the peer (Claim).
+	Claims []Claim
 }
 
 // Request is what a policy needs to know about one request.

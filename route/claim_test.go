@@ -1,0 +1,91 @@
+package route
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestClaimsFor(t *testing.T) {
+	cfg := DefaultConfig() // rendezvous at max(4th key, 25% of the prompt)
+	depths := func(cs []Claim) []int {
+		var out []int
+		for _, c := range cs {
+			out = append(out, c.Keys)
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		n    int
+		want []int
+	}{
+		{0, nil}, {1, []int{1}}, {4, []int{4}}, {8, []int{4, 8}}, {20, []int{5, 10, 20}}, {2048, []int{512, 1024, 2048}},
+		{100, []int{25, 50, 100}}, {101, []int{26, 52, 101}},
+	} {
+		keys := keysN(1, tt.n)
+		cs := ClaimsFor(cfg, keys)
+		if got := depths(cs); !slices.Equal(got, tt.want) {
+			t.Errorf("ClaimsFor(%d keys) depths %v; want %v", tt.n, got, tt.want)
+		}
+		for _, c := range cs {
+			if c.Key != keys[c.Keys-1] {
+				t.Errorf("claim at depth %d has key %d; want %d", c.Keys, c.Key, keys[c.Keys-1])
+			}
+		}
+	}
+}
+
+func TestClaimedLen(t *testing.T) {
+	keys := keysN(1, 20)
+	claims := []Claim{
+		{Key: keys[4], Keys: 5, At: t0},
+		{Key: keys[9], Keys: 10, At: t0.Add(-10 * time.Second)}, // expired
+		{Key: 999, Keys: 20, At: t0},                            // another prompt's tail
+		{Key: keys[3], Keys: 40, At: t0},                        // deeper than the request
+	}
+	if got := claimedLen(claims, keys, t0, 5*time.Second); got != 5 {
+		t.Errorf("claimedLen = %d; want 5", got)
+	}
+	if got := claimedLen(claims, keys, t0, 0); got != 10 {
+		t.Errorf("claimedLen without TTL = %d; want 10", got)
+	}
+	if got := claimedLen(claims, keys[:4], t0, 5*time.Second); got != 0 {
+		t.Errorf("claimedLen of a shorter request = %d; want 0", got)
+	}
+}
+
+// TestClaimPullsBurst checks a claim makes Affinity follow the first
+// request of a new prefix while the claimed tokens outweigh the claimant's
+// extra load, and lets the load win when they do not.
+func TestClaimPullsBurst(t *testing.T) {
+	cfg := DefaultConfig()
+	keys := keysN(100, 64) // 64 keys of 64 tokens: 4096 tokens
+	claims := ClaimsFor(cfg, keys)
+	for i := range claims {
+		claims[i].At = t0
+	}
+	peers := func(claimantLoad int) []PeerView {
+		a := fresh("a", Load{Serving: claimantLoad, Fronted: true})
+		a.Claims = claims
+		return []PeerView{a, fresh("b", Load{Fronted: true}), fresh("c", Load{Fronted: true})}
+	}
+	req := Request{Keys: slices.Concat(keys[:32], keysN(900, 32)), TokensPerKey: 64, PromptTokens: 4096}
+	// Shares 32 keys (2048 tokens) with the claimed prompt: claimed at 16
+	// keys (1024 tokens), worth 16 requests of load at 64 tokens each.
+	if d := DefaultChain(cfg, nil).Choose(req, peers(3), t0); d.Target != "a" || d.Reason != ReasonAffinity {
+		t.Errorf("claimant 3 busier: chose %s (%s); want a by affinity\n%s", d.Target, d.Reason, d.Table())
+	}
+	short := Request{Keys: keys[:16:16], TokensPerKey: 4, PromptTokens: 64} // a tiny prefix is not worth a queue
+	p := peers(3)
+	p[0].Claims = ClaimsFor(cfg, short.Keys)
+	for i := range p[0].Claims {
+		p[0].Claims[i].At = t0
+	}
+	if d := DefaultChain(cfg, nil).Choose(short, p, t0); d.Target == "a" {
+		t.Errorf("short claimed prefix on a 3-busier pod: chose a\n%s", d.Table())
+	}
+	cfg.ClaimTTL = 0
+	if d := DefaultChain(cfg, nil).Choose(req, peers(3), t0); d.Reason == ReasonAffinity {
+		t.Errorf("claims off: reason %s; want no affinity\n%s", d.Reason, d.Table())
+	}
+}
