@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,10 +43,11 @@ func TestCachedPrefixIsServedByHolder(t *testing.T) {
 }
 
 // A burst of new requests sharing a new prefix, spread round-robin over
-// every sidecar, lands on one pod: each sidecar picks the rendezvous
-// winner of the prefix's first blocks without asking the others, and the
-// requests after the first follow the claims it shared (route.Claim) while
-// the winner's load, which every sidecar sees within ~25 ms, grows.
+// every sidecar, lands on one pod: every sidecar names the same pod for its
+// first request without asking the others (least load, rendezvous
+// tie-break), and the requests after the first follow the claims it shared
+// (route.Claim) while that pod's load, which every sidecar sees within
+// ~25 ms, grows.
 //
 // Size: 2 requests per sidecar, 6 in all, not 24, because the load bound
 // is meant to split a larger burst (DESIGN.md D4: never a hot spot). A
@@ -56,6 +58,7 @@ func TestCachedPrefixIsServedByHolder(t *testing.T) {
 // it saves outweigh 64 per request queued there, and a short one (128
 // tokens) rightly spreads once the winner has two.
 func TestBurstOfNewPrefixLandsOnOnePod(t *testing.T) {
+	const burstGap = 30 * time.Millisecond
 	f := shared(t)
 	rng := seeded(t.Name())
 	const perSidecar = 2
@@ -66,24 +69,33 @@ func TestBurstOfNewPrefixLandsOnOnePod(t *testing.T) {
 		bodies[i] = body(join(prefix, tokens(rng, 24)), 8, false)
 	}
 
-	// Every sidecar, asked on its own, names the same pod.
+	// Every sidecar, asked on its own, names the same pod, once the loads
+	// they see have settled (a request of the previous test may have
+	// finished within the last load push, 25 ms).
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var want string
-	for i := range f.c.Len() {
-		d, err := f.explain(ctx, i, bodies[0])
-		if err != nil {
-			t.Fatal(err)
+	waitFor(t, 5*time.Second, "every sidecar to name one pod for the new prefix", func(ctx context.Context) (bool, string) {
+		var tables strings.Builder
+		want = ""
+		agree := true
+		for i := range f.c.Len() {
+			d, err := f.explain(ctx, i, bodies[0])
+			if err != nil {
+				return false, err.Error()
+			}
+			if d.Reason != "rendezvous" {
+				t.Fatalf("%s explains reason %q for a new prefix; want rendezvous", f.c.Pod(i).Name, d.Reason)
+			}
+			r, _ := f.do(ctx, http.MethodPost, f.c.Pod(i).Admin, "/debug/route?format=text", bodies[0], nil)
+			fmt.Fprintf(&tables, "%s:\n%s\n", f.c.Pod(i).Name, r.Body)
+			if want == "" {
+				want = d.Target
+			}
+			agree = agree && d.Target == want
 		}
-		if d.Reason != "rendezvous" {
-			t.Fatalf("%s explains reason %q for a new prefix; want rendezvous", f.c.Pod(i).Name, d.Reason)
-		}
-		if want == "" {
-			want = d.Target
-		} else if d.Target != want {
-			t.Fatalf("%s would send the new prefix to %s, another sidecar to %s; want agreement", f.c.Pod(i).Name, d.Target, want)
-		}
-	}
+		return agree, tables.String()
+	})
 
 	w := f.index(want)
 	waitFor(t, 5*time.Second, want+" scraped its vLLM just now", func(ctx context.Context) (bool, string) {
@@ -105,6 +117,11 @@ func TestBurstOfNewPrefixLandsOnOnePod(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
+			// 30 ms apart: past one load push (25 ms), so each request's
+			// sidecar knows where the ones before it went. Requests within
+			// one push interval of each other may split over the least-loaded
+			// pods, and their claims then keep the rest of the burst there.
+			time.Sleep(time.Duration(i) * burstGap)
 			replies[i], errs[i] = f.do(ctx, http.MethodPost, f.c.Pod(i%f.c.Len()).API, "/v1/completions", bodies[i], nil)
 		})
 	}

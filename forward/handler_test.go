@@ -80,7 +80,7 @@ func (byteTokenizer) Tokenize(_ context.Context, p Prompt) ([]uint32, error) {
 }
 
 // vllmStub answers like vLLM and says which pod it is.
-func vllmStub(t *testing.T, name string) (*httptest.Server, *[]http.Header) {
+func vllmStub(t testing.TB, name string) (*httptest.Server, *[]http.Header) {
 	var mu sync.Mutex
 	var seen []http.Header
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -104,7 +104,7 @@ type node struct {
 	peers *fakePeers
 }
 
-func newNode(t *testing.T, name string) *node {
+func newNode(t testing.TB, name string) *node {
 	vllm, seen := vllmStub(t, name)
 	u, _ := url.Parse(vllm.URL)
 	cfg := DefaultConfig()

@@ -56,12 +56,10 @@ type wireRequest struct {
 // Prompt still has Model and Stream.
 func ParsePrompt(body []byte, chat bool) (Prompt, error) {
 	var w wireRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&w); err != nil {
+	// Unmarshal, not a Decoder: it rejects trailing data itself and does
+	// not copy the body into a buffer first.
+	if err := json.Unmarshal(body, &w); err != nil {
 		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
-	}
-	if dec.More() {
-		return Prompt{}, fmt.Errorf("%w: trailing data after the object", errBadJSON)
 	}
 	p := Prompt{
 		Model: w.Model, Stream: w.Stream, Chat: chat,
