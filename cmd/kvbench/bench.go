@@ -16,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/baseline"
 	"github.com/kvroute/kvroute/chaos"
 	"github.com/kvroute/kvroute/loadgen"
+	"github.com/kvroute/kvroute/vllmsim"
 )
 
 // model is the served model name of the benchmark cluster.
@@ -31,8 +32,8 @@ func schedule(o options, load float64, trace []loadgen.TraceRecord, log io.Write
 			MaxPromptTokens: o.maxPromptTokens(256), MaxOutputTokens: 256,
 		})
 		if skipped > 0 {
-			fmt.Fprintf(log, "kvbench: skipped %d trace requests longer than %d tokens (one pod's cache is %d)\n",
-				skipped, o.maxPromptTokens(256), o.BlocksPerPod*blockSize)
+			fmt.Fprintf(log, "kvbench: skipped %d trace requests longer than %d tokens (one pod's cache is %d, the context %d)\n",
+				skipped, o.maxPromptTokens(256), o.BlocksPerPod*blockSize, vllmsim.DefaultConfig().MaxModelLen)
 		}
 		if len(s.Sessions) == 0 {
 			return s, fmt.Errorf("trace %s: no requests in the first %v at time scale %v", o.Trace, o.Duration, load)

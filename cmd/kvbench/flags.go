@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/baseline"
 	"github.com/kvroute/kvroute/loadgen"
+	"github.com/kvroute/kvroute/vllmsim"
 )
 
 // Policy names besides the baseline proxy's (baseline.Names).
@@ -154,9 +155,11 @@ func (o options) loads() []float64 {
 const blockSize = 16
 
 // maxPromptTokens keeps every prompt, with its output, well inside one
-// pod's KV cache: a request larger than the cache could never be scheduled.
+// pod's KV cache (a request larger than the cache could never be
+// scheduled) and within the simulator's context length (vLLM answers a
+// longer one with 400: a property of the trace, not of routing).
 func (o options) maxPromptTokens(maxOutput int) int {
-	return o.BlocksPerPod*blockSize*3/4 - maxOutput
+	return min(o.BlocksPerPod*blockSize*3/4, vllmsim.DefaultConfig().MaxModelLen) - maxOutput
 }
 
 // workloadConfig is the synthetic workload sized to this cluster at rate.

@@ -106,3 +106,14 @@ func TestWorkloadSizing(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxPromptTokens(t *testing.T) {
+	for _, tt := range []struct{ blocks, want int }{
+		{2048, 2048*16*3/4 - 256}, // the cache binds
+		{32768, 131072 - 256},     // the simulator's context length binds
+	} {
+		if got := (options{BlocksPerPod: tt.blocks}).maxPromptTokens(256); got != tt.want {
+			t.Errorf("maxPromptTokens with %d blocks per pod = %d; want %d", tt.blocks, got, tt.want)
+		}
+	}
+}
