@@ -401,10 +401,15 @@ func (m *Mesh) setLoadLocked(l route.Load) {
 	metaLoad(&m.meta, l)
 	m.metaDirty = m.metaDirty || changed
 	if changed {
-		select {
-		case m.loadKick <- struct{}{}:
-		default:
-		}
+		m.pushSoon()
+	}
+}
+
+// pushSoon wakes loadLoop, which pushes within LoadPushInterval.
+func (m *Mesh) pushSoon() {
+	select {
+	case m.loadKick <- struct{}{}:
+	default:
 	}
 }
 
@@ -426,10 +431,7 @@ func (m *Mesh) Claim(peer string, cs []route.Claim) {
 		m.claims = append(m.claims, peerClaim{Peer: peer, Key: c.Key, Keys: c.Keys})
 	}
 	m.mu.Unlock()
-	select {
-	case m.loadKick <- struct{}{}:
-	default:
-	}
+	m.pushSoon()
 }
 
 func (m *Mesh) claimLocked(peer string, c route.Claim) {
@@ -516,7 +518,7 @@ func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 		Load:      m.load,
 		LoadAt:    m.loadAt,
 		Draining:  m.meta.Draining,
-		Claims:    slices.Clone(m.selfClaim),
+		Claims:    m.selfClaim, // copy-on-write (addClaim)
 	}
 	if m.local != nil {
 		self.Digest, self.DigestAt = m.local, now

@@ -253,7 +253,7 @@ func (t *table) views() []route.PeerView {
 			LoadAt:      p.loadAt,
 			LastFailure: p.lastFailure,
 			Draining:    p.meta.Draining,
-			Claims:      slices.Clone(p.claims),
+			Claims:      p.claims, // copy-on-write (addClaim)
 		}
 		if p.digest != nil { // a nil *Digest in the interface would not be nil
 			v.Digest, v.DigestAt = p.digest, p.digestAt
@@ -268,12 +268,12 @@ func (t *table) views() []route.PeerView {
 // few distinct prefixes within route.Config.ClaimTTL.
 const keepClaims = 32
 
-// addClaim appends c to claims, dropping the oldest beyond keepClaims.
+// addClaim returns claims with c appended, dropping the oldest beyond
+// keepClaims. It never modifies claims: views share the slice with every
+// request's snapshot instead of copying it per request.
 func addClaim(claims []route.Claim, c route.Claim) []route.Claim {
-	if len(claims) >= keepClaims {
-		claims = slices.Delete(claims, 0, len(claims)-keepClaims+1)
-	}
-	return append(claims, c)
+	claims = claims[max(0, len(claims)-keepClaims+1):]
+	return append(slices.Clip(claims), c)
 }
 
 // claim records a claim on a known peer; unknown peers are ignored.

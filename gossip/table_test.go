@@ -309,3 +309,22 @@ func TestTableApplyLoad(t *testing.T) {
 		t.Errorf("after meta: load %+v at %v; want %+v at +5s", v.Load, v.LoadAt, l(5))
 	}
 }
+
+// TestAddClaimCopies checks addClaim keeps the newest keepClaims and never
+// writes to a slice a snapshot may hold.
+func TestAddClaimCopies(t *testing.T) {
+	var cs []route.Claim
+	var held [][]route.Claim
+	for i := range keepClaims + 5 {
+		cs = addClaim(cs, route.Claim{Keys: i + 1})
+		held = append(held, cs)
+	}
+	if len(cs) != keepClaims || cs[0].Keys != 6 || cs[keepClaims-1].Keys != keepClaims+5 {
+		t.Fatalf("after %d claims: len %d, first %d, last %d; want %d, 6, %d", keepClaims+5, len(cs), cs[0].Keys, cs[len(cs)-1].Keys, keepClaims, keepClaims+5)
+	}
+	for i, h := range held {
+		if got := h[len(h)-1].Keys; got != i+1 {
+			t.Errorf("snapshot %d's last claim changed to %d; want %d", i, got, i+1)
+		}
+	}
+}

@@ -56,7 +56,8 @@ type PeerView struct {
 	LoadAt      time.Time // when Load's reported fields were measured
 	LastFailure time.Time // last forward to the peer that failed; zero if none
 	Draining    bool
-	// Claims are prefixes sidecars just sent to the peer (Claim).
+	// Claims are prefixes sidecars just sent to the peer (Claim). The
+	// slice is shared with the peer table: read it, never modify it.
 	Claims []Claim
 }
 
