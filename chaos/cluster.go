@@ -210,8 +210,12 @@ func (c *Cluster) startSim(i int) error {
 
 func (c *Cluster) startSidecar(i int) error {
 	p := c.cfg.pod(i)
-	pr, err := startProc(p.Name+"-sidecar", filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgs(p), c.env,
-		c.LogPath(i, "sidecar"), c.cfg.StopGrace)
+	bin, args := filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgs(p)
+	if c.cfg.SidecarCPUs != "" {
+		// taskset execs the sidecar in its own process: signals still reach it.
+		bin, args = "taskset", append([]string{"-c", c.cfg.SidecarCPUs, bin}, args...)
+	}
+	pr, err := startProc(p.Name+"-sidecar", bin, args, c.env, c.LogPath(i, "sidecar"), c.cfg.StopGrace)
 	if err != nil {
 		return err
 	}

@@ -42,6 +42,10 @@ type ClusterConfig struct {
 	Sidecars bool
 	// SidecarArgs are appended to every sidecar's command line.
 	SidecarArgs []string
+	// SidecarCPUs, when set, pins every sidecar to these CPUs (a taskset
+	// list such as "1"), as a pod's own CPU request would keep it off the
+	// cores vLLM and the clients use. Empty: no pinning.
+	SidecarCPUs string
 	// Progress receives one line per step (build, pod ready, mesh formed).
 	// nil means io.Discard.
 	Progress io.Writer

@@ -36,6 +36,7 @@ const (
 var (
 	rate     = flag.Float64("e2e.rate", 200, "BenchmarkOverhead: requests per second, all series together")
 	duration = flag.Duration("e2e.duration", 10*time.Second, "BenchmarkOverhead: length of the measured run")
+	pinCPUs  = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 )
 
 // env is what TestMain prepares once: binaries built into a private
@@ -91,6 +92,7 @@ type clusterSpec struct {
 	secret    bool
 	timeScale float64
 	args      []string
+	cpus      string // chaos.ClusterConfig.SidecarCPUs
 	progress  io.Writer
 }
 
@@ -114,6 +116,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.TimeScale = s.timeScale
 	cfg.Progress = s.progress
+	cfg.SidecarCPUs = s.cpus
 	// The sidecar's short timing that has a flag: digest changes go out
 	// every 50 ms instead of 100 ms.
 	// A key per block: the tests count matches in vLLM blocks.

@@ -31,27 +31,31 @@ import (
 // all; the differences of the percentiles are the sidecar's cost. It is a
 // measurement: it asserts only that the requests went where the series
 // says. Run it once: go test -tags integration -run '^$' -bench Overhead
-// -benchtime 1x ./e2e.
+// -benchtime 1x ./e2e. To give the sidecars a core of their own, as a pod's
+// CPU request would: taskset -c 0 go test ... -args -e2e.sidecar-cpus 1.
 func BenchmarkOverhead(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, progress: testProgress{b}}, b.Cleanup)
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs, progress: testProgress{b}}, b.Cleanup)
 	if err != nil {
 		b.Fatal(err)
 	}
 	a, other := f.c.Pod(0), f.c.Pod(1)
 	rng := seeded(b.Name())
-	// Prompts that pod A's sidecar places on A: 8 full blocks and a bit.
-	// Affinity scores a peer by matched tokens minus 64 per request of
-	// load, so a 2-block match loses to an idle peer as soon as A reports
-	// one running request, and the choice falls to rendezvous (still A).
-	tokPlain := f.pickLocal(b, 0, func() []byte { return body(tokens(rng, 8*blockSize+8), 4, false) })
+	// Prompts that pod A's sidecar places on A and keeps there under this
+	// load: 64 full blocks and a bit (1032 tokens). Affinity scores a peer
+	// by matched tokens minus 64 per request of load, and every series
+	// loads A, so a short prompt (8 blocks: 136 tokens) rightly moved to
+	// the idle pod B once A had three requests in flight, and the series
+	// stopped measuring one thing.
+	tokPlain := f.pickLocal(b, 0, func() []byte { return body(tokens(rng, 64*blockSize+8), 4, false) })
 	var tok completion
 	json.Unmarshal(tokPlain, &tok)
 	tokStream := body(tok.Prompt, 4, true)
 	textPlain := f.pickLocal(b, 0, func() []byte {
 		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4,
-			"prompt": fmt.Sprintf("Overhead probe %d: the quick brown fox jumps over the lazy dog, twice over, and then once more for luck.", rng.IntN(1<<30))})
+			"prompt": fmt.Sprintf("Overhead probe %d: ", rng.IntN(1<<30)) +
+				strings.Repeat("the quick brown fox jumps over the lazy dog, twice over, and then once more for luck. ", 12)})
 		return b
 	})
 	for _, p := range [][]byte{tokPlain, textPlain} {
