@@ -22,7 +22,7 @@ type Meta struct {
 	Running         int // requests being decoded
 	Waiting         int // requests queued in vLLM
 	KVUsageMilli    int // KV cache usage × 1000
-	InFlight        int // requests this sidecar has at its vLLM (route.Load.Serving)
+	Serving         int // requests this sidecar has at its vLLM (route.Load.Serving)
 	QueuedPrefill   int // prompt tokens queued for prefill
 }
 
@@ -30,7 +30,7 @@ type Meta struct {
 //
 //	version u8 | flags u8 | key scheme u8 | api len u8 | api |
 //	epoch uvarint | version uvarint | running uvarint | waiting uvarint |
-//	kv usage milli uvarint | in flight uvarint | queued prefill uvarint |
+//	kv usage milli uvarint | serving uvarint | queued prefill uvarint |
 //	model count u8 | (len u8 | name)*
 //
 // Decoders ignore bytes after the models, so a later version may append
@@ -72,7 +72,7 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	for _, v := range []uint64{m.DigestEpoch, m.DigestVersion} {
 		b = binary.AppendUvarint(b, v)
 	}
-	for _, v := range []int{m.Running, m.Waiting, m.KVUsageMilli, m.InFlight, m.QueuedPrefill} {
+	for _, v := range []int{m.Running, m.Waiting, m.KVUsageMilli, m.Serving, m.QueuedPrefill} {
 		b = binary.AppendUvarint(b, uint64(min(max(v, 0), math.MaxInt32)))
 	}
 	countAt := len(b)
@@ -122,7 +122,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 	m.APIAddr = string(r.bytes(int(apiLen)))
 	m.DigestEpoch = r.uvarint()
 	m.DigestVersion = r.uvarint()
-	for _, p := range []*int{&m.Running, &m.Waiting, &m.KVUsageMilli, &m.InFlight, &m.QueuedPrefill} {
+	for _, p := range []*int{&m.Running, &m.Waiting, &m.KVUsageMilli, &m.Serving, &m.QueuedPrefill} {
 		*p = r.int()
 	}
 	n := int(r.byte())

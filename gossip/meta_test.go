@@ -17,7 +17,7 @@ func TestMetaRoundTrip(t *testing.T) {
 		{"typical", Meta{
 			APIAddr: "10.1.2.3:8000", Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "lora-a"},
 			KeyScheme: 1, HasDigest: true, DigestEpoch: 7, DigestVersion: 1 << 40,
-			Running: 12, Waiting: 3, KVUsageMilli: 875, InFlight: 4, QueuedPrefill: 9000,
+			Running: 12, Waiting: 3, KVUsageMilli: 875, Serving: 4, QueuedPrefill: 9000,
 		}},
 		{"draining", Meta{APIAddr: "[fd00::1]:8000", Draining: true}},
 		{"max integers", Meta{DigestEpoch: ^uint64(0), DigestVersion: ^uint64(0), Running: 1<<31 - 1}},

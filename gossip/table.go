@@ -296,13 +296,13 @@ func loadOf(m Meta) route.Load {
 		Running:             m.Running,
 		Waiting:             m.Waiting,
 		KVUsage:             float64(m.KVUsageMilli) / 1000,
-		Serving:             m.InFlight,
+		Serving:             m.Serving,
 		QueuedPrefillTokens: m.QueuedPrefill,
 	}
 }
 
 // metaLoad is loadOf's inverse, up to the meta's 1/1000 KV-usage precision.
 func metaLoad(m *Meta, l route.Load) {
-	m.Running, m.Waiting, m.InFlight, m.QueuedPrefill = l.Running, l.Waiting, l.Serving, l.QueuedPrefillTokens
+	m.Running, m.Waiting, m.Serving, m.QueuedPrefill = l.Running, l.Waiting, l.Serving, l.QueuedPrefillTokens
 	m.KVUsageMilli = kvMilli(l.KVUsage)
 }

@@ -235,7 +235,7 @@ func TestTableEarlyBounded(t *testing.T) {
 func TestTableViewsAndFailures(t *testing.T) {
 	tb := newTable()
 	tb.upsert("b", Meta{APIAddr: "b:8000", Models: []string{"m"}, KeyScheme: 1, Draining: true,
-		Running: 2, Waiting: 1, KVUsageMilli: 500, InFlight: 3, QueuedPrefill: 40}, true, t0)
+		Running: 2, Waiting: 1, KVUsageMilli: 500, Serving: 3, QueuedPrefill: 40}, true, t0)
 	tb.upsert("a", Meta{APIAddr: "a:8000"}, true, t0.Add(time.Second))
 	tb.upsert("bad", Meta{}, false, t0) // meta never readable: no address
 	tb.markFailed("b", t0.Add(5*time.Second))
@@ -280,7 +280,7 @@ func TestTableAsk(t *testing.T) {
 func TestTableApplyLoad(t *testing.T) {
 	tb := newTable()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tb.upsert("a", Meta{APIAddr: "a:1", Running: 9, InFlight: 9}, true, t0)
+	tb.upsert("a", Meta{APIAddr: "a:1", Running: 9, Serving: 9}, true, t0)
 	l := func(s int) route.Load { return route.Load{Running: 1, Serving: s, Fronted: true} }
 	steps := []struct {
 		r    loadReport

@@ -125,8 +125,13 @@ func rendezvousKey(cfg Config, keys []blockkey.Key) (blockkey.Key, bool) {
 	if len(keys) == 0 {
 		return 0, false
 	}
-	n := max(cfg.RendezvousKeys, 1, int(math.Ceil(cfg.MinMatchFraction*float64(len(keys)))))
-	return keys[min(n, len(keys))-1], true
+	return keys[rendezvousDepth(cfg, len(keys))-1], true
+}
+
+// rendezvousDepth is how many leading keys of an n-key prompt (n > 0) the
+// rendezvous key stands for.
+func rendezvousDepth(cfg Config, n int) int {
+	return min(n, max(cfg.RendezvousKeys, 1, int(math.Ceil(cfg.MinMatchFraction*float64(n)))))
 }
 
 // weight is the highest-random-weight hash of (peer, key): FNV-1a of the ID

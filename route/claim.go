@@ -25,16 +25,11 @@ type Claim struct {
 // so a longer shared prefix is claimed at about its length. Empty for a
 // prompt with no keys.
 func ClaimsFor(cfg Config, keys []blockkey.Key) []Claim {
-	rk, ok := rendezvousKey(cfg, keys)
-	if !ok {
+	if len(keys) == 0 {
 		return nil
 	}
-	n := 1
-	for keys[n-1] != rk {
-		n++
-	}
 	var out []Claim
-	for ; n < len(keys); n *= 2 {
+	for n := rendezvousDepth(cfg, len(keys)); n < len(keys); n *= 2 {
 		out = append(out, Claim{Key: keys[n-1], Keys: n})
 	}
 	return append(out, Claim{Key: keys[len(keys)-1], Keys: len(keys)})
