@@ -16,6 +16,9 @@ const (
 	SimBinary     = "vllm-sim"
 	SidecarBinary = "sidecar"
 	ProxyBinary   = "kvproxy"
+	// BareProxyBinary is a bare reverse proxy, the overhead benchmark's
+	// reference hop.
+	BareProxyBinary = "bareproxy"
 )
 
 const modulePath = "github.com/kvroute/kvroute"
@@ -34,7 +37,7 @@ func DefaultBinDir() string {
 // so a benchmark that starts many clusters builds once.
 var builtOnce sync.Map // "dir\x00name" → struct{}
 
-// Build compiles the named commands (SimBinary, SidecarBinary, ProxyBinary)
+// Build compiles the named commands (SimBinary, SidecarBinary, ProxyBinary, ...)
 // into dir with `go build`, from the module that contains the working
 // directory. It needs the go tool and the source tree.
 func Build(ctx context.Context, dir string, names ...string) error {

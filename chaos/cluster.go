@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -215,7 +216,8 @@ func (c *Cluster) startSidecar(i int) error {
 		// taskset execs the sidecar in its own process: signals still reach it.
 		bin, args = "taskset", append([]string{"-c", c.cfg.SidecarCPUs, bin}, args...)
 	}
-	pr, err := startProc(p.Name+"-sidecar", bin, args, c.env, c.LogPath(i, "sidecar"), c.cfg.StopGrace)
+	env := append(slices.Clip(c.env), c.cfg.SidecarEnv...)
+	pr, err := startProc(p.Name+"-sidecar", bin, args, env, c.LogPath(i, "sidecar"), c.cfg.StopGrace)
 	if err != nil {
 		return err
 	}

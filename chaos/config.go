@@ -46,6 +46,9 @@ type ClusterConfig struct {
 	// list such as "1"), as a pod's own CPU request would keep it off the
 	// cores vLLM and the clients use. Empty: no pinning.
 	SidecarCPUs string
+	// SidecarEnv is added to every sidecar's environment ("GOMAXPROCS=1"),
+	// as a container's env would be; the simulators don't get it.
+	SidecarEnv []string
 	// Progress receives one line per step (build, pod ready, mesh formed).
 	// nil means io.Discard.
 	Progress io.Writer

@@ -34,9 +34,10 @@ const (
 )
 
 var (
-	rate     = flag.Float64("e2e.rate", 200, "BenchmarkOverhead: requests per second, all series together")
-	duration = flag.Duration("e2e.duration", 10*time.Second, "BenchmarkOverhead: length of the measured run")
-	pinCPUs  = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
+	rate       = flag.Float64("e2e.rate", 200, "BenchmarkOverhead: requests per second, all series together")
+	duration   = flag.Duration("e2e.duration", 10*time.Second, "BenchmarkOverhead: length of the measured run")
+	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
+	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 )
 
 // env is what TestMain prepares once: binaries built into a private
@@ -92,7 +93,8 @@ type clusterSpec struct {
 	secret    bool
 	timeScale float64
 	args      []string
-	cpus      string // chaos.ClusterConfig.SidecarCPUs
+	cpus      string   // chaos.ClusterConfig.SidecarCPUs
+	env       []string // chaos.ClusterConfig.SidecarEnv
 	progress  io.Writer
 }
 
@@ -117,6 +119,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Sim.TimeScale = s.timeScale
 	cfg.Progress = s.progress
 	cfg.SidecarCPUs = s.cpus
+	cfg.SidecarEnv = s.env
 	// The sidecar's short timing that has a flag: digest changes go out
 	// every 50 ms instead of 100 ms.
 	// A key per block: the tests count matches in vLLM blocks.

@@ -6,9 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvroute/kvroute/chaos"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -36,7 +41,7 @@ import (
 func BenchmarkOverhead(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs, progress: testProgress{b}}, b.Cleanup)
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs, env: strings.Fields(*sidecarEnv), progress: testProgress{b}}, b.Cleanup)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -76,6 +81,8 @@ func BenchmarkOverhead(b *testing.B) {
 		{name: "direct text", addr: a.SimAddr, body: textPlain},
 		{name: "local text", addr: a.API, body: textPlain, servedBy: a.Name},
 	}
+	bare := startBareProxy(ctx, b, a.API, a.SimAddr)
+	ss = append(ss, series{name: "bare plain", addr: bare, body: tokPlain}, series{name: "bare stream", addr: bare, body: tokStream})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	// One second unrecorded opens the connections and warms the caches.
 	openLoop(ctx, hc, ss, *rate, time.Second, rng)
@@ -111,9 +118,57 @@ func BenchmarkOverhead(b *testing.B) {
 			b.Errorf("%s: %d of %d requests failed or went elsewhere; first: %v", s.name, s.errs, s.errs+len(s.ttlb), s.firstErr)
 		}
 	}
-	fmt.Fprintf(&tab, "Δ = this series' percentile minus the direct series' (same prompt kind); ttfb = first body byte\n")
+	for _, kind := range []string{"plain", "stream"} {
+		local, ref := find(ss, "local "+kind), find(ss, "bare "+kind)
+		fmt.Fprintf(&tab, "kvroute's own share, %s: local − bare = %s p50, %s p99\n", kind,
+			us(percentile(local.ttlb, 50)-percentile(ref.ttlb, 50)), us(percentile(local.ttlb, 99)-percentile(ref.ttlb, 99)))
+	}
+	fmt.Fprintf(&tab, "Δ = this series' percentile minus the direct series' (same prompt kind); ttfb = first body byte;\n"+
+		"bare = a bare httputil.ReverseProxy process (cmd/bareproxy) in front of the same simulator, with the sidecars' environment\n")
 	// Printed, not logged: go test cuts a benchmark's log to a few lines.
 	fmt.Print(tab.String())
+}
+
+// startBareProxy builds and starts cmd/bareproxy on the host of api (port
+// 8100) in front of sim, with the sidecars' GOMAXPROCS (--procs 1 unless
+// -e2e.sidecar-env says otherwise), and returns its address once it
+// accepts connections.
+func startBareProxy(ctx context.Context, b *testing.B, api, sim string) string {
+	b.Helper()
+	if err := chaos.Build(ctx, env.binDir, chaos.BareProxyBinary); err != nil {
+		b.Fatal(err)
+	}
+	host, _, _ := strings.Cut(api, ":")
+	addr := host + ":8100"
+	cmd := exec.Command(filepath.Join(env.binDir, chaos.BareProxyBinary), "--listen", addr, "--upstream", "http://"+sim)
+	cmd.Env = append(append(os.Environ(), "GOMAXPROCS=1"), strings.Fields(*sidecarEnv)...) // the last of a name wins
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return addr
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("bareproxy on %s: %v", addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// find returns the series named name.
+func find(ss []series, name string) *series {
+	for i := range ss {
+		if ss[i].name == name {
+			return &ss[i]
+		}
+	}
+	panic("no series " + name)
 }
 
 // pickLocal draws request bodies until pod i's sidecar would serve one on

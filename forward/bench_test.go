@@ -19,29 +19,33 @@ import (
 // on an idle machine; -cpuprofile shows where it goes.
 func BenchmarkFront(b *testing.B) {
 	n := newNode(b, "a")
+	n.h.cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes // the test nodes' 1 KiB is below 1032 ids
 	n.peers.views = []route.PeerView{{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: time.Now()}}
-	ids := make([]string, 136) // 8 blocks and a bit, as e2e's BenchmarkOverhead
-	for i := range ids {
-		ids[i] = fmt.Sprint(1000 + i*7)
-	}
-	body := `{"model":"m","max_tokens":4,"prompt":[` + strings.Join(ids, ",") + `]}`
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
-	for _, bc := range []struct{ name, url string }{
-		{"direct", n.vllm.URL}, {"front", n.srv.URL},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			for b.Loop() {
-				resp, err := hc.Post(bc.url+"/v1/completions", "application/json", strings.NewReader(body))
-				if err != nil {
-					b.Fatal(err)
+	// 136 tokens is 8 blocks and a bit; 1032 is e2e BenchmarkOverhead's.
+	for _, size := range []int{136, 1032} {
+		ids := make([]string, size)
+		for i := range ids {
+			ids[i] = fmt.Sprint(1000 + i*7)
+		}
+		body := `{"model":"m","max_tokens":4,"prompt":[` + strings.Join(ids, ",") + `]}`
+		for _, bc := range []struct{ name, url string }{
+			{"direct", n.vllm.URL}, {"front", n.srv.URL},
+		} {
+			b.Run(fmt.Sprintf("%s-%d", bc.name, size), func(b *testing.B) {
+				for b.Loop() {
+					resp, err := hc.Post(bc.url+"/v1/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						b.Fatalf("status %d", resp.StatusCode)
+					}
 				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -134,6 +134,10 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
+		// Headers and a body of up to ~5k token ids go out in one write
+		// (the default 4 KiB split a 1032-token prompt in three), so the
+		// upstream wakes once per request.
+		WriteBufferSize: 32 << 10,
 	}
 	tr := &attempts{base: base, hop: h.hop, self: cfg.Self, retry: cfg.Retry, now: h.now,
 		failed: func(peer string, at time.Time) {
@@ -154,11 +158,40 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 		// body with a Content-Length then goes out in one write instead of
 		// a flush per copy plus chunked framing (~10% of the sidecar's CPU).
 		FlushInterval:  0,
+		BufferPool:     &copyBuffers{},
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
 	}
 	return h
 }
+
+// readBody reads a request body of at most limit bytes. With a
+// Content-Length it reads into one buffer of that size instead of growing
+// one (io.ReadAll copied a 6 KB prompt four times).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil // net/http reads no further than Content-Length
+	}
+	return io.ReadAll(rd)
+}
+
+// copyBuffers lends ReverseProxy its response copy buffers; without a pool
+// it allocates 32 KiB per request (40% of the front's allocation).
+type copyBuffers struct{ p sync.Pool }
+
+func (b *copyBuffers) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *copyBuffers) Put(buf []byte) { b.p.Put(&buf) }
 
 // Register mounts the front on r.
 func (h *Handler) Register(r gin.IRoutes) {
@@ -220,7 +253,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		h.active.Add(1)
 		defer h.active.Done()
 		r := c.Request
-		body, err := io.ReadAll(http.MaxBytesReader(c.Writer, r.Body, h.cfg.MaxBodyBytes))
+		body, err := readBody(c.Writer, r, h.cfg.MaxBodyBytes)
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {

@@ -41,6 +41,7 @@ type config struct {
 	DigestInterval time.Duration
 	LogLevel       string
 	LogFormat      string
+	Procs          int
 }
 
 // envName is a flag's environment twin: --kv-events-endpoint →
@@ -80,6 +81,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
+	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
 	fs.Usage = func() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"runtime"
 	"testing"
 )
 
@@ -44,5 +45,26 @@ func TestParseServeErrors(t *testing.T) {
 	}
 	if _, err := parseServe(nil, bad, io.Discard); err == nil {
 		t.Error("parseServe with KVROUTE_GOSSIP_PORT=x succeeded; want error")
+	}
+}
+
+func TestSetProcs(t *testing.T) {
+	orig := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(orig) })
+	for _, tc := range []struct {
+		procs int
+		env   string
+		start int
+		want  int
+	}{
+		{procs: 1, start: 3, want: 1},
+		{procs: 2, start: 1, want: 2},
+		{procs: 0, start: 3, want: 3},           // 0 keeps what Go chose
+		{procs: 1, env: "3", start: 3, want: 3}, // GOMAXPROCS wins
+	} {
+		runtime.GOMAXPROCS(tc.start)
+		if got := setProcs(tc.procs, tc.env); got != tc.want || runtime.GOMAXPROCS(0) != tc.want {
+			t.Errorf("setProcs(%d, %q) from %d = %d (runtime %d); want %d", tc.procs, tc.env, tc.start, got, runtime.GOMAXPROCS(0), tc.want)
+		}
 	}
 }

@@ -1,0 +1,77 @@
+// Command bareproxy is a bare httputil.ReverseProxy in front of one
+// upstream: no parsing, no routing, no metrics. It is e2e
+// BenchmarkOverhead's reference for what any Go proxy hop costs on the
+// machine at hand, so the sidecar's own share of its added latency can be
+// told apart from the hop's.
+//
+//	bareproxy --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8001
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// buffered reads each request body whole before proxying it, as the sidecar
+// does (it must, to route). Streaming the client's body through instead
+// lost about one streamed answer in 400 to "use of closed network
+// connection" on the upstream side under the benchmark's load.
+func buffered(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:8100", "address to serve on")
+	upstream := flag.String("upstream", "http://127.0.0.1:8001", "base URL every request goes to")
+	flag.Parse()
+	u, err := url.Parse(*upstream)
+	if err != nil || u.Host == "" {
+		fmt.Fprintf(os.Stderr, "bareproxy: --upstream %q: not an absolute URL\n", *upstream)
+		os.Exit(2)
+	}
+	// The sidecar's transport settings, so the two hops differ only in
+	// what the sidecar does per request.
+	tr := &http.Transport{
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		WriteBufferSize:     32 << 10,
+	}
+	srv := &http.Server{
+		Addr:              *listen,
+		Handler:           buffered(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(u) }, Transport: tr}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() { // exits with the process
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(os.Stderr, "bareproxy:", err)
+		os.Exit(1)
+	}
+}
