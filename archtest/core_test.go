@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route"}
+var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids"}
 
 var forbidden = []string{
 	"net/http",

@@ -51,7 +51,7 @@ func BenchmarkFront(b *testing.B) {
 
 // BenchmarkParsePrompt1032 is the request-side parse of a 1032-token
 // prompt (the e2e overhead benchmark's): 200 us with encoding/json decoding
-// the ids, ~50 us with tokenIDs (most of it the validating scan of the body).
+// the ids, ~50 us with tokenids.Parse (most of it the validating scan of the body).
 func BenchmarkParsePrompt1032(b *testing.B) {
 	ids := make([]string, 1032)
 	for i := range ids {

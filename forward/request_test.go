@@ -1,9 +1,7 @@
 package forward
 
 import (
-	"encoding/json"
 	"errors"
-	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -63,56 +61,6 @@ func FuzzParsePrompt(f *testing.F) {
 		}
 		if err == nil && chat && len(p.Messages) == 0 {
 			t.Fatalf("ParsePrompt(%q) succeeded without messages", body)
-		}
-	})
-}
-
-func TestTokenIDs(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		want []uint32
-		ok   bool
-	}{
-		{`[1,2,3]`, []uint32{1, 2, 3}, true},
-		{" \t[ 0 ,\n 4294967295 ]\r\n", []uint32{0, 4294967295}, true},
-		{`[4294967296]`, nil, false},
-		{`[]`, nil, false},
-		{`[01]`, nil, false},
-		{`[-1]`, nil, false},
-		{`[1.0]`, nil, false},
-		{`[1e3]`, nil, false},
-		{`[1,]`, nil, false},
-		{`[1 2]`, nil, false},
-		{`[[1,2]]`, nil, false},
-		{`["1"]`, nil, false},
-		{`[1]x`, nil, false},
-		{`[1`, nil, false},
-		{`"abc"`, nil, false},
-		{``, nil, false},
-	} {
-		got, ok := tokenIDs([]byte(tt.in))
-		if ok != tt.ok || !slices.Equal(got, tt.want) {
-			t.Errorf("tokenIDs(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
-// FuzzTokenIDs checks the fast path against encoding/json: whatever it
-// accepts, json decodes to the same ids; whatever non-empty flat array json
-// accepts, it accepts too (so it never sends a valid prompt the slow way).
-func FuzzTokenIDs(f *testing.F) {
-	for _, s := range []string{`[1,2,3]`, ` [ 0 , 4294967295 ] `, `[01]`, `[1.5]`, `[-0]`, `[]`, `[1e2]`, `[[1]]`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fast, ok := tokenIDs(b)
-		var slow []uint32
-		err := json.Unmarshal(b, &slow)
-		if ok && (err != nil || !slices.Equal(fast, slow)) {
-			t.Fatalf("tokenIDs(%q) = %v; json gives %v, %v", b, fast, slow, err)
-		}
-		if !ok && err == nil && len(slow) > 0 {
-			t.Fatalf("tokenIDs(%q) declined; json gives %v", b, slow)
 		}
 	})
 }

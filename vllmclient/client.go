@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/tokenids"
 )
 
 // ClientConfig configures a Client for the local vLLM's HTTP API.
@@ -158,7 +160,7 @@ func (c *Client) Tokenize(ctx context.Context, r TokenizeRequest) ([]uint32, err
 
 func parseTokenize(body []byte) ([]uint32, error) {
 	var out struct {
-		Tokens *[]uint32 `json:"tokens"`
+		Tokens *tokenids.IDs `json:"tokens"`
 	}
 	if err := json.Unmarshal(body, &out); err != nil {
 		return nil, fmt.Errorf("tokenize response: %w", err)
@@ -166,7 +168,7 @@ func parseTokenize(body []byte) ([]uint32, error) {
 	if out.Tokens == nil {
 		return nil, errors.New("tokenize response: no tokens field")
 	}
-	return *out.Tokens, nil
+	return []uint32(*out.Tokens), nil
 }
 
 // Health returns nil when vLLM answers GET /health with 200. A connection
