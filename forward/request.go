@@ -39,44 +39,122 @@ var errBadJSON = errors.New("request body is not a valid JSON object")
 // prefix prediction, never refused here (DESIGN.md D6).
 var errNoPrompt = errors.New("no single prompt to route on")
 
-type wireRequest struct {
-	Model                string          `json:"model"`
-	Stream               bool            `json:"stream"`
-	Messages             json.RawMessage `json:"messages"`
-	Prompt               json.RawMessage `json:"prompt"`
-	Tools                json.RawMessage `json:"tools"`
-	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage *bool           `json:"continue_final_message"`
-	AddSpecialTokens     *bool           `json:"add_special_tokens"`
-	CacheSalt            string          `json:"cache_salt"`
-}
-
 // ParsePrompt reads the routing-relevant fields of an OpenAI request body.
-// It returns errBadJSON (wrapped) for malformed JSON and errNoPrompt when
-// the body is fine but carries no single prompt; in that case the returned
-// Prompt still has Model and Stream.
+// It returns errBadJSON (wrapped) for malformed JSON or a known field of
+// the wrong type, and errNoPrompt when the body is fine but carries no
+// single prompt; in that case the returned Prompt still has Model and
+// Stream. Names match exactly, as vLLM's pydantic models do, and the last
+// of duplicate names wins, as in Python's json.
 func ParsePrompt(body []byte, chat bool) (Prompt, error) {
-	var w wireRequest
-	// Unmarshal, not a Decoder: it rejects trailing data itself and does
-	// not copy the body into a buffer first.
-	if err := json.Unmarshal(body, &w); err != nil {
+	var f wireFields
+	if err := scanObject(body, f.set); err != nil {
 		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
 	}
-	p := Prompt{
-		Model: w.Model, Stream: w.Stream, Chat: chat,
-		Tools: nullToNil(w.Tools), ChatTemplateKwargs: nullToNil(w.ChatTemplateKwargs),
-		AddGenerationPrompt: w.AddGenerationPrompt, ContinueFinalMessage: w.ContinueFinalMessage,
-		AddSpecialTokens: w.AddSpecialTokens, CacheSalt: w.CacheSalt,
+	p := Prompt{Chat: chat, Tools: nullToNil(f.tools), ChatTemplateKwargs: nullToNil(f.chatTemplateKwargs)}
+	var err error
+	p.Model, err = jsonString(f.model, "model", err)
+	p.Stream, err = jsonBool(f.stream, "stream", err)
+	p.CacheSalt, err = jsonString(f.cacheSalt, "cache_salt", err)
+	p.AddGenerationPrompt, err = jsonOptBool(f.addGenerationPrompt, "add_generation_prompt", err)
+	p.ContinueFinalMessage, err = jsonOptBool(f.continueFinalMessage, "continue_final_message", err)
+	p.AddSpecialTokens, err = jsonOptBool(f.addSpecialTokens, "add_special_tokens", err)
+	if err != nil {
+		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
 	}
 	if chat {
-		p.Messages = nullToNil(w.Messages)
+		p.Messages = nullToNil(f.messages)
 		if len(p.Messages) == 0 || p.Messages[0] != '[' {
 			return p, errNoPrompt
 		}
 		return p, nil
 	}
-	return p, parseCompletionPrompt(nullToNil(w.Prompt), &p)
+	return p, parseCompletionPrompt(nullToNil(f.prompt), &p)
+}
+
+// wireFields are the raw values of the members routing reads; they alias
+// the body.
+type wireFields struct {
+	model, stream, messages, prompt, tools, chatTemplateKwargs  []byte
+	addGenerationPrompt, continueFinalMessage, addSpecialTokens []byte
+	cacheSalt                                                   []byte
+}
+
+func (f *wireFields) set(key, val []byte) error {
+	if bytes.IndexByte(key, '\\') >= 0 { // an escaped name: rare, decode it
+		var k string
+		if err := json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k); err != nil {
+			return err
+		}
+		key = []byte(k)
+	}
+	switch string(key) {
+	case "model":
+		f.model = val
+	case "stream":
+		f.stream = val
+	case "messages":
+		f.messages = val
+	case "prompt":
+		f.prompt = val
+	case "tools":
+		f.tools = val
+	case "chat_template_kwargs":
+		f.chatTemplateKwargs = val
+	case "add_generation_prompt":
+		f.addGenerationPrompt = val
+	case "continue_final_message":
+		f.continueFinalMessage = val
+	case "add_special_tokens":
+		f.addSpecialTokens = val
+	case "cache_salt":
+		f.cacheSalt = val
+	}
+	return nil
+}
+
+// jsonString decodes a string member (absent or null: ""). err passes an
+// earlier error through, so a run of fields reports the first.
+func jsonString(raw []byte, name string, err error) (string, error) {
+	if err != nil || raw == nil || string(raw) == "null" {
+		return "", err
+	}
+	if raw[0] != '"' {
+		return "", fmt.Errorf("%s: want a string", name)
+	}
+	plain := true
+	for _, c := range raw[1 : len(raw)-1] {
+		if c == '\\' || c >= 0x80 {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string // escapes or non-ASCII: encoding/json's decoding
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("%s: %v", name, err)
+	}
+	return s, nil
+}
+
+func jsonBool(raw []byte, name string, err error) (bool, error) {
+	b, err := jsonOptBool(raw, name, err)
+	return b != nil && *b, err
+}
+
+func jsonOptBool(raw []byte, name string, err error) (*bool, error) {
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	switch string(raw) {
+	case "null":
+		return nil, nil
+	case "true", "false":
+		v := raw[0] == 't'
+		return &v, nil
+	}
+	return nil, fmt.Errorf("%s: want true or false", name)
 }
 
 // parseCompletionPrompt accepts the four shapes vLLM does: a string, a list

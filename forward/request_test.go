@@ -1,7 +1,11 @@
 package forward
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -63,4 +67,108 @@ func FuzzParsePrompt(f *testing.F) {
 			t.Fatalf("ParsePrompt(%q) succeeded without messages", body)
 		}
 	})
+}
+
+// FuzzScanObject checks the scanner's verdict against encoding/json's: a
+// body is accepted exactly when it is valid JSON with an object on top.
+func FuzzScanObject(f *testing.F) {
+	for _, s := range []string{`{"model":"m","prompt":[1,2,3]}`, `{}`, ` {"a":{"b":[true,false,null,-0.5e+3,"\u00e9\n"]}} `,
+		`{"a":01}`, `{"a":1.}`, `{"a":"\x"}`, "{\"a\":\"\x01\"}", `{"a":[1,]}`, `{"a":1}{}`, `[1]`, `{"a" 1}`, "{\"a\":\"\xff\"}", `{"a":-}`, `{"a":tru}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := scanObject(b, func(_, _ []byte) error { return nil })
+		trimmed := bytes.TrimLeft(b, " \t\r\n")
+		want := json.Valid(b) && len(trimmed) > 0 && trimmed[0] == '{'
+		if (err == nil) != want {
+			t.Fatalf("scanObject(%q) = %v; encoding/json says valid object: %v", b, err, want)
+		}
+	})
+}
+
+// FuzzParsePromptStd checks ParsePrompt against the encoding/json decoding
+// it replaced (stdParsePrompt) wherever the two are meant to agree: names
+// that match exactly and appear once (encoding/json also matches "Model",
+// and reports a wrong type even when a later duplicate is right).
+func FuzzParsePromptStd(f *testing.F) {
+	f.Add([]byte(`{"model":"m","prompt":[1,2,3],"stream":true}`), false)
+	f.Add([]byte(`{"model":"m\u00e9","messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"tools":null}`), true)
+	f.Add([]byte(`{"prompt":[[1]],"cache_salt":"s","add_special_tokens":null}`), false)
+	f.Add([]byte(`{"model":5}`), false)
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		seen, comparable := map[string]bool{}, true
+		if scanObject(body, func(key, _ []byte) error {
+			var k string
+			if json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k) != nil {
+				comparable = false
+			}
+			for _, name := range fieldNames {
+				if strings.EqualFold(k, name) && (k != name || seen[name]) {
+					comparable = false
+				}
+			}
+			seen[k] = true
+			return nil
+		}) != nil {
+			comparable = true // both must reject it
+		}
+		if !comparable {
+			return
+		}
+		got, err := ParsePrompt(body, chat)
+		want, werr := stdParsePrompt(body, chat)
+		if errors.Is(err, errBadJSON) != errors.Is(werr, errBadJSON) || errors.Is(err, errNoPrompt) != errors.Is(werr, errNoPrompt) {
+			t.Fatalf("ParsePrompt(%q) error %v; encoding/json %v", body, err, werr)
+		}
+		if diff := cmp.Diff(want, got); diff != "" && !errors.Is(err, errBadJSON) {
+			t.Fatalf("ParsePrompt(%q) mismatch (-encoding/json +scan):\n%s", body, diff)
+		}
+	})
+}
+
+var fieldNames = []string{"model", "stream", "messages", "prompt", "tools", "chat_template_kwargs",
+	"add_generation_prompt", "continue_final_message", "add_special_tokens", "cache_salt"}
+
+// stdParsePrompt is ParsePrompt as encoding/json did it before scanObject.
+func stdParsePrompt(body []byte, chat bool) (Prompt, error) {
+	var w struct {
+		Model                string          `json:"model"`
+		Stream               bool            `json:"stream"`
+		Messages             json.RawMessage `json:"messages"`
+		Prompt               json.RawMessage `json:"prompt"`
+		Tools                json.RawMessage `json:"tools"`
+		ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+		AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+		ContinueFinalMessage *bool           `json:"continue_final_message"`
+		AddSpecialTokens     *bool           `json:"add_special_tokens"`
+		CacheSalt            string          `json:"cache_salt"`
+	}
+	if err := json.Unmarshal(body, &w); err != nil {
+		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
+	}
+	p := Prompt{
+		Model: w.Model, Stream: w.Stream, Chat: chat,
+		Tools: nullToNil(w.Tools), ChatTemplateKwargs: nullToNil(w.ChatTemplateKwargs),
+		AddGenerationPrompt: w.AddGenerationPrompt, ContinueFinalMessage: w.ContinueFinalMessage,
+		AddSpecialTokens: w.AddSpecialTokens, CacheSalt: w.CacheSalt,
+	}
+	if chat {
+		p.Messages = nullToNil(w.Messages)
+		if len(p.Messages) == 0 || p.Messages[0] != '[' {
+			return p, errNoPrompt
+		}
+		return p, nil
+	}
+	return p, parseCompletionPrompt(nullToNil(w.Prompt), &p)
+}
+
+// TestScanObjectDepth: the scanner's nesting limit is encoding/json's.
+func TestScanObjectDepth(t *testing.T) {
+	for _, n := range []int{9998, 9999, 10000, 10001} {
+		b := []byte(`{"a":` + strings.Repeat("[", n) + strings.Repeat("]", n) + `}`)
+		err := scanObject(b, func(_, _ []byte) error { return nil })
+		if (err == nil) != json.Valid(b) {
+			t.Errorf("depth %d: scanObject error %v; json.Valid %v", n+1, err, json.Valid(b))
+		}
+	}
 }
