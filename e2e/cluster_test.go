@@ -35,7 +35,8 @@ const (
 
 var (
 	rate       = flag.Float64("e2e.rate", 200, "BenchmarkOverhead: requests per second, all series together")
-	duration   = flag.Duration("e2e.duration", 10*time.Second, "BenchmarkOverhead: length of the measured run")
+	duration   = flag.Duration("e2e.duration", 10*time.Second, "BenchmarkOverhead: length of one measured round")
+	rounds     = flag.Int("e2e.rounds", 1, "BenchmarkOverhead: rounds; the table reports the median of the rounds' differences")
 	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 )
