@@ -53,7 +53,12 @@ func New(cfg ClientConfig) *Client {
 	}
 	hc := cfg.HTTP
 	if hc == nil {
-		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// /tokenize is on the path of every text request; the default of
+		// two idle connections would close and redial under concurrency.
+		tr.MaxIdleConnsPerHost = 64
+		tr.DisableCompression = true // loopback: gzip costs CPU, saves nothing
+		hc = &http.Client{Transport: tr}
 	}
 	return &Client{base: strings.TrimRight(cfg.BaseURL, "/"), timeout: cfg.Timeout, hc: hc}
 }
