@@ -114,6 +114,7 @@ type rankLoop struct {
 	endpoint string
 	replayEP string
 	poller   *zmq.Poller
+	subWait  *fdWait // nil when ZMQ_FD cannot be watched: zmq_poll blocks instead
 	seq      *sequencer
 	out      chan<- Item
 	c        *counters
@@ -166,6 +167,9 @@ func openRank(zctx *zmq.Context, cfg Config, r int, out chan<- Item, c *counters
 		}
 	}
 	l.resetPoller()
+	if l.subWait, err = newFDWait(l.sub); err != nil {
+		l.subWait = nil // correct without it, only slower to yield the CPU
+	}
 	return l, nil
 }
 
@@ -215,6 +219,9 @@ func (l *rankLoop) resetPoller() {
 }
 
 func (l *rankLoop) close() {
+	if l.subWait != nil {
+		l.subWait.close()
+	}
 	if l.sub != nil {
 		_ = l.sub.Close()
 	}
@@ -247,7 +254,7 @@ func (l *rankLoop) run(ctx context.Context) error {
 			}
 			wait = min(wait, left)
 		}
-		polled, err := l.poller.Poll(wait)
+		polled, err := l.poll(ctx, wait)
 		if err != nil {
 			if zmq.AsErrno(err) == zmq.ETERM {
 				return nil
@@ -267,6 +274,22 @@ func (l *rankLoop) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// poll returns the sockets with messages, waiting up to d for one. Outside
+// a replay it waits on Go's netpoller for SUB (fdWait says why); during
+// one, when the dealer's replies matter too, in zmq_poll.
+func (l *rankLoop) poll(ctx context.Context, d time.Duration) ([]zmq.Polled, error) {
+	if l.subWait == nil || l.seq.replaying() {
+		return l.poller.Poll(d)
+	}
+	if polled, err := l.poller.Poll(0); err != nil || len(polled) > 0 {
+		return polled, err
+	}
+	if err := l.subWait.wait(ctx, d); err != nil {
+		return nil, fmt.Errorf("wait rank %d: %w", l.rank, err)
+	}
+	return l.poller.Poll(0)
 }
 
 func (l *rankLoop) drainSub() error {

@@ -558,3 +558,71 @@ func TestSubscriberDPRanks(t *testing.T) {
 	}
 	stop(t, cancel, sub)
 }
+
+// TestSubscriberWakesOnSignal: with a poll interval far beyond the test's
+// deadlines, messages arrive only if the subscriber wakes on the socket's
+// signal (fdWait on Go's netpoller), not on its timeout.
+func TestSubscriberWakesOnSignal(t *testing.T) {
+	cfg := LocalConfig()
+	cfg.PollInterval = time.Hour
+	cfg.Endpoint, cfg.Bind = "tcp://127.0.0.1:*", true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub, err := Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zctx.Term()
+	pub, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	pub.SetLinger(0)
+	if err := pub.Connect(sub.Endpoints()[0]); err != nil {
+		t.Fatal(err)
+	}
+	warmUp(t, pub, sub)
+	for s := range uint64(20) {
+		send(t, pub, frames(t, testBatch("t", s), kvevent.MapEncoding))
+		if it := next(t, sub, 5*time.Second); it.Kind != KindBatch && it.Kind != KindRestart {
+			t.Fatalf("batch %d: got %+v", s, it)
+		}
+	}
+	// Stopping must not wait for the hour either: run checks ctx between waits,
+	// and closing the context's sockets ends the wait.
+	done := make(chan struct{})
+	go func() { stop(t, cancel, sub); close(done) }() // ends with the subscriber
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("subscriber did not stop within 10s")
+	}
+}
+
+func TestFDWaitTimesOut(t *testing.T) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zctx.Term()
+	s, _ := bound(t, zctx, zmq.SUB)
+	defer s.Close()
+	w, err := newFDWait(s)
+	if err != nil {
+		t.Fatalf("newFDWait: %v", err)
+	}
+	defer w.close()
+	s.GetEvents() // consume the initial signal
+	start := time.Now()
+	if err := w.wait(context.Background(), 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < 40*time.Millisecond {
+		t.Errorf("wait returned after %v with nothing to read; want ~50ms", el)
+	}
+}
