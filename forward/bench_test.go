@@ -30,8 +30,9 @@ func BenchmarkFront(b *testing.B) {
 	// any proxy hop costs here, so front − bare is the front's own work.
 	u, _ := url.Parse(n.vllm.URL)
 	bare := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite:   func(r *httputil.ProxyRequest) { r.SetURL(u) },
-		Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true, WriteBufferSize: 32 << 10},
+		Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(u) },
+		Transport:  &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true, WriteBufferSize: 32 << 10},
+		BufferPool: &copyBuffers{},
 	})
 	b.Cleanup(bare.Close)
 	// 136 tokens is 8 blocks and a bit; 1032 is e2e BenchmarkOverhead's.
