@@ -166,11 +166,14 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 }
 
 // readBody reads a request body of at most limit bytes. With a
-// Content-Length it reads into one buffer of that size instead of growing
-// one (io.ReadAll copied a 6 KB prompt four times).
+// Content-Length up to presizeMax it reads into one buffer of that size
+// instead of growing one (io.ReadAll copied a 6 KB prompt four times);
+// above, memory follows the bytes that actually arrive, so a header alone
+// cannot make the sidecar allocate limit bytes.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	const presizeMax = 1 << 20
 	rd := http.MaxBytesReader(w, r.Body, limit)
-	if n := r.ContentLength; n > 0 && n <= limit {
+	if n := r.ContentLength; n > 0 && n <= min(limit, presizeMax) {
 		buf := make([]byte, n)
 		if _, err := io.ReadFull(rd, buf); err != nil {
 			return nil, err

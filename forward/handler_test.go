@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -328,5 +329,42 @@ func TestReportsServing(t *testing.T) {
 	}
 	if !slices.Equal(gotB, []int{1, 0}) || len(gotA) != 0 {
 		t.Errorf("serving reports: a %v, b %v; want a [], b [1 0]", gotA, gotB)
+	}
+}
+
+func TestReadBody(t *testing.T) {
+	big := strings.Repeat("y", 1<<20+10) // above presizeMax
+	for _, tc := range []struct {
+		name    string
+		body    string
+		cl      int64 // Content-Length as sent; -1: chunked
+		limit   int64
+		wantErr bool
+		tooBig  bool
+	}{
+		{name: "sized", body: "hello", cl: 5, limit: 100},
+		{name: "chunked", body: "hello", cl: -1, limit: 100},
+		{name: "empty", body: "", cl: 0, limit: 100},
+		{name: "above presize", body: big, cl: int64(len(big)), limit: 2 << 20},
+		{name: "chunked too large", body: strings.Repeat("z", 200), cl: -1, limit: 100, wantErr: true, tooBig: true},
+		{name: "sized too large", body: strings.Repeat("z", 200), cl: 200, limit: 100, wantErr: true, tooBig: true},
+		{name: "shorter than its Content-Length", body: "abc", cl: 10, limit: 100, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/v1/completions", io.NopCloser(strings.NewReader(tc.body)))
+			r.ContentLength = tc.cl
+			got, err := readBody(httptest.NewRecorder(), r, tc.limit)
+			var mbe *http.MaxBytesError
+			switch {
+			case tc.wantErr && err == nil:
+				t.Fatalf("read %d bytes; want an error", len(got))
+			case !tc.wantErr && err != nil:
+				t.Fatal(err)
+			case tc.tooBig != errors.As(err, &mbe):
+				t.Fatalf("error %v; MaxBytesError wanted: %v", err, tc.tooBig)
+			case !tc.wantErr && string(got) != tc.body:
+				t.Fatalf("read %d bytes; want %d", len(got), len(tc.body))
+			}
+		})
 	}
 }
