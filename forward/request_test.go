@@ -38,6 +38,7 @@ func TestParsePrompt(t *testing.T) {
 		{"chat messages not list", `{"messages":{}}`, true, Prompt{Chat: true, Messages: []byte(`{}`)}, errNoPrompt},
 		{"malformed", `{"model":`, false, Prompt{}, errBadJSON},
 		{"not object", `[1,2]`, false, Prompt{}, errBadJSON},
+		{"null body", ` null`, false, Prompt{}, errBadJSON},
 		{"trailing", `{"prompt":"a"} {}`, false, Prompt{}, errBadJSON},
 		{"wrong type", `{"model":5}`, false, Prompt{}, errBadJSON},
 	}
@@ -89,12 +90,15 @@ func FuzzScanObject(f *testing.F) {
 // FuzzParsePromptStd checks ParsePrompt against the encoding/json decoding
 // it replaced (stdParsePrompt) wherever the two are meant to agree: names
 // that match exactly and appear once (encoding/json also matches "Model",
-// and reports a wrong type even when a later duplicate is right).
+// and reports a wrong type even when a later duplicate is right), and a
+// body that is not JSON null (encoding/json decodes null into a struct as
+// nothing; it is no request, and now a 400 like any other non-object).
 func FuzzParsePromptStd(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":[1,2,3],"stream":true}`), false)
 	f.Add([]byte(`{"model":"m\u00e9","messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"tools":null}`), true)
 	f.Add([]byte(`{"prompt":[[1]],"cache_salt":"s","add_special_tokens":null}`), false)
 	f.Add([]byte(`{"model":5}`), false)
+	f.Add([]byte(` null `), false)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
 		seen, comparable := map[string]bool{}, true
 		if scanObject(body, func(key, _ []byte) error {
@@ -112,7 +116,7 @@ func FuzzParsePromptStd(f *testing.F) {
 		}) != nil {
 			comparable = true // both must reject it
 		}
-		if !comparable {
+		if !comparable || string(bytes.TrimSpace(body)) == "null" {
 			return
 		}
 		got, err := ParsePrompt(body, chat)
