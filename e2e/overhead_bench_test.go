@@ -179,18 +179,15 @@ func startBareProxy(ctx context.Context, b *testing.B, api, sim string) string {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return addr
+	waitFor(b, 5*time.Second, "bareproxy on "+addr, func(ctx context.Context) (bool, string) {
+		c, err := (&net.Dialer{Timeout: 100 * time.Millisecond}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("bareproxy on %s: %v", addr, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		c.Close()
+		return true, ""
+	})
+	return addr
 }
 
 // find returns the index of the series named name.
