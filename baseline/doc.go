@@ -16,6 +16,11 @@
 //     every pod's KV events, scoring with kvroute's own route.DefaultChain
 //     (the llm-d EPP architecture with no gossip staleness and no Bloom
 //     false positives).
+//   - central-exact: central-precise with exact load: each pod's load is the
+//     router's own count of requests in flight there (every request passes
+//     it), as the sidecars use pushed counts, instead of the scrape plus
+//     that count. The strongest central baseline: it tells how much of
+//     kvroute's margin over central-precise is the load view.
 //
 // The "service" baseline is no proxy policy: it is chaos.Service straight to
 // the simulators.

@@ -39,10 +39,11 @@ const (
 	NameCHWBL          = "chwbl"
 	NameApproxPrefix   = "approx-prefix"
 	NameCentralPrecise = "central-precise"
+	NameCentralExact   = "central-exact"
 )
 
 // Names lists the proxy policies.
-var Names = []string{NameRoundRobin, NameLeastLoaded, NameCHWBL, NameApproxPrefix, NameCentralPrecise}
+var Names = []string{NameRoundRobin, NameLeastLoaded, NameCHWBL, NameApproxPrefix, NameCentralPrecise, NameCentralExact}
 
 // ErrPolicy reports an unknown policy name.
 var ErrPolicy = fmt.Errorf("unknown policy (want one of %v)", Names)

@@ -398,3 +398,23 @@ func FuzzRequestFrom(f *testing.F) {
 		NewApproxPrefix(3, ApproxConfig{}, rand.New(rand.NewPCG(1, 1))).Pick(r, pods, t0)
 	})
 }
+
+// TestPreciseExactLoad: a scrape says pod1 is busy, but nothing this router
+// sent is in flight there any more. central-exact believes its own count;
+// central-precise believes the scrape.
+func TestPreciseExactLoad(t *testing.T) {
+	tokens := make([]uint32, 16*8+1)
+	pods := podsWith(0, 1, 1)
+	pods[0].Load, pods[0].LoadAt = Load{Running: 6, Waiting: 2}, t0.Add(-100*time.Millisecond)
+	for _, tc := range []struct {
+		exact bool
+		want  string
+	}{{false, "pod2"}, {true, "pod1"}} {
+		p := NewPrecise(PreciseConfig{Model: "m", Route: route.DefaultConfig(), ExactLoad: tc.exact},
+			[]route.Matcher{prefixMatcher(0), prefixMatcher(0), prefixMatcher(0)})
+		d, _ := p.Decide(Request{Model: "m", Tokens: tokens}, pods, t0)
+		if d.Target != tc.want && !(tc.want == "pod2" && d.Target == "pod3") {
+			t.Errorf("ExactLoad %v: target %s; want %s\n%s", tc.exact, d.Target, tc.want, d.Table())
+		}
+	}
+}

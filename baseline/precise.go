@@ -22,6 +22,13 @@ type PreciseConfig struct {
 	// where), as the sidecars and llm-d's speculativeIndexing do. nil
 	// disables them.
 	Recent *route.RecentConfig
+	// ExactLoad takes each pod's load from this router's own count of
+	// requests in flight there, which is exact because every request
+	// passes the router, and ignores the scraped running and waiting
+	// figures, as the sidecars treat their pushed counts (route.Load.Fronted).
+	// KV usage still comes from the scrape. Off, load is the scrape plus
+	// the in-flight count, as llm-d's EPP scrapes metrics.
+	ExactLoad bool
 }
 
 // DefaultPreciseConfig returns the sidecars' scoring for model.
@@ -88,6 +95,10 @@ func (p *Precise) Decide(req Request, pods []Pod, now time.Time) (route.Decision
 			},
 			LoadAt:   pod.LoadAt,
 			DigestAt: now, // the index is live: never stale
+		}
+		if p.cfg.ExactLoad {
+			v.Load = route.Load{Serving: pod.InFlight, Fronted: true, KVUsage: pod.Load.KVUsage}
+			v.LoadAt = now // the count is current
 		}
 		if i < len(p.indexes) {
 			v.Digest = p.indexes[i]

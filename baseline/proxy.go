@@ -45,11 +45,11 @@ type Config struct {
 	BlockSize int
 	// Seed seeds approx-prefix's tie-breaking.
 	Seed uint64
-	// ScrapeInterval is how often approx-prefix and central-precise scrape
+	// ScrapeInterval is how often approx-prefix and the central policies scrape
 	// every pod's /metrics (default 200ms, GIE's metrics refresh interval
 	// is 50ms; 200ms keeps 2 cores free for the pods).
 	ScrapeInterval time.Duration
-	// TokenizeTimeout bounds central-precise's /tokenize call; past it the
+	// TokenizeTimeout bounds the central policies' /tokenize call; past it the
 	// request is routed by load alone (default 2s).
 	TokenizeTimeout time.Duration
 	// MaxBodyBytes bounds request bodies (default 32 MiB, as the sidecar).
@@ -81,7 +81,7 @@ type Proxy struct {
 	backends []*backend
 	clients  []*vllmclient.Client
 	scrape   bool
-	indexes  []*kvindex.Index // central-precise only
+	indexes  []*kvindex.Index // central-precise and central-exact only
 
 	mu     sync.Mutex // serialises Pick and the InFlight counts
 	policy Policy
@@ -154,7 +154,7 @@ func New(cfg Config) (*Proxy, error) {
 	case NameApproxPrefix:
 		p.policy = NewApproxPrefix(len(names), cfg.Approx, rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d)))
 		p.scrape = true
-	case NameCentralPrecise:
+	case NameCentralPrecise, NameCentralExact:
 		pc := cfg.Precise
 		if pc == (PreciseConfig{}) {
 			pc = d.Precise
@@ -176,9 +176,10 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		for _, b := range cfg.Backends {
 			if b.Events == "" {
-				return nil, fmt.Errorf("proxy: %s needs every backend's KV-event endpoint (%s has none)", NameCentralPrecise, b.Name)
+				return nil, fmt.Errorf("proxy: %s needs every backend's KV-event endpoint (%s has none)", cfg.Policy, b.Name)
 			}
 		}
+		pc.ExactLoad = cfg.Policy == NameCentralExact
 		p.policy = NewPrecise(pc, matchers)
 		p.scrape = true
 	default:
