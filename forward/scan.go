@@ -17,43 +17,11 @@ func scanObject(b []byte, member func(key, val []byte) error) error {
 	if i >= len(b) || b[i] != '{' {
 		return s.fail(i, "want an object")
 	}
-	i = s.space(i + 1)
-	if i < len(b) && b[i] == '}' {
-		i++
-	} else {
-		for {
-			if i >= len(b) || b[i] != '"' {
-				return s.fail(i, "want a member name")
-			}
-			kend, err := s.str(i)
-			if err != nil {
-				return err
-			}
-			j := s.space(kend)
-			if j >= len(b) || b[j] != ':' {
-				return s.fail(j, "want ':' after a member name")
-			}
-			v := s.space(j + 1)
-			vend, err := s.value(v, 1)
-			if err != nil {
-				return err
-			}
-			if err := member(b[i+1:kend-1], b[v:vend]); err != nil {
-				return err
-			}
-			i = s.space(vend)
-			if i < len(b) && b[i] == ',' {
-				i = s.space(i + 1)
-				continue
-			}
-			if i < len(b) && b[i] == '}' {
-				i++
-				break
-			}
-			return s.fail(i, "want ',' or '}' after a member")
-		}
+	end, err := s.object(i, 1, member)
+	if err != nil {
+		return err
 	}
-	if i = s.space(i); i != len(b) {
+	if i = s.space(end); i != len(b) {
 		return s.fail(i, "data after the object")
 	}
 	return nil
@@ -94,7 +62,7 @@ func (s scanner) value(i, depth int) (int, error) {
 	case c == '"':
 		return s.str(i)
 	case c == '{':
-		return s.object(i, depth+1)
+		return s.object(i, depth+1, nil)
 	case c == '[':
 		return s.array(i, depth+1)
 	case c == '-' || (c >= '0' && c <= '9'):
@@ -116,7 +84,9 @@ func (s scanner) literal(i int, lit string) (int, error) {
 	return i + len(lit), nil
 }
 
-func (s scanner) object(i, depth int) (int, error) {
+// object returns the end of the object starting at i, calling member (when
+// not nil) for each of its members.
+func (s scanner) object(i, depth int, member func(key, val []byte) error) (int, error) {
 	if depth > maxDepth {
 		return i, s.fail(i, "nested too deeply")
 	}
@@ -128,18 +98,25 @@ func (s scanner) object(i, depth int) (int, error) {
 		if i >= len(s.b) || s.b[i] != '"' {
 			return i, s.fail(i, "want a member name")
 		}
-		end, err := s.str(i)
+		kend, err := s.str(i)
 		if err != nil {
-			return end, err
+			return kend, err
 		}
-		i = s.space(end)
-		if i >= len(s.b) || s.b[i] != ':' {
-			return i, s.fail(i, "want ':' after a member name")
+		j := s.space(kend)
+		if j >= len(s.b) || s.b[j] != ':' {
+			return j, s.fail(j, "want ':' after a member name")
 		}
-		if i, err = s.value(s.space(i+1), depth); err != nil {
-			return i, err
+		v := s.space(j + 1)
+		vend, err := s.value(v, depth)
+		if err != nil {
+			return vend, err
 		}
-		i = s.space(i)
+		if member != nil {
+			if err := member(s.b[i+1:kend-1], s.b[v:vend]); err != nil {
+				return vend, err
+			}
+		}
+		i = s.space(vend)
 		if i < len(s.b) && s.b[i] == ',' {
 			i = s.space(i + 1)
 			continue

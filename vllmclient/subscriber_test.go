@@ -244,26 +244,7 @@ func TestSubscriberReplayRepairsDrops(t *testing.T) {
 func TestSubscriberGapAndRestart(t *testing.T) {
 	cfg := LocalConfig()
 	cfg.Endpoint, cfg.Bind = "tcp://127.0.0.1:*", true
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sub, err := Subscribe(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zctx.Term()
-	pub, err := zctx.NewSocket(zmq.PUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	pub.SetLinger(0)
-	if err := pub.Connect(sub.Endpoints()[0]); err != nil {
-		t.Fatal(err)
-	}
+	sub, pub, cancel := subWithPub(t, cfg)
 
 	warmUp(t, pub, sub)
 	for _, s := range []uint64{10, 11, 14, 15, 0, 1} {
@@ -298,6 +279,33 @@ func TestSubscriberGapAndRestart(t *testing.T) {
 	if st.Gaps != 1 || st.Restarts != 1 || st.DecodeErrors != 2 {
 		t.Errorf("stats %+v; want 1 gap, 1 restart, 2 decode errors", st)
 	}
+}
+
+// subWithPub starts a Subscriber on cfg (which binds) and a PUB connected
+// to it; the test's cleanup closes the PUB and its context, and cancels.
+func subWithPub(t *testing.T, cfg Config) (*Subscriber, *zmq.Socket, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sub, err := Subscribe(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { zctx.Term() })
+	pub, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() }) // before Term: cleanups run last-in first
+	pub.SetLinger(0)
+	if err := pub.Connect(sub.Endpoints()[0]); err != nil {
+		t.Fatal(err)
+	}
+	return sub, pub, cancel
 }
 
 // warmUp beats the slow-joiner problem: it publishes on topic "warm" until
@@ -337,26 +345,7 @@ func warmUp(t *testing.T, pub *zmq.Socket, sub *Subscriber) {
 func TestSubscriberHandoffDrops(t *testing.T) {
 	cfg := LocalConfig()
 	cfg.Endpoint, cfg.Bind, cfg.HandoffDepth = "tcp://127.0.0.1:*", true, 2
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sub, err := Subscribe(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zctx.Term()
-	pub, err := zctx.NewSocket(zmq.PUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	pub.SetLinger(0)
-	if err := pub.Connect(sub.Endpoints()[0]); err != nil {
-		t.Fatal(err)
-	}
+	sub, pub, cancel := subWithPub(t, cfg)
 	warmUp(t, pub, sub)
 	base := sub.Stats().Received
 	for s := uint64(0); s < 10; s++ {
@@ -566,26 +555,7 @@ func TestSubscriberWakesOnSignal(t *testing.T) {
 	cfg := LocalConfig()
 	cfg.PollInterval = time.Hour
 	cfg.Endpoint, cfg.Bind = "tcp://127.0.0.1:*", true
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sub, err := Subscribe(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zctx.Term()
-	pub, err := zctx.NewSocket(zmq.PUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	pub.SetLinger(0)
-	if err := pub.Connect(sub.Endpoints()[0]); err != nil {
-		t.Fatal(err)
-	}
+	sub, pub, cancel := subWithPub(t, cfg)
 	warmUp(t, pub, sub)
 	for s := range uint64(20) {
 		send(t, pub, frames(t, testBatch("t", s), kvevent.MapEncoding))
