@@ -119,7 +119,7 @@ func BenchmarkOverhead(b *testing.B) {
 			}
 		}
 		b.Logf("round %d of %d: local plain Δp50 %s, bare plain Δp50 %s", round+1, *rounds,
-			us(deltas[1][0][round]), us(deltas[find(ss, "bare plain")][0][round]))
+			us(deltas[find(ss, "local plain")][0][round]), us(deltas[find(ss, "bare plain")][0][round]))
 	}
 	b.StopTimer()
 
@@ -129,7 +129,7 @@ func BenchmarkOverhead(b *testing.B) {
 		"ttlb p50", "ttlb p99", "Δp50 median", "Δp99 median", "Δp50 min..max", "decisions (last round)")
 	for i := range ss {
 		s := &ss[i]
-		dp50, dp99 := median(deltas[i][0]), median(deltas[i][1])
+		dp50, dp99 := percentile(deltas[i][0], 50), percentile(deltas[i][1], 50)
 		fmt.Fprintf(&tab, "%-14s %6d  %9s %9s  %11s %11s  %-19s  %v\n", s.name, len(pooled[i]),
 			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99),
 			us(slices.Min(deltas[i][0]))+".."+us(slices.Max(deltas[i][0])), s.decisions)
@@ -146,19 +146,12 @@ func BenchmarkOverhead(b *testing.B) {
 			own50 = append(own50, deltas[local][0][r]-deltas[ref][0][r])
 			own99 = append(own99, deltas[local][1][r]-deltas[ref][1][r])
 		}
-		fmt.Fprintf(&tab, "kvroute's own share, %s: local − bare = %s p50, %s p99 (medians over rounds)\n", kind, us(median(own50)), us(median(own99)))
+		fmt.Fprintf(&tab, "kvroute's own share, %s: local − bare = %s p50, %s p99 (medians over rounds)\n", kind, us(percentile(own50, 50)), us(percentile(own99, 50)))
 	}
 	fmt.Fprintf(&tab, "Δ = a round's percentile minus the direct series' (same prompt kind) in that round; ttlb = last body byte;\n"+
 		"bare = a bare httputil.ReverseProxy process (cmd/bareproxy) in front of the same simulator, with the sidecars' environment\n")
 	// Printed, not logged: go test cuts a benchmark's log to a few lines.
 	fmt.Print(tab.String())
-}
-
-// median of d (the upper middle for an even count).
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // startBareProxy builds and starts cmd/bareproxy on the host of api (port
