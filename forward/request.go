@@ -81,8 +81,8 @@ type wireFields struct {
 
 func (f *wireFields) set(key, val []byte) error {
 	if bytes.IndexByte(key, '\\') >= 0 { // an escaped name: rare, decode it
-		var k string
-		if err := json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k); err != nil {
+		k, err := jsonString(append(append([]byte{'"'}, key...), '"'), "member name", nil)
+		if err != nil {
 			return err
 		}
 		key = []byte(k)

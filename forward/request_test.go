@@ -39,6 +39,8 @@ func TestParsePrompt(t *testing.T) {
 		{"malformed", `{"model":`, false, Prompt{}, errBadJSON},
 		{"not object", `[1,2]`, false, Prompt{}, errBadJSON},
 		{"null body", ` null`, false, Prompt{}, errBadJSON},
+		{"escaped name", `{"mod\u0065l":"m","prompt":[7]}`, false, Prompt{Model: "m", Tokens: []uint32{7}}, nil},
+		{"names match exactly", `{"Model":"m","prompt":[7]}`, false, Prompt{Tokens: []uint32{7}}, nil},
 		{"trailing", `{"prompt":"a"} {}`, false, Prompt{}, errBadJSON},
 		{"wrong type", `{"model":5}`, false, Prompt{}, errBadJSON},
 	}
