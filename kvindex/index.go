@@ -2,7 +2,7 @@ package kvindex
 
 import (
 	"slices"
-		"strings"
+	"strings"
 	"sync"
 
 	"github.com/kvroute/kvroute/blockkey"
