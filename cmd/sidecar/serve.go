@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/clusterkey"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
@@ -80,7 +81,7 @@ func newLogger(cfg config) zerolog.Logger {
 }
 
 func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
-	keys, err := loadClusterKeys(cfg.SecretFile)
+	keys, err := clusterkey.Load(cfg.SecretFile)
 	if err != nil {
 		return err
 	}
