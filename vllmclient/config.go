@@ -111,10 +111,10 @@ func (c Config) validate() error {
 	return nil
 }
 
-// rankEndpoint returns the endpoint vLLM uses for data-parallel rank r
+// RankEndpoint returns the endpoint vLLM uses for data-parallel rank r
 // (vLLM offset_endpoint_port): tcp ports are offset by r, ipc and inproc
 // names get the suffix _dp<r>. Rank 0 is the endpoint unchanged.
-func rankEndpoint(ep string, r int) (string, error) {
+func RankEndpoint(ep string, r int) (string, error) {
 	if r == 0 {
 		return ep, nil
 	}

@@ -123,7 +123,7 @@ type rankLoop struct {
 }
 
 func openRank(zctx *zmq.Context, cfg Config, r int, out chan<- Item, c *counters) (*rankLoop, error) {
-	ep, err := rankEndpoint(cfg.Endpoint, r)
+	ep, err := RankEndpoint(cfg.Endpoint, r)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +157,7 @@ func openRank(zctx *zmq.Context, cfg Config, r int, out chan<- Item, c *counters
 		return nil, fmt.Errorf("connect %s: %w", ep, err)
 	}
 	if cfg.ReplayEndpoint != "" {
-		if l.replayEP, err = rankEndpoint(cfg.ReplayEndpoint, r); err != nil {
+		if l.replayEP, err = RankEndpoint(cfg.ReplayEndpoint, r); err != nil {
 			l.close()
 			return nil, err
 		}

@@ -431,9 +431,9 @@ func TestRankEndpoint(t *testing.T) {
 		{"127.0.0.1:5557", 1, "", true},
 	}
 	for _, tt := range tests {
-		got, err := rankEndpoint(tt.ep, tt.rank)
+		got, err := RankEndpoint(tt.ep, tt.rank)
 		if (err != nil) != tt.wantErr || got != tt.want {
-			t.Errorf("rankEndpoint(%q, %d) = %q, %v; want %q (error %v)", tt.ep, tt.rank, got, err, tt.want, tt.wantErr)
+			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q (error %v)", tt.ep, tt.rank, got, err, tt.want, tt.wantErr)
 		}
 	}
 }
