@@ -482,6 +482,27 @@ func (m *Mesh) loadLoop() {
 	}
 }
 
+// SetModels replaces the models this node advertises (base model first,
+// then adapters, as Config.Models) and, when they changed, re-advertises
+// the meta at once: a pod that loads an adapter becomes a candidate for it
+// as soon as the update reaches its peers, and one that unloads it stops
+// being one. Names that do not fit the meta are left out and the meta says
+// so (Meta.ModelsTruncated); route decides what peers make of that.
+func (m *Mesh) SetModels(models []string) {
+	m.mu.Lock()
+	if slices.Equal(models, m.meta.Models) {
+		m.mu.Unlock()
+		return
+	}
+	m.meta.Models = slices.Clone(models)
+	m.metaDirty = true
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
 // SetDraining sets the draining flag and advertises it at once.
 func (m *Mesh) SetDraining(draining bool) {
 	m.mu.Lock()
@@ -513,7 +534,7 @@ func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 		ID:        m.cfg.NodeName,
 		Addr:      m.cfg.APIAddr,
 		Local:     true,
-		Models:    slices.Clone(m.cfg.Models),
+		Models:    slices.Clone(m.meta.Models),
 		KeyScheme: m.cfg.KeyScheme,
 		Load:      m.load,
 		LoadAt:    m.loadAt,

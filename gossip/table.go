@@ -248,6 +248,8 @@ func (t *table) views() []route.PeerView {
 			ID:          id,
 			Addr:        p.meta.APIAddr,
 			Models:      slices.Clone(p.meta.Models),
+			// Models lists only what fits the meta; route knows what that means.
+			ModelsTruncated: p.meta.ModelsTruncated,
 			KeyScheme:   int(p.meta.KeyScheme),
 			Load:        p.load(),
 			LoadAt:      p.loadAt,

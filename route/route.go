@@ -47,7 +47,10 @@ type PeerView struct {
 	Addr      string
 	Local     bool     // the pod this sidecar runs in
 	Models    []string // models served; empty means every model
-	KeyScheme int      // the peer's blockkey.Version; others get no matches
+	// ModelsTruncated says Models is incomplete: the peer serves more than
+	// its node meta could list. See the package doc (Eligibility).
+	ModelsTruncated bool
+	KeyScheme       int      // the peer's blockkey.Version; others get no matches
 	Digest    Matcher  // nil until the first digest arrives
 	// DigestAt is when Digest was last received or confirmed (a full filter
 	// or a delta). Config.DigestTTL ignores digests older than that.
