@@ -39,6 +39,7 @@ type config struct {
 	DrainTimeout   time.Duration
 	LoadInterval   time.Duration
 	DigestInterval time.Duration
+	ModelsInterval time.Duration
 	LogLevel       string
 	LogFormat      string
 	Procs          int
@@ -80,6 +81,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
+	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -125,6 +127,8 @@ func (c config) validate() error {
 		return errors.New("--digest-fp-rate must be in (0, 1)")
 	case c.DPRanks < 1:
 		return errors.New("--kv-events-dp-ranks must be at least 1")
+	case c.ModelsInterval <= 0:
+		return errors.New("--models-interval must be positive")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
 	}
