@@ -53,17 +53,19 @@ func (a *admin) mux() *http.ServeMux {
 }
 
 type peerJSON struct {
-	ID          string     `json:"id"`
-	Addr        string     `json:"addr"`
-	Local       bool       `json:"local"`
-	Models      []string   `json:"models,omitempty"`
-	KeyScheme   int        `json:"key_scheme"`
-	HasDigest   bool       `json:"has_digest"`
-	DigestAgeS  float64    `json:"digest_age_s"`
-	Load        route.Load `json:"load"`
-	LoadAgeS    float64    `json:"load_age_s"`
-	LastFailure *time.Time `json:"last_failure,omitempty"`
-	Draining    bool       `json:"draining"`
+	ID     string   `json:"id"`
+	Addr   string   `json:"addr"`
+	Local  bool     `json:"local"`
+	Models []string `json:"models,omitempty"`
+	// ModelsTruncated: the peer serves more models than its meta lists.
+	ModelsTruncated bool       `json:"models_truncated,omitempty"`
+	KeyScheme       int        `json:"key_scheme"`
+	HasDigest       bool       `json:"has_digest"`
+	DigestAgeS      float64    `json:"digest_age_s"`
+	Load            route.Load `json:"load"`
+	LoadAgeS        float64    `json:"load_age_s"`
+	LastFailure     *time.Time `json:"last_failure,omitempty"`
+	Draining        bool       `json:"draining"`
 }
 
 func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
@@ -71,7 +73,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	inflight := a.front.InFlight()
 	var out []peerJSON
 	for _, p := range a.mesh.Snapshot(now) {
-		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Models: p.Models, KeyScheme: p.KeyScheme,
+		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Models: p.Models, ModelsTruncated: p.ModelsTruncated, KeyScheme: p.KeyScheme,
 			HasDigest: p.Digest != nil, Load: p.Load, Draining: p.Draining}
 		if !p.DigestAt.IsZero() {
 			j.DigestAgeS = now.Sub(p.DigestAt).Seconds()
