@@ -6,6 +6,17 @@
 // Flags use vLLM's names (--port, --served-model-name, --block-size,
 // --kv-events-config '<json>', ...); simulator-only flags start with --sim-.
 // Admin endpoints under /sim/ expose ground truth and inject faults.
+//
+// LoRA: --lora-modules name=path ... serves adapters as extra models
+// (/v1/models lists them with their parent), and with
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING set, /v1/load_lora_adapter and
+// /v1/unload_lora_adapter change them at run time. An adapter's name enters
+// every block hash and its BlockStored events, as in vLLM.
+//
+// --data-parallel-size N runs N engine cores behind the one API server,
+// each with its own cache and publisher at the event endpoint's port + rank
+// (data_parallel_rank in every batch); a request goes to the rank with the
+// lowest 4*waiting + running, vLLM's rule.
 package main
 
 import (
