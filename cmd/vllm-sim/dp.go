@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/kvroute/kvroute/vllmsim"
@@ -44,6 +45,15 @@ func (r *ranks) Submit(ctx context.Context, q vllmsim.Request) (*vllmsim.Stream,
 		stats[i] = e.Stats()
 	}
 	return r.engs[pick(stats)].Submit(ctx, q)
+}
+
+// SubmitRank submits to rank, the choice of a request carrying
+// X-data-parallel-rank; a rank the server does not run is invalid.
+func (r *ranks) SubmitRank(ctx context.Context, rank int, q vllmsim.Request) (*vllmsim.Stream, error) {
+	if rank >= len(r.engs) {
+		return nil, fmt.Errorf("%w: data parallel rank %d out of range [0, %d)", vllmsim.ErrInvalid, rank, len(r.engs))
+	}
+	return r.engs[rank].Submit(ctx, q)
 }
 
 // Stats sums the ranks' gauges and counters; KVUsage is the mean (each rank

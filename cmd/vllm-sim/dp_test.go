@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -155,6 +156,57 @@ func TestDataParallelRanksPublishApart(t *testing.T) {
 	for _, series := range []string{`vllm:num_requests_running{engine="0",model_name="m"}`, `vllm:num_requests_running{engine="1",model_name="m"}`} {
 		if !strings.Contains(string(text), series) {
 			t.Errorf("/metrics lacks %s", series)
+		}
+	}
+}
+
+// A request carrying vLLM's X-data-parallel-rank header runs on that rank,
+// even when rank 0 is idle; a rank out of range or not a number is a 400.
+func TestDataParallelRankHeader(t *testing.T) {
+	dp := &ranks{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var done []chan struct{}
+	for range 2 {
+		eng, err := vllmsim.New(testEngineConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dp.engs = append(dp.engs, eng)
+		d := make(chan struct{})
+		done = append(done, d)
+		go func() { eng.Run(ctx); close(d) }()
+	}
+	defer func() {
+		cancel()
+		for _, d := range done {
+			<-d
+		}
+	}()
+	srv := newServer(serverConfig{Models: []string{testModel}, MaxModelLen: 2048}, dp, dp.engs[0].Tokenizer(), nil, nil)
+	hs := httptest.NewServer(srv.handler())
+	defer hs.Close()
+	post := func(rank string) int {
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/completions", strings.NewReader(`{"prompt":"hello there","max_tokens":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		if rank != "" {
+			req.Header.Set("x-data-parallel-rank", rank)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("1"); code != 200 {
+		t.Fatalf("rank 1: status %d", code)
+	}
+	if p0, p1 := dp.engs[0].Stats().PromptTokensTotal, dp.engs[1].Stats().PromptTokensTotal; p0 != 0 || p1 == 0 {
+		t.Errorf("prompt tokens by rank = %d, %d; want 0 on rank 0, some on rank 1", p0, p1)
+	}
+	for _, bad := range []string{"2", "-1", "one"} {
+		if code := post(bad); code != 400 {
+			t.Errorf("X-data-parallel-rank %q: status %d; want 400", bad, code)
 		}
 	}
 }

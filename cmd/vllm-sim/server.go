@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -176,6 +177,28 @@ func (s *server) resolveModel(name string) (string, lora, *apiError) {
 	return "", lora{}, notFound("The model `%s` does not exist.", name)
 }
 
+// rankedEngine is an engine with data-parallel ranks; *ranks satisfies it.
+type rankedEngine interface {
+	// SubmitRank submits to one rank, as vLLM does for a request that
+	// names its data_parallel_rank.
+	SubmitRank(ctx context.Context, rank int, r vllmsim.Request) (*vllmsim.Stream, error)
+}
+
+// dpRank reads vLLM's X-data-parallel-rank header (serving_engine
+// _get_data_parallel_rank; header names are case-insensitive): the rank a
+// request is pinned to, or -1 when it names none.
+func dpRank(c *gin.Context) (int, *apiError) {
+	v := c.GetHeader("X-data-parallel-rank")
+	if v == "" {
+		return -1, nil
+	}
+	r, err := strconv.Atoi(v)
+	if err != nil || r < 0 {
+		return 0, badRequest("X-data-parallel-rank %q: want a rank, 0 or more", v)
+	}
+	return r, nil
+}
+
 // genRequest is a parsed generation request in engine terms.
 type genRequest struct {
 	chat         bool
@@ -186,6 +209,7 @@ type genRequest struct {
 	salt         string
 	stream       bool
 	includeUsage bool
+	rank         int // X-data-parallel-rank, -1 when absent
 }
 
 func (s *server) chat(c *gin.Context) {
@@ -200,6 +224,10 @@ func (s *server) chat(c *gin.Context) {
 		return
 	}
 	g := genRequest{chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	if g.rank, aerr = dpRank(c); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
 	if g.model, g.lora, aerr = s.resolveModel(r.Model); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -233,6 +261,10 @@ func (s *server) completions(c *gin.Context) {
 		return
 	}
 	g := genRequest{salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	if g.rank, aerr = dpRank(c); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
 	if g.model, g.lora, aerr = s.resolveModel(r.Model); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -278,7 +310,14 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 	}
 	id := fmt.Sprintf("%s-%x%06x", prefix, s.boot, s.nextID.Add(1))
 	ctx := c.Request.Context()
-	st, err := s.eng.Submit(ctx, vllmsim.Request{ID: id, PromptTokens: g.prompt, MaxTokens: g.maxTokens, LoRA: g.lora.Name, LoRAID: g.lora.ID, CacheSalt: g.salt})
+	q := vllmsim.Request{ID: id, PromptTokens: g.prompt, MaxTokens: g.maxTokens, LoRA: g.lora.Name, LoRAID: g.lora.ID, CacheSalt: g.salt}
+	var st *vllmsim.Stream
+	var err error
+	if rs, ok := s.eng.(rankedEngine); ok && g.rank >= 0 {
+		st, err = rs.SubmitRank(ctx, g.rank, q)
+	} else {
+		st, err = s.eng.Submit(ctx, q)
+	}
 	switch {
 	case errors.Is(err, vllmsim.ErrTooLong):
 		writeError(c, s.tooLong(len(g.prompt), g.maxTokens))
