@@ -28,7 +28,7 @@ func TestLoRA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f, err := startCluster(ctx, clusterSpec{pods: 3, subnet: 4, timeScale: 20, progress: testProgress{t},
-		simArgs: []string{"--lora-modules", "alice=/loras/alice", "bob=/loras/bob"},
+		simArgs: []string{"--served-model-name", "alias", "--lora-modules", "alice=/loras/alice", "bob=/loras/bob"},
 		args:    []string{"--models-interval", "1s"}}, t.Cleanup)
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +38,7 @@ func TestLoRA(t *testing.T) {
 		f.waitEligible(t, bodyFor("alice", tokens(seeded(t.Name()), 64), 4), i, true, 10*time.Second)
 	}
 	t.Run("AdapterFindsNoBaseBlocks", func(t *testing.T) { adapterFindsNoBaseBlocks(t, f) })
+	t.Run("AliasIsTheBaseModel", func(t *testing.T) { aliasIsTheBaseModel(t, f) })
 	t.Run("RuntimeLoadAndUnload", func(t *testing.T) { runtimeLoadAndUnload(t, f) })
 	t.Run("DirectLoadIsFoundByRefresh", func(t *testing.T) { directLoadIsFoundByRefresh(t, f) })
 	t.Run("TruncatedModelList", func(t *testing.T) { truncatedModelList(t, f) })
@@ -113,6 +114,21 @@ func adapterFindsNoBaseBlocks(t *testing.T, f *fixture) {
 	}
 	if n := d.matched(holder); n != 0 {
 		t.Errorf("bob request: %s matched %d keys of alice's blocks; want 0", holder, n)
+	}
+}
+
+// A request naming another --served-model-name of the base model is the
+// base model's in vLLM (no adapter in its hashes), and routing agrees: it
+// follows the base model's cached blocks.
+func aliasIsTheBaseModel(t *testing.T, f *fixture) {
+	rng := seeded(t.Name())
+	const blocks = 8
+	x, prefix := f.warm(t, rng, blocks)
+	for i := range f.c.Len() {
+		got, r := f.servedAt(t, i, bodyFor("alias", join(prefix, tokens(rng, 8)), 4))
+		if got != x || r.Decision != "affinity" || r.cached() < blockAligned(len(prefix), blockSize) {
+			t.Errorf("alias via %s: served by %s (%s), cached %d; want %s by affinity, >= %d", f.c.Pod(i).Name, r.ServedBy, r.Decision, r.cached(), f.c.Pod(x).Name, len(prefix))
+		}
 	}
 }
 

@@ -58,8 +58,15 @@ type Config struct {
 	// VLLM is the local vLLM's base URL.
 	VLLM *url.URL
 	// Model is the base model name block keys are seeded with. A request
-	// naming another model is treated as a LoRA adapter of it.
+	// naming another model is treated as a LoRA adapter of it, unless
+	// IsAdapter says otherwise.
 	Model string
+	// IsAdapter reports whether a model name other than Model is a LoRA
+	// adapter, whose blocks vLLM hashes with its name; another name the
+	// base model is served under (--served-model-name) is not, and its
+	// requests are keyed as Model's. nil treats every other name as an
+	// adapter.
+	IsAdapter func(model string) bool
 	// Scheme is the routing key scheme (block size and stride).
 	Scheme blockkey.Scheme
 	// MaxBodyBytes bounds request bodies (413 above). Default 32 MiB.
@@ -363,7 +370,7 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 		return nil, 0
 	}
 	lora := ""
-	if p.Model != "" && p.Model != h.cfg.Model {
+	if p.Model != "" && p.Model != h.cfg.Model && (h.cfg.IsAdapter == nil || h.cfg.IsAdapter(p.Model)) {
 		lora = p.Model
 	}
 	return h.cfg.Scheme.Request(blockkey.Root(h.cfg.Model, lora, ""), tokens), len(tokens)

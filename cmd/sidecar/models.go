@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -32,6 +33,7 @@ type modelSetter interface {
 // Peers route a request for an adapter only to pods that list it (route's
 // eligibility), so a list that lags costs that adapter its routing.
 type modelWatcher struct {
+	bases  atomic.Pointer[[]string] // the base model's served names; nil until read
 	vllm   modelLister
 	mesh   modelSetter
 	base   string
@@ -84,7 +86,23 @@ func (w *modelWatcher) refresh(ctx context.Context) {
 		}
 		return
 	}
+	var bases []string
+	for _, m := range ms {
+		if m.Parent == "" {
+			bases = append(bases, m.ID)
+		}
+	}
+	w.bases.Store(&bases)
 	w.mesh.SetModels(advertised(w.base, ms))
+}
+
+// IsAdapter reports whether model, a name other than the configured base
+// model, is a LoRA adapter rather than another name vLLM serves the base
+// model under; until /v1/models has been read, every other name is taken
+// for an adapter. It is safe for concurrent use.
+func (w *modelWatcher) IsAdapter(model string) bool {
+	b := w.bases.Load()
+	return b == nil || !slices.Contains(*b, model)
 }
 
 // advertised orders what vLLM lists for the node meta, which may truncate

@@ -99,6 +99,9 @@ func TestModelWatcher(t *testing.T) {
 	go func() { w.run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
+	if !w.IsAdapter("alias") {
+		t.Error("IsAdapter(alias) before /v1/models was read = false; want true (every other name)")
+	}
 	if got := next(t, mesh.sets); !slices.Equal(got, []string{"m", "alice"}) {
 		t.Errorf("first advertisement = %v; want [m alice]", got)
 	}
@@ -111,10 +114,15 @@ func TestModelWatcher(t *testing.T) {
 	if n := counterValue(w.errors); n != 1 {
 		t.Fatalf("errors = %v after a failed refresh; want 1", n)
 	}
-	vllm.set([]vllmclient.Model{{ID: "m"}, {ID: "alice", Parent: "m"}, {ID: "bob", Parent: "m"}}, nil)
+	vllm.set([]vllmclient.Model{{ID: "m"}, {ID: "alias"}, {ID: "alice", Parent: "m"}, {ID: "bob", Parent: "m"}}, nil)
 	w.Kick()
-	if got := next(t, mesh.sets); !slices.Equal(got, []string{"m", "alice", "bob"}) {
-		t.Errorf("after kick = %v; want [m alice bob]", got)
+	if got := next(t, mesh.sets); !slices.Equal(got, []string{"m", "alias", "alice", "bob"}) {
+		t.Errorf("after kick = %v; want [m alias alice bob]", got)
+	}
+	for name, want := range map[string]bool{"alias": false, "alice": true, "bob": true, "unknown": true} {
+		if got := w.IsAdapter(name); got != want {
+			t.Errorf("IsAdapter(%s) = %v; want %v", name, got, want)
+		}
 	}
 	select {
 	case ms := <-mesh.sets:

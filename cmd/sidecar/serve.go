@@ -154,7 +154,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	watcher := engine.NewWatcher(engine.Config{ProbeInterval: cfg.HealthInterval, ProbeTimeout: cfg.HealthTimeout,
 		HungAfter: cfg.HungAfter}, vc, nil)
 
+	models := newModelWatcher(vc, mesh, cfg.Model, cfg.ModelsInterval, reg, log.With().Str("component", "models").Logger())
+	go models.run(runCtx) // exits when runCtx ends
 	fcfg := forward.DefaultConfig()
+	fcfg.IsAdapter = models.IsAdapter
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed = watcher.Report
@@ -170,8 +173,6 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	go watcher.Run(runCtx)                                                             // exits when runCtx ends
 	go cs.run(runCtx, sub.Items(), watcher.Transitions(), scrapes, cfg.DigestInterval) // exits when runCtx ends
 	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log)            // exits when runCtx ends
-	models := newModelWatcher(vc, mesh, cfg.Model, cfg.ModelsInterval, reg, log.With().Str("component", "models").Logger())
-	go models.run(runCtx) // exits when runCtx ends
 
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
