@@ -315,3 +315,20 @@ func TestModels(t *testing.T) {
 		})
 	}
 }
+
+func FuzzParseModels(f *testing.F) {
+	f.Add([]byte(`{"object":"list","data":[{"id":"m","parent":null},{"id":"a","parent":"m"}]}`))
+	f.Add([]byte(`{"data":[{"id":""}]}`))
+	f.Add([]byte(`{"data":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ms, err := parseModels(b)
+		if err != nil && ms != nil {
+			t.Errorf("parseModels error %v with models %v", err, ms)
+		}
+		for _, m := range ms {
+			if m.ID == "" {
+				t.Errorf("parseModels(%q) returned a model without an id", b)
+			}
+		}
+	})
+}
