@@ -29,6 +29,9 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 			continue
 		}
 		c.Eligible = true
+		if req.Model != "" && p.ModelsTruncated && !slices.Contains(p.Models, req.Model) {
+			c.Note = addTag(c.Note, "model unlisted, in digest")
+		}
 		var stale bool
 		c.Load, stale = load(cfg, p, now)
 		if stale {

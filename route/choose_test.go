@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,6 +100,13 @@ func TestExcludedTruncatedModels(t *testing.T) {
 				t.Errorf("excluded = %q; want %q", got, tt.want)
 			}
 		})
+	}
+	// The explanation says why an unlisted peer is a candidate.
+	p := trunc(holds(keys), t0)
+	p.ID, p.Load, p.LoadAt = "x", Load{}, t0
+	d := Affinity{Config: cfg}.Choose(Request{Model: "alice", Keys: keys}, []PeerView{p}, t0)
+	if len(d.Candidates) != 1 || !d.Candidates[0].Eligible || !strings.Contains(d.Candidates[0].Note, "model unlisted, in digest") {
+		t.Errorf("candidate %+v; want eligible with note \"model unlisted, in digest\"", d.Candidates)
 	}
 	ttl := cfg
 	ttl.DigestTTL = time.Minute
