@@ -342,7 +342,11 @@ func TestDataParallelPod(t *testing.T) {
 	for _, p := range [][]uint32{p0, p1} {
 		f.waitRoute(t, 1, body(join(p, tokens(rng, 8)), 4, false), f.c.Pod(x).Name, blocks)
 	}
-	if got, r := f.servedAt(t, 1, body(join(p1, tokens(rng, 8)), 4, false)); got != x || r.Decision != "affinity" {
+	got, r := f.servedAt(t, 1, body(join(p1, tokens(rng, 8)), 4, false))
+	if got != x || r.Decision != "affinity" {
 		t.Errorf("rank 1's prefix via %s: served by %s (%s); want %s by affinity", f.c.Pod(1).Name, r.ServedBy, r.Decision, f.c.Pod(x).Name)
 	}
+	// Inside the pod, vLLM picks the rank by load alone (both idle: rank
+	// 0), so the prefix rank 1 holds is not reused: not asserted, reported.
+	t.Logf("rank 1's prefix, follow-up on %s: cached_tokens %d of %d (vLLM chose the rank)", r.ServedBy, r.cached(), len(p1))
 }
