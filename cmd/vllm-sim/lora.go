@@ -28,10 +28,19 @@ type adapters struct {
 
 func newAdapters(static []lora) *adapters {
 	a := &adapters{}
+	a.reset(static)
+	return a
+}
+
+// reset leaves only the static adapters, numbered from 1, as a new vLLM
+// process starts.
+func (a *adapters) reset(static []lora) {
+	a.mu.Lock()
+	a.list, a.last = nil, 0
+	a.mu.Unlock()
 	for _, l := range static {
 		a.add(l, false)
 	}
-	return a
 }
 
 // add registers l under a new id. An existing name is an error unless

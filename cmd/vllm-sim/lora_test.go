@@ -176,3 +176,22 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A restarted vLLM has only its --lora-modules: adapters loaded at run time
+// are gone.
+func TestRestartForgetsRuntimeAdapters(t *testing.T) {
+	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) { c.RuntimeLoRA = true })
+	env.do(t, "POST", "/v1/load_lora_adapter", `{"lora_name":"late","lora_path":"/l"}`)
+	if got := modelIDs(t, env); !cmp.Equal(got, []string{testModel, "alias", "adapter", "late"}) {
+		t.Fatalf("/v1/models after load = %v", got)
+	}
+	if code, b := env.do(t, "POST", "/sim/restart", ""); code != 200 {
+		t.Fatalf("restart: %d %s", code, b)
+	}
+	if got, want := modelIDs(t, env), []string{testModel, "alias", "adapter"}; !cmp.Equal(got, want) {
+		t.Errorf("/v1/models after restart = %v; want %v", got, want)
+	}
+	if l, _ := env.srv.loras.find("adapter"); l.ID != 1 {
+		t.Errorf("static adapter id after restart = %d; want 1", l.ID)
+	}
+}

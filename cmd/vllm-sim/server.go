@@ -644,11 +644,13 @@ func (s *server) simCache(c *gin.Context) {
 }
 
 // simRestart simulates a vLLM process restart: requests are aborted, the
-// cache is emptied without AllBlocksCleared, the event seq restarts at 0,
+// cache is emptied without AllBlocksCleared, adapters loaded at run time
+// are gone (ids start again at 1), the event seq restarts at 0,
 // and /health answers 503 for RestartDowntime.
 func (s *server) simRestart(c *gin.Context) {
 	s.restart.Store(s.cfg.Now().Add(s.cfg.RestartDowntime).UnixNano())
 	s.eng.Restart()
+	s.loras.reset(s.cfg.LoRAs) // a new process has only its --lora-modules
 	if err := s.events.Restart(c.Request.Context()); err != nil {
 		writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: err.Error()})
 		return
