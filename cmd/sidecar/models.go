@@ -51,19 +51,29 @@ func newModelWatcher(vllm modelLister, mesh modelSetter, base string, every time
 	return w
 }
 
-// run refreshes at once, then every interval and whenever Kick is called;
-// it exits when ctx is done.
+// retryAfterError is how soon a failed read is retried: the engine is
+// probably restarting, and a restarted vLLM has lost the adapters loaded at
+// run time, so its new list should be advertised as soon as it answers.
+const retryAfterError = 500 * time.Millisecond
+
+// run refreshes at once, then every interval (sooner after a failure) and
+// whenever Kick is called; it exits when ctx is done.
 func (w *modelWatcher) run(ctx context.Context) {
-	t := time.NewTicker(w.every)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		w.refresh(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-w.kick:
+			t.Stop()
 		}
+		wait := w.every
+		if !w.refresh(ctx) {
+			wait = min(wait, retryAfterError)
+		}
+		t.Reset(wait)
 	}
 }
 
@@ -75,7 +85,8 @@ func (w *modelWatcher) Kick() {
 	}
 }
 
-func (w *modelWatcher) refresh(ctx context.Context) {
+// refresh reads /v1/models and advertises it; false when the read failed.
+func (w *modelWatcher) refresh(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, w.every)
 	ms, err := w.vllm.Models(cctx)
 	cancel()
@@ -84,7 +95,7 @@ func (w *modelWatcher) refresh(ctx context.Context) {
 			w.errors.Inc()
 			w.log.Debug().Err(err).Msg("local vLLM /v1/models failed; keeping the advertised models")
 		}
-		return
+		return false
 	}
 	var bases []string
 	for _, m := range ms {
@@ -94,6 +105,7 @@ func (w *modelWatcher) refresh(ctx context.Context) {
 	}
 	w.bases.Store(&bases)
 	w.mesh.SetModels(advertised(w.base, ms))
+	return true
 }
 
 // IsAdapter reports whether model, a name other than the configured base
