@@ -5,9 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/hkdf"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"flag"
@@ -23,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/chaos"
+	"github.com/kvroute/kvroute/clusterkey"
 )
 
 const (
@@ -192,15 +191,15 @@ func (p testProgress) Write(b []byte) (int, error) {
 }
 
 // hopKey derives the hop-header key from the cluster secret as the sidecar
-// does (cmd/sidecar/secret.go): HKDF-SHA256, info "kvroute hop v1". It lets
-// a test sign a header a peer would send, as a positive control.
+// does (clusterkey). It lets a test sign a header a peer would send, as a
+// positive control.
 func (f *fixture) hopKey(t *testing.T) []byte {
 	t.Helper()
-	k, err := hkdf.Key(sha256.New, f.secret, nil, "kvroute hop v1", 32)
+	k, err := clusterkey.Derive(f.secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return k
+	return k.Hop
 }
 
 // index returns the pod index of a sidecar node name, -1 if unknown.

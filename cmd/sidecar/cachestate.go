@@ -146,6 +146,11 @@ func (s *cacheState) transition(tr engine.Transition) {
 // restart clears the index into a new epoch: the cache it described is gone.
 func (s *cacheState) restart(why string) {
 	s.ix.Restart()
+	s.restarted(why)
+}
+
+// restarted resets what followed the index's old epoch.
+func (s *cacheState) restarted(why string) {
 	s.needFull = true
 	s.pending, s.removed = s.pending[:0], 0
 	clear(s.streams)
@@ -202,27 +207,7 @@ func (s *cacheState) apply(it vllmclient.Item) {
 		s.metrics.eventsSilent.Set(0)
 		s.log.Info().Msg("kv events arriving")
 	}
-	switch it.Kind {
-	case vllmclient.KindGap:
-		s.metrics.eventGaps.Inc()
-		s.ix.SetUncertain(true)
-		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("expected", it.Expected).Uint64("got", it.Got).Msg("kv events lost; index uncertain until rebuilt")
-		return
-	case vllmclient.KindRestart:
-		s.metrics.eventRestarts.Inc()
-		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("seq", it.Seq).Msg("vLLM restarted: its cache is gone")
-		// Clear now: the new publisher's first batches may come by replay.
-		s.restart("the event sequence restarted")
-		s.partial.Store(false)
-		s.streams[it.Stream] = true
-		return
-	case vllmclient.KindDecodeError:
-		s.metrics.eventErrors.Inc()
-		s.ix.SetUncertain(true)
-		s.log.Warn().Err(it.Err).Uint64("seq", it.Seq).Msg("undecodable kv event batch dropped")
-		return
-	}
-	if !s.streams[it.Stream] {
+	if it.Kind == vllmclient.KindBatch && !s.streams[it.Stream] {
 		s.streams[it.Stream] = true
 		if it.Batch.Seq > 0 && !it.Replayed && !s.replay {
 			s.partial.Store(true)
@@ -230,11 +215,23 @@ func (s *cacheState) apply(it vllmclient.Item) {
 				"blocks vLLM stored before are unknown and not advertised (set --kv-events-replay-endpoint to recover them)")
 		}
 	}
-	var ch kvindex.Change
-	if it.Replayed {
-		ch = s.ix.ApplyReplayed(it.Batch)
-	} else {
-		ch = s.ix.Apply(it.Batch)
+	ch := vllmclient.ApplyItem(s.ix, it)
+	switch it.Kind {
+	case vllmclient.KindGap:
+		s.metrics.eventGaps.Inc()
+		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("expected", it.Expected).Uint64("got", it.Got).Msg("kv events lost; index uncertain until rebuilt")
+		return
+	case vllmclient.KindRestart:
+		s.metrics.eventRestarts.Inc()
+		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("seq", it.Seq).Msg("vLLM restarted: its cache is gone")
+		s.restarted("the event sequence restarted")
+		s.partial.Store(false)
+		s.streams[it.Stream] = true
+		return
+	case vllmclient.KindDecodeError:
+		s.metrics.eventErrors.Inc()
+		s.log.Warn().Err(it.Err).Uint64("seq", it.Seq).Msg("undecodable kv event batch dropped")
+		return
 	}
 	for _, ev := range it.Batch.Events {
 		s.metrics.events.WithLabelValues(ev.Kind.String()).Inc()
