@@ -93,6 +93,7 @@ type clusterSpec struct {
 	secret    bool
 	timeScale float64
 	args      []string
+	simArgs   []string // appended to every simulator's command line
 	cpus      string   // chaos.ClusterConfig.SidecarCPUs
 	env       []string // chaos.ClusterConfig.SidecarEnv
 	progress  io.Writer
@@ -117,6 +118,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Sim.NumGPUBlocks = 16384
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.TimeScale = s.timeScale
+	cfg.Sim.ExtraArgs = s.simArgs
 	cfg.Progress = s.progress
 	cfg.SidecarCPUs = s.cpus
 	cfg.SidecarEnv = s.env

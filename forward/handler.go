@@ -59,8 +59,15 @@ type Config struct {
 	// VLLM is the local vLLM's base URL.
 	VLLM *url.URL
 	// Model is the base model name block keys are seeded with. A request
-	// naming another model is treated as a LoRA adapter of it.
+	// naming another model is treated as a LoRA adapter of it, unless
+	// IsAdapter says otherwise.
 	Model string
+	// IsAdapter reports whether a model name other than Model is a LoRA
+	// adapter, whose blocks vLLM hashes with its name; another name the
+	// base model is served under (--served-model-name) is not, and its
+	// requests are keyed as Model's. nil treats every other name as an
+	// adapter.
+	IsAdapter func(model string) bool
 	// Scheme is the routing key scheme (block size and stride).
 	Scheme blockkey.Scheme
 	// MaxBodyBytes bounds request bodies (413 above). Default 32 MiB.
@@ -363,7 +370,11 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 	if len(tokens) == 0 {
 		return nil, 0
 	}
-	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, p.Model), tokens), len(tokens)
+	model := p.Model
+	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
+		model = h.cfg.Model // another served name of the base model
+	}
+	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens), len(tokens)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's

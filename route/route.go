@@ -69,12 +69,15 @@ func (e Engine) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
 // PeerView is one peer as the caller's peer table sees it at the moment of
 // the choice. Policies read it and never keep it.
 type PeerView struct {
-	ID        string
-	Addr      string
-	Local     bool     // the pod this sidecar runs in
-	Models    []string // models served; empty means every model
-	KeyScheme int      // the peer's blockkey.Version; others get no matches
-	Digest    Matcher  // nil until the first digest arrives
+	ID     string
+	Addr   string
+	Local  bool     // the pod this sidecar runs in
+	Models []string // models served; empty means every model
+	// ModelsTruncated says Models is incomplete: the peer serves more than
+	// its node meta could list. See the package doc (Eligibility).
+	ModelsTruncated bool
+	KeyScheme       int     // the peer's blockkey.Version; others get no matches
+	Digest          Matcher // nil until the first digest arrives
 	// DigestAt is when Digest was last received or confirmed (a full filter
 	// or a delta). Config.DigestTTL ignores digests older than that.
 	DigestAt    time.Time

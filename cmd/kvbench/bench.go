@@ -74,6 +74,7 @@ func runPolicy(ctx context.Context, o options, policy string, s loadgen.Schedule
 	cfg.Sidecars = policy == policyKVRoute
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
+	cfg.Sim.ExtraArgs = simArgs(o.Workload)
 	cfg.StopGrace = 2 * time.Second
 	cfg.Progress = progress
 	c, err := chaos.Start(ctx, cfg)
@@ -112,6 +113,19 @@ func runPolicy(ctx context.Context, o options, policy string, s loadgen.Schedule
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
 	}
 	return loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale), nil
+}
+
+// simArgs are the workload's extra simulator flags: multi-lora needs its
+// adapters served by every pod (--lora-modules, as vLLM takes them).
+func simArgs(workload string) []string {
+	if workload != "multi-lora" {
+		return nil
+	}
+	args := []string{"--lora-modules"}
+	for _, a := range loadgen.DefaultConfig().MultiLoRA.Adapters {
+		args = append(args, a+"=/loras/"+a)
+	}
+	return args
 }
 
 // startProxy runs a baseline central proxy in this process on the

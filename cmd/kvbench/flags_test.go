@@ -117,3 +117,13 @@ func TestMaxPromptTokens(t *testing.T) {
 		}
 	}
 }
+
+// multi-lora's simulators serve its adapters; other workloads add nothing.
+func TestSimArgs(t *testing.T) {
+	if got, want := simArgs("multi-lora"), []string{"--lora-modules", "lora-a=/loras/lora-a", "lora-b=/loras/lora-b"}; !slices.Equal(got, want) {
+		t.Errorf("simArgs(multi-lora) = %v; want %v", got, want)
+	}
+	if got := simArgs("shared-prefix"); got != nil {
+		t.Errorf("simArgs(shared-prefix) = %v; want none", got)
+	}
+}

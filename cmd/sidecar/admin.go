@@ -65,18 +65,20 @@ func (a *admin) mux() *http.ServeMux {
 // in_flight is what this sidecar sent the peer that its report does not
 // count yet.
 type peerJSON struct {
-	ID          string     `json:"id"`
-	Addr        string     `json:"addr"`
-	Local       bool       `json:"local"`
-	Engine      string     `json:"engine"` // serving, starting, down: as the peer advertises it
-	Models      []string   `json:"models,omitempty"`
-	KeyScheme   int        `json:"key_scheme"`
-	HasDigest   bool       `json:"has_digest"` // a digest of the peer's current epoch is held
-	DigestAgeS  float64    `json:"digest_age_s"`
-	Load        loadJSON   `json:"load"`
-	LoadAgeS    float64    `json:"load_age_s"`
-	LastFailure *time.Time `json:"last_failure,omitempty"`
-	Draining    bool       `json:"draining"`
+	ID     string   `json:"id"`
+	Addr   string   `json:"addr"`
+	Local  bool     `json:"local"`
+	Engine string   `json:"engine"` // serving, starting, down: as the peer advertises it
+	Models []string `json:"models,omitempty"`
+	// ModelsTruncated: the peer serves more models than its meta lists.
+	ModelsTruncated bool       `json:"models_truncated,omitempty"`
+	KeyScheme       int        `json:"key_scheme"`
+	HasDigest       bool       `json:"has_digest"` // a digest of the peer's current epoch is held
+	DigestAgeS      float64    `json:"digest_age_s"`
+	Load            loadJSON   `json:"load"`
+	LoadAgeS        float64    `json:"load_age_s"`
+	LastFailure     *time.Time `json:"last_failure,omitempty"`
+	Draining        bool       `json:"draining"`
 	// Local entry only: why the engine is in its state, and how far the
 	// local index can be trusted.
 	EngineReason string `json:"engine_reason,omitempty"`
@@ -98,7 +100,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	inflight := a.front.InFlight()
 	var out []peerJSON
 	for _, p := range a.mesh.Snapshot(now) {
-		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models,
+		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models, ModelsTruncated: p.ModelsTruncated,
 			KeyScheme: p.KeyScheme, HasDigest: p.Digest != nil, Draining: p.Draining,
 			Load: loadJSON{Running: p.Load.Running, Waiting: p.Load.Waiting, KVUsage: p.Load.KVUsage,
 				Serving: p.Load.Serving, Fronted: p.Load.Fronted}}

@@ -39,6 +39,7 @@ type config struct {
 	DrainTimeout   time.Duration
 	LoadInterval   time.Duration
 	DigestInterval time.Duration
+	ModelsInterval time.Duration
 
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -85,6 +86,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
+	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
@@ -134,6 +136,8 @@ func (c config) validate() error {
 		return errors.New("--digest-fp-rate must be in (0, 1)")
 	case c.DPRanks < 1:
 		return errors.New("--kv-events-dp-ranks must be at least 1")
+	case c.ModelsInterval <= 0:
+		return errors.New("--models-interval must be positive")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
 	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1:

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -158,7 +157,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	watcher := engine.NewWatcher(engine.Config{ProbeInterval: cfg.HealthInterval, ProbeTimeout: cfg.HealthTimeout,
 		HungAfter: cfg.HungAfter}, vc, nil)
 
+	models := newModelWatcher(vc, mesh, cfg.Model, cfg.ModelsInterval, reg, log.With().Str("component", "models").Logger())
+	go models.run(runCtx) // exits when runCtx ends
 	fcfg := forward.DefaultConfig()
+	fcfg.IsAdapter = models.IsAdapter
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed = watcher.Report
@@ -180,7 +182,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	engine := gin.New()
 	engine.Use(recovery(log))
 	front.Register(engine)
-	engine.NoRoute(front.Passthrough)
+	engine.NoRoute(models.watch(front.Passthrough))
 	api := &http.Server{Addr: cfg.Listen, Handler: engine, ReadHeaderTimeout: 10 * time.Second}
 
 	ad := newAdmin(cfg, reg, mesh, front, cs, log)
@@ -248,50 +250,6 @@ func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, sc
 		case <-t.C:
 		}
 	}
-}
-
-// discoverModel asks the local vLLM which base model it serves, waiting for
-// it to come up (a model can take minutes to load).
-func discoverModel(ctx context.Context, base string, log zerolog.Logger) (string, error) {
-	for {
-		m, err := baseModel(ctx, base)
-		if err == nil {
-			return m, nil
-		}
-		log.Info().Err(err).Msg("waiting for the local vLLM to list its model (or pass --model)")
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(2 * time.Second):
-		}
-	}
-}
-
-func baseModel(ctx context.Context, base string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var list struct {
-		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
-		return "", fmt.Errorf("decode /v1/models: %w", err)
-	}
-	for _, d := range list.Data {
-		if d.Parent == nil || *d.Parent == "" {
-			return d.ID, nil
-		}
-	}
-	return "", errors.New("/v1/models lists no base model")
 }
 
 // recovery answers a panicking handler with an OpenAI-style 500 and keeps

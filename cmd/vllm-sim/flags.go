@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/vllmclient"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
@@ -30,6 +31,8 @@ type options struct {
 	HashSeedSet    bool
 	Events         kvEventsConfig
 	LoRAs          []lora
+	RuntimeLoRA    bool // VLLM_ALLOW_RUNTIME_LORA_UPDATING: serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+	DataParallel   int  // --data-parallel-size: engine cores, each with its own cache and publisher
 	TimeScale      float64
 	Encoding       kvevent.Encoding
 	DropRate       float64
@@ -164,6 +167,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.StringVar(&kvCfg, "kv-events-config", "", "vLLM KVEventsConfig JSON")
 	fs.Bool("enable-prompt-tokens-details", false, "accepted; cached_tokens is always reported")
 	fs.Var(&loras, "lora-modules", "LoRA adapters: name=path or JSON, one or more")
+	fs.IntVar(&o.DataParallel, "data-parallel-size", 1, "data-parallel ranks: one engine core, KV cache and event publisher each (rank r publishes on the endpoint's port + r)")
 	fs.Float64Var(&o.TimeScale, "sim-time-scale", 1, "simulated seconds per wall second")
 	fs.StringVar(&enc, "kv-events-encoding", "map", "event wire encoding: map (vLLM >= 0.26) or array")
 	fs.Float64Var(&o.DropRate, "sim-drop-rate", 0, "fraction of event batches not sent live (still replayable)")
@@ -211,12 +215,20 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	if o.TimeScale <= 0 {
 		return o, fmt.Errorf("--sim-time-scale %v must be positive", o.TimeScale)
 	}
+	if o.DataParallel < 1 || o.DataParallel > 64 {
+		return o, fmt.Errorf("--data-parallel-size %d: want 1..64", o.DataParallel)
+	}
 	if o.BlockSize <= 0 {
 		return o, fmt.Errorf("--block-size %d must be positive", o.BlockSize)
 	}
 	var err error
 	if o.Events, err = parseKVEventsConfig(kvCfg); err != nil {
 		return o, err
+	}
+	if v, ok := getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"); ok {
+		// vLLM's envs.py: "1" or "true", case-insensitive.
+		v = strings.ToLower(strings.TrimSpace(v))
+		o.RuntimeLoRA = v == "1" || v == "true"
 	}
 	o.HashSeed, o.HashSeedSet = getenv("PYTHONHASHSEED")
 	if o.HashSeed == "random" {
@@ -240,4 +252,21 @@ func (o options) pubConfig() pubConfig {
 	c.DropRate = o.DropRate
 	c.Seed = o.Seed
 	return c
+}
+
+// forRank returns c for data-parallel rank r: both endpoints offset as
+// vLLM's offset_endpoint_port does (port + r, or an _dp<r> suffix for ipc
+// and inproc), and r in every batch's data_parallel_rank.
+func (c pubConfig) forRank(r int) (pubConfig, error) {
+	c.Rank = int64(r)
+	var err error
+	if c.Endpoint, err = vllmclient.RankEndpoint(c.Endpoint, r); err != nil {
+		return c, fmt.Errorf("--data-parallel-size: %w", err)
+	}
+	if c.ReplayEndpoint != "" {
+		if c.ReplayEndpoint, err = vllmclient.RankEndpoint(c.ReplayEndpoint, r); err != nil {
+			return c, fmt.Errorf("--data-parallel-size: %w", err)
+		}
+	}
+	return c, nil
 }
