@@ -146,9 +146,7 @@ type Config struct {
 	// tests, a CIDRsAllowed, or timings.
 	Memberlist func(*memberlist.Config)
 
-	local   bool                                // LocalConfig: memberlist.DefaultLocalConfig timings
-	dropOut func(peer string, b []byte) bool    // tests: lose chosen outgoing messages
-	applied func(origin string, version uint64) // tests: origin's copy is now at version; runs under the mesh lock
+	local bool // LocalConfig: memberlist.DefaultLocalConfig timings
 }
 
 // Resolver looks up seed host names. *net.Resolver satisfies it.

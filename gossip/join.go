@@ -27,11 +27,12 @@ type joiner struct {
 }
 
 // loop runs the join schedule: a first attempt at once, whose result goes to
-// first (buffered), then retries. It returns when Shutdown closes done, or
-// after the first successful join when RejoinInterval is 0.
-func (j *joiner) loop(first chan<- bool) {
+// first (buffered), then retries. ctx, cancelled by Shutdown, ends seed
+// lookups in progress. It returns when Shutdown closes done, or after the
+// first successful join when RejoinInterval is 0.
+func (j *joiner) loop(ctx context.Context, first chan<- bool) {
 	defer j.m.wg.Done()
-	joined := j.attempt(context.Background())
+	joined := j.attempt(ctx)
 	first <- joined
 	every := j.m.cfg.RejoinInterval
 	backoff := firstBackoff
@@ -53,7 +54,7 @@ func (j *joiner) loop(first chan<- bool) {
 			return
 		case <-t.C:
 		}
-		ok := j.attempt(context.Background())
+		ok := j.attempt(ctx)
 		joined = joined || ok
 	}
 }

@@ -44,7 +44,13 @@ func gossipAddr(m *Mesh) string {
 // start joins one mesh and shuts it down when the test ends.
 func start(t testing.TB, c Config) *Mesh {
 	t.Helper()
-	m, err := Join(context.Background(), c)
+	return startWith(t, c, hooks{})
+}
+
+// startWith is start with test hooks; it is the only place they are set.
+func startWith(t testing.TB, c Config, h hooks) *Mesh {
+	t.Helper()
+	m, err := joinWith(context.Background(), c, h)
 	if err != nil {
 		t.Fatalf("Join(%s) error %v", c.NodeName, err)
 	}
@@ -56,6 +62,12 @@ func start(t testing.TB, c Config) *Mesh {
 // waits until each sees all n members.
 func cluster(t testing.TB, n int, edit func(i int, c *Config)) []*Mesh {
 	t.Helper()
+	return clusterWith(t, n, edit, nil)
+}
+
+// clusterWith is cluster with test hooks for each mesh.
+func clusterWith(t testing.TB, n int, edit func(i int, c *Config), hook func(i int, h *hooks)) []*Mesh {
+	t.Helper()
 	ms := make([]*Mesh, n)
 	for i := range ms {
 		c := testConfig(fmt.Sprintf("n%d", i))
@@ -65,7 +77,11 @@ func cluster(t testing.TB, n int, edit func(i int, c *Config)) []*Mesh {
 		if edit != nil {
 			edit(i, &c)
 		}
-		ms[i] = start(t, c)
+		var h hooks
+		if hook != nil {
+			hook(i, &h)
+		}
+		ms[i] = startWith(t, c, h)
 	}
 	defer func() {
 		if t.Failed() {
@@ -191,10 +207,11 @@ func TestMeshLostDeltaIsRepaired(t *testing.T) {
 		x, err := bloom.UnmarshalDelta(b[1:])
 		return err == nil && ((peer == "n1" && x.To == 3) || (peer == "n2" && x.To == 4))
 	}
-	ms := cluster(t, 3, func(i int, c *Config) {
+	ms := clusterWith(t, 3, func(i int, c *Config) {
 		c.FullDigestInterval = time.Hour // only the repair paths may heal
+	}, func(i int, h *hooks) {
 		if i == 0 {
-			c.dropOut = lose
+			h.dropOut = lose
 		}
 	})
 	a := ms[0]
