@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 )
 
 // config is everything `sidecar serve` needs, from flags with
@@ -55,22 +57,20 @@ func envName(flagName string) string {
 func parseServe(args []string, getenv func(string) string, out io.Writer) (config, error) {
 	var c config
 	var join string
-	fs := flag.NewFlagSet("sidecar serve", flag.ContinueOnError)
-	fs.SetOutput(out)
-	host, _ := os.Hostname()
-	fs.StringVar(&c.Listen, "listen", ":8000", "address of the OpenAI API, for clients (via the Service) and for peer sidecars")
+	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	fs.StringVar(&c.Listen, "listen", ":8000", "address of the OpenAI API, for clients (via the Service) and for peer sidecars; gossip binds on its host too")
 	fs.StringVar(&c.AdminListen, "admin-listen", ":9090", "address of /metrics, /debug/*, /readyz, /livez, /drain")
 	fs.StringVar(&c.VLLMURL, "vllm-url", "http://127.0.0.1:8001", "base URL of the local vLLM server")
 	fs.StringVar(&c.Model, "model", "", "base model name that block keys are seeded with (default: the local vLLM's first /v1/models entry)")
-	fs.StringVar(&c.NodeName, "node-name", firstNonEmpty(getenv("POD_NAME"), host), "unique node name in the mesh (default: $POD_NAME, else the hostname)")
+	fs.StringVar(&c.NodeName, "node-name", "", "unique node name in the mesh; sidecars sharing a host each need their own (default: $POD_NAME, else the hostname)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", getenv("POD_IP"), "IP that peers use to reach this pod (default: $POD_IP)")
-	fs.IntVar(&c.GossipPort, "gossip-port", 7946, "memberlist port (UDP and TCP)")
+	fs.IntVar(&c.GossipPort, "gossip-port", 7946, "memberlist port (UDP and TCP), bound on --listen's host (every interface when it names none)")
 	fs.StringVar(&join, "join", "", "comma-separated seeds (host:port or DNS names, re-resolved periodically), e.g. the headless Service")
 	fs.StringVar(&c.SecretFile, "cluster-secret-file", "", "file holding the cluster secret; the gossip and hop-authentication keys derive from it (without it: unauthenticated, for local use only)")
 	fs.StringVar(&c.ClusterLabel, "cluster-label", "kvroute", "memberlist label; members with another label are rejected")
-	fs.StringVar(&c.EventsEndpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "vLLM's KV-event PUB endpoint")
-	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM configured to connect out)")
-	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to (vLLM's kv_events_config topic)")
+	fs.StringVar(&c.EventsEndpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "vLLM's KV-event PUB endpoint; the sidecar connects to it (vLLM binds tcp://*:PORT and ipc:// endpoints but connects to tcp://HOST:PORT, so exactly one side must bind)")
+	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM whose endpoint names a host, which makes it connect)")
+	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to; must match vLLM's kv_events_config topic (empty: every topic)")
 	fs.StringVar(&c.EventsReplayEndpoint, "kv-events-replay-endpoint", "", "vLLM's replay ROUTER endpoint; enables exact recovery after lost events")
 	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks; rank r publishes on port+r")
 	fs.IntVar(&c.BlockSize, "block-size", 16, "vLLM's block size in tokens (events carry it too)")
@@ -84,11 +84,12 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
-	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: sidecar [serve] [flags]\n       sidecar events [flags]\n\nEvery flag has an environment twin KVROUTE_<NAME> (e.g. --vllm-url: KVROUTE_VLLM_URL).\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	cli.Usage(fs, "sidecar [serve] [flags]\n       sidecar events [flags]   (print a KV-event stream; sidecar events --help)",
+		"The kvroute sidecar: serves the OpenAI API in front of the local vLLM and routes each request\n"+
+			"to the pod that holds the longest cached prefix of its prompt.\n"+
+			"Every flag has an environment twin KVROUTE_<NAME> (e.g. --vllm-url: KVROUTE_VLLM_URL);\n"+
+			"a flag on the command line wins over its twin.")
+	if err := cli.Parse(fs, args, out, out); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
@@ -106,6 +107,10 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	})
 	if envErr != nil {
 		return c, envErr
+	}
+	if c.NodeName == "" {
+		host, _ := os.Hostname()
+		c.NodeName = firstNonEmpty(getenv("POD_NAME"), host)
 	}
 	for _, s := range strings.Split(join, ",") {
 		if s = strings.TrimSpace(s); s != "" {
