@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,22 +23,31 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
-	o, err := parseFlags(os.Args[1:], os.LookupEnv, os.Stderr)
+	os.Exit(cmdMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cmdMain is the program with its streams; it returns the exit status.
+func cmdMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, os.LookupEnv, stdout, stderr)
 	if err != nil {
-		log.Error().Err(err).Msg("bad flags")
-		os.Exit(2)
+		if !cli.Printed(err) && !errors.Is(err, cli.ErrDone) {
+			fmt.Fprintf(stderr, "vllm-sim: %v\n", err)
+		}
+		return cli.ExitCode(err)
 	}
+	log := zerolog.New(stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
 		log.Error().Err(err).Msg("exit")
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // engineConfig applies the flags to the engine's defaults.
@@ -81,7 +91,14 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 		cfg.EventSink = pub.Sink
 		events, pubStatsFn = pub, pub.Stats
 		addr, replay := pub.Endpoints()
-		log.Info().Str("pub", addr).Str("replay", replay).Str("topic", o.Events.Topic).Msg("kv events")
+		// Exactly one side of a ZMQ pair binds; say which this one is, so a
+		// subscriber that also connects (or also binds) is easy to spot.
+		msg := "kv events: PUB connects to " + addr + " (the subscriber must bind it)"
+		if bindsPub(o.Events.Endpoint) {
+			msg = "kv events: PUB binds " + addr + " (subscribers connect)"
+		}
+		log.Info().Str("pub", addr).Bool("pub_bound", bindsPub(o.Events.Endpoint)).Str("replay", replay).
+			Str("topic", o.Events.Topic).Msg(msg)
 	}
 	eng, err := vllmsim.New(cfg)
 	if err != nil {

@@ -51,12 +51,25 @@ func Parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
 		return errors.Join(ErrDone, werr)
 	case err != nil:
 		stderr.Write(buf.Bytes())
-		return err
+		return &FlagError{err}
 	case *version:
 		_, werr := fmt.Fprintln(stdout, buildinfo.String(fs.Name()))
 		return errors.Join(ErrDone, werr)
 	}
 	return nil
+}
+
+// FlagError is a command line that package flag rejected; Parse has
+// already printed it with the usage, so the caller need not repeat it.
+type FlagError struct{ Err error }
+
+func (e *FlagError) Error() string { return e.Err.Error() }
+func (e *FlagError) Unwrap() error { return e.Err }
+
+// Printed reports whether err is a FlagError, already shown to the user.
+func Printed(err error) bool {
+	var fe *FlagError
+	return errors.As(err, &fe)
 }
 
 // ExitCode is the process status for an error of Parse: 0 for ErrDone, 2
