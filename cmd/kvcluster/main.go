@@ -294,7 +294,7 @@ func detach(o options, args []string, stdout io.Writer) error {
 		return err
 	}
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }() // ends when the child exits
+	go func() { exited <- cmd.Wait() }()                   // ends when the child exits
 	deadline := time.After(o.ReadyTimeout + 5*time.Minute) // + a cold build of the binaries
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()

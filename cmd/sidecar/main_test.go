@@ -69,5 +69,8 @@ func TestPlainConsole(t *testing.T) {
 	}
 
 	os.Setenv("NO_COLOR", "")
-	plainConsole(f, func(k, v string) error { t.Errorf("plainConsole set %s=%s over an explicit NO_COLOR", k, v); return nil })
+	plainConsole(f, func(k, v string) error {
+		t.Errorf("plainConsole set %s=%s over an explicit NO_COLOR", k, v)
+		return nil
+	})
 }
