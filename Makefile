@@ -30,7 +30,8 @@ build: deps
 	@echo "== build: go build -o $(BIN)/ ./cmd/..."
 	@set -o pipefail; $(GO) build -v -o $(BIN)/ ./cmd/... 2>&1 | awk ' \
 	  /^[^ :#]+$$/ { if ($$0 ~ /\/cmd\/[a-z-]+$$/) { sub(".*/", ""); print "   built $(BIN)/" $$0 } \
-	                 else if (++n % 100 == 0) print "   compiled " n " packages"; next } { print }'
+	                 else if (++n % 100 == 0) print "   compiled " n " packages"; fflush(); next } \
+	  { print; fflush() }'
 	@echo "   $(BIN)/: $$(cd $(BIN) && ls | tr '\n' ' ')"
 
 vet: deps

@@ -46,11 +46,13 @@ func TestDetachedCluster(t *testing.T) {
 		}
 	}
 
-	chat := func() (int, string) {
+	// A connection per request, so the Service picks a pod for each.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	chatTo := func(base string) (int, string) {
 		body := `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`
-		req, _ := http.NewRequestWithContext(ctx, "POST", service+"/v1/chat/completions", strings.NewReader(body))
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("content-type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err.Error()
 		}
@@ -58,6 +60,7 @@ func TestDetachedCluster(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		return resp.StatusCode, resp.Header.Get("x-kvroute-served-by")
 	}
+	chat := func() (int, string) { return chatTo(service) }
 	if code, pod := chat(); code != 200 || !strings.HasPrefix(pod, "pod") {
 		t.Fatalf("chat through the Service: %d, served by %q; want 200 from a pod", code, pod)
 	}
@@ -66,19 +69,25 @@ func TestDetachedCluster(t *testing.T) {
 		t.Fatalf("kill pod2: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	// kube-proxy still hands connections to the dead pod until its endpoint
-	// goes; the other pods answer, and never as pod2.
-	ok := 0
+	// The killed pod leaves the Service's endpoints: every request succeeds
+	// on the others.
 	for range 10 {
-		if code, pod := chat(); code == 200 {
-			ok++
-			if pod == "pod2" {
-				t.Errorf("a killed pod2 served a request")
-			}
+		if code, pod := chat(); code != 200 || pod == "pod2" || pod == "" {
+			t.Errorf("after pod2 was killed: %d, served by %q; want 200 from pod1 or pod3", code, pod)
 		}
 	}
-	if ok == 0 {
-		t.Error("no request succeeded after pod2 was killed")
+	resp, err = http.Post("http://"+subnet+".1:9000/pods/pod2/restart", "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("restart pod2: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if code, pod := chatTo("http://" + subnet + ".3:8000"); code != 200 || pod == "" {
+		t.Errorf("pod2's sidecar after the restart: %d, served by %q; want 200", code, pod)
+	}
+	for range 10 {
+		if code, _ := chat(); code != 200 {
+			t.Errorf("after pod2's restart: status %d through the Service; want 200", code)
+		}
 	}
 
 	var down bytes.Buffer

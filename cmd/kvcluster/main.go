@@ -167,7 +167,7 @@ func up(ctx context.Context, o options, stdout, stderr io.Writer, stopHint strin
 	if err != nil {
 		return fmt.Errorf("control: %w", err)
 	}
-	ctl := &http.Server{Handler: control(ctx, c, stderr), ReadHeaderTimeout: 5 * time.Second}
+	ctl := &http.Server{Handler: control(ctx, c, svc, plain, stderr), ReadHeaderTimeout: 5 * time.Second}
 	go ctl.Serve(ln) // returns when ctl is shut down below
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -214,9 +214,22 @@ func describe(c *chaos.Cluster, service, plain, ctl, dir string) string {
 
 // control serves the fault hooks: POST /pods/NAME/kill (SIGKILL the pod's
 // processes, as a node failure would), POST /pods/NAME/restart (start it
-// again, with an empty cache), GET /pods.
-func control(ctx context.Context, c *chaos.Cluster, log io.Writer) http.Handler {
+// again, with an empty cache), GET /pods. A killed pod leaves both
+// Services' endpoints, as Kubernetes removes a pod that fails its readiness
+// probe (there after a few seconds, here at once), and a restarted one
+// comes back.
+func control(ctx context.Context, c *chaos.Cluster, svc, plain *chaos.Service, log io.Writer) http.Handler {
 	m := http.NewServeMux()
+	endpoints := func() {
+		var api, sims []string
+		for _, p := range c.Pods() {
+			if sim, sc := c.Running(p.Index); sim && sc {
+				api, sims = append(api, p.API), append(sims, p.SimAddr)
+			}
+		}
+		svc.SetBackends(api)
+		plain.SetBackends(sims)
+	}
 	index := func(w http.ResponseWriter, name string) (int, bool) {
 		for _, p := range c.Pods() {
 			if p.Name == name {
@@ -237,7 +250,9 @@ func control(ctx context.Context, c *chaos.Cluster, log io.Writer) http.Handler 
 		if !ok {
 			return
 		}
-		if err := c.Kill(i); err != nil {
+		err := c.Kill(i)
+		endpoints()
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -252,7 +267,9 @@ func control(ctx context.Context, c *chaos.Cluster, log io.Writer) http.Handler 
 		rctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		context.AfterFunc(r.Context(), cancel)
-		if err := c.Restart(rctx, i); err != nil {
+		err := c.Restart(rctx, i)
+		endpoints()
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
