@@ -41,7 +41,8 @@ type options struct {
 	BodyLimitBytes int64
 }
 
-// kvEventsConfig is vLLM's --kv-events-config JSON (vllm-interface.md §1.1).
+// kvEventsConfig is vLLM's --kv-events-config JSON (KVEventsConfig in vLLM's
+// vllm/config/kv_events.py).
 type kvEventsConfig struct {
 	Enable         bool    `json:"enable_kv_cache_events"`
 	Publisher      *string `json:"publisher"`
