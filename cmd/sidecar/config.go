@@ -64,7 +64,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	var join string
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", ":8000", "address of the OpenAI API, for clients (via the Service) and for peer sidecars; gossip binds on its host too")
-	fs.StringVar(&c.AdminListen, "admin-listen", ":9090", "address of /metrics, /debug/*, /readyz, /livez, /drain")
+	fs.StringVar(&c.AdminListen, "admin-listen", ":9090", "address of /metrics, /debug/*, /readyz, /livez and the drain endpoints: GET /drain reports, POST /drain drains (and stays drained), POST /undrain serves again, GET /drain/prestop drains for a preStop hook")
 	fs.StringVar(&c.VLLMURL, "vllm-url", "http://127.0.0.1:8001", "base URL of the local vLLM server")
 	fs.StringVar(&c.Model, "model", "", "base model name that block keys are seeded with (default: the local vLLM's first /v1/models entry)")
 	fs.StringVar(&c.NodeName, "node-name", "", "unique node name in the mesh; sidecars sharing a host each need their own (default: $POD_NAME, else the hostname)")
@@ -83,7 +83,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long a drain (POST /drain, GET /drain/prestop, SIGTERM) waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
