@@ -91,10 +91,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 func cmdMain(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
-		if !cli.Printed(err) && !errors.Is(err, cli.ErrDone) {
-			fmt.Fprintf(stderr, "bareproxy: %v\n", err)
-		}
-		return cli.ExitCode(err)
+		return cli.Fail("bareproxy", err, stderr)
 	}
 	// The sidecar's transport settings, so the two hops differ only in
 	// what the sidecar does per request.

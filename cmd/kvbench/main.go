@@ -17,7 +17,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -38,10 +37,7 @@ func main() {
 func cmdMain(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
-		if !cli.Printed(err) && !errors.Is(err, cli.ErrDone) {
-			fmt.Fprintln(stderr, "kvbench:", err)
-		}
-		return cli.ExitCode(err)
+		return cli.Fail("kvbench", err, stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

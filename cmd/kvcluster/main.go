@@ -69,10 +69,7 @@ func cmdMain(args []string, stdout, stderr io.Writer) int {
 	}
 	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
-		if !cli.Printed(err) && !errors.Is(err, cli.ErrDone) {
-			fmt.Fprintf(stderr, "kvcluster: %v\n", err)
-		}
-		return cli.ExitCode(err)
+		return cli.Fail("kvcluster", err, stderr)
 	}
 	if o.Detach {
 		return exitStatus(detach(o, args, stdout), stderr)

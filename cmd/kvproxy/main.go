@@ -115,10 +115,7 @@ func main() {
 func cmdMain(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
-		if !cli.Printed(err) && !errors.Is(err, cli.ErrDone) {
-			fmt.Fprintf(stderr, "kvproxy: %v\n", err)
-		}
-		return cli.ExitCode(err)
+		return cli.Fail("kvproxy", err, stderr)
 	}
 	log := zerolog.New(stderr).With().Timestamp().Str("component", "kvproxy").Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -35,10 +35,7 @@ func main() {
 func cmdMain(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, os.LookupEnv, stdout, stderr)
 	if err != nil {
-		if !cli.Printed(err) && !errors.Is(err, cli.ErrDone) {
-			fmt.Fprintf(stderr, "vllm-sim: %v\n", err)
-		}
-		return cli.ExitCode(err)
+		return cli.Fail("vllm-sim", err, stderr)
 	}
 	log := zerolog.New(stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

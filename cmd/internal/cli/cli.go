@@ -82,3 +82,13 @@ func ExitCode(err error) int {
 		return 2
 	}
 }
+
+// Fail ends a command line that Parse or the program's own checks
+// rejected: it prints err as "program: err" on stderr unless Parse already
+// showed it (or it is ErrDone), and returns the exit status.
+func Fail(program string, err error, stderr io.Writer) int {
+	if !Printed(err) && !errors.Is(err, ErrDone) {
+		fmt.Fprintf(stderr, "%s: %v\n", program, err)
+	}
+	return ExitCode(err)
+}

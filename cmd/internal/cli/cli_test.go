@@ -56,3 +56,20 @@ func TestParseDoneIsNotAnError(t *testing.T) {
 		t.Errorf("Parse(--version) = %v; want ErrDone", err)
 	}
 }
+
+func TestFail(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code int
+		out  string
+	}{
+		{errors.New("--pods 0: want at least 1"), 2, "tool: --pods 0: want at least 1\n"},
+		{&FlagError{errors.New("flag provided but not defined: -x")}, 2, ""}, // Parse printed it
+		{ErrDone, 0, ""},
+	} {
+		var w bytes.Buffer
+		if code := Fail("tool", tc.err, &w); code != tc.code || w.String() != tc.out {
+			t.Errorf("Fail(%v) = %d, printed %q; want %d, %q", tc.err, code, w.String(), tc.code, tc.out)
+		}
+	}
+}
