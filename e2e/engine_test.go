@@ -20,20 +20,22 @@ import (
 // pod's own included, as a Service would until its endpoints drop it), and
 // record every answer.
 type load struct {
-	f       *fixture
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	sent    int
-	retried int
-	failed  []string
+	f         *fixture
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	sent      int
+	retried   int
+	midstream int // answers the broken pod had begun when its engine died
+	failed    []string
 }
 
 // startLoad sends prompts drawn by next (from its own seeded source) with
 // two workers until stopLoad. A request counts as failed unless it got a
 // 200 from a pod: every pod but the broken one can serve, and the sidecars
-// must find one.
-func startLoad(t *testing.T, f *fixture, seed string, next func(rng *mrand.Rand, n int) []uint32) *load {
+// must find one. An answer the broken pod had begun (a stream cut when its
+// engine died) is counted apart: no router can save it.
+func startLoad(t *testing.T, f *fixture, seed, broken string, next func(rng *mrand.Rand, n int) []uint32) *load {
 	l := &load{f: f, stop: make(chan struct{})}
 	for w := range 2 {
 		l.wg.Add(1)
@@ -53,6 +55,8 @@ func startLoad(t *testing.T, f *fixture, seed string, next func(rng *mrand.Rand,
 				l.mu.Lock()
 				l.sent++
 				switch {
+				case err != nil && r.Status == http.StatusOK && r.ServedBy == broken:
+					l.midstream++
 				case err != nil:
 					l.failed = append(l.failed, fmt.Sprintf("via %s: %v", f.c.Pod(via).Name, err))
 				case r.Status != http.StatusOK:
@@ -74,7 +78,7 @@ func (l *load) stopLoad(t *testing.T) {
 	l.wg.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t.Logf("load: %d requests, %d retried, %d failed", l.sent, l.retried, len(l.failed))
+	t.Logf("load: %d requests, %d retried, %d cut mid-answer on the broken pod, %d failed", l.sent, l.retried, l.midstream, len(l.failed))
 	if l.sent < 20 {
 		t.Errorf("only %d requests sent; the stream did not run", l.sent)
 	}
@@ -179,7 +183,7 @@ func engineFault(t *testing.T, fault, heal func(f *fixture, x int) error, limit 
 	name := f.c.Pod(x).Name
 	probe := body(join(held, tokens(rng, 8)), 4, false)
 
-	l := startLoad(t, f, t.Name(), func(rng *mrand.Rand, n int) []uint32 {
+	l := startLoad(t, f, t.Name(), name, func(rng *mrand.Rand, n int) []uint32 {
 		if n%2 == 0 {
 			return join(held, tokens(rng, 24)) // the broken pod's prefix
 		}
