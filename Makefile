@@ -65,7 +65,7 @@ fuzz:
 # KV events, peers' node meta and messages, clients' request bodies), 20000
 # execs each, one line per target. Three instrumented package builds: about
 # four minutes on a busy 2-core machine, most of it compiling.
-FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./forward:FuzzScanObject
+FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./prompt:FuzzScanObject
 fuzz-ci:
 	@for t in $(FUZZ_CI); do dir=$${t%%:*}; name=$${t##*:}; \
 	  out=$$($(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=20000x $$dir 2>&1) \
