@@ -6,6 +6,9 @@ BIN       := bin
 # "context deadline exceeded" when the deadline lands inside a slow input.
 FUZZTIME  ?= 200000x
 TESTFLAGS ?= -race -count=1 -timeout 12m
+# What --version prints (buildinfo): the tag or commit of this checkout.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS   := $(if $(VERSION),-X github.com/kvroute/kvroute/buildinfo.version=$(VERSION))
 # apt-get needs root; sudo when we are not root and it exists.
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
@@ -28,7 +31,7 @@ deps:
 # binary; compiler errors pass through.
 build: deps
 	@echo "== build: go build -o $(BIN)/ ./cmd/..."
-	@set -o pipefail; $(GO) build -v -o $(BIN)/ ./cmd/... 2>&1 | awk ' \
+	@set -o pipefail; $(GO) build -v -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/... 2>&1 | awk ' \
 	  /^[^ :#]+$$/ { if ($$0 ~ /\/cmd\/[a-z-]+$$/) { sub(".*/", ""); print "   built $(BIN)/" $$0 } \
 	                 else if (++n % 100 == 0) print "   compiled " n " packages"; fflush(); next } \
 	  { print; fflush() }'
@@ -84,8 +87,8 @@ clean:
 DEMO_FLAGS ?= --pods 4 --workload shared-prefix --policies service,kvroute,central-precise \
 	--rate 10 --duration 15s --out out/demo
 demo: build
-	@echo "== demo: $(BIN)/kvbench --story $(DEMO_FLAGS)"
-	@$(BIN)/kvbench --story $(DEMO_FLAGS)
+	@echo "== demo: $(BIN)/kvbench --build=false --story $(DEMO_FLAGS)"
+	@$(BIN)/kvbench --build=false --story $(DEMO_FLAGS)
 
 # A local mesh to try by hand (README "Try it by hand"): starts in the
 # background, prints the URLs, stays up until `make cluster-down`.
@@ -107,7 +110,7 @@ cluster-down:
 # smaller cache measures nothing but the shared first block.
 BENCH_POLICIES ?= service,kvroute,round-robin,least-loaded,chwbl,approx-prefix,central-precise
 BENCH_SWEEP    ?= 5,10,20
-BENCH_FLAGS    ?= --pods 4 --duration 30s --rate 10
+BENCH_FLAGS    ?= --build=false --pods 4 --duration 30s --rate 10
 # A directory with conversation_trace.jsonl and synthetic_trace.jsonl, the
 # FAST'25 traces of github.com/kvcache-ai/Mooncake; empty skips them.
 TRACES         ?=
@@ -121,7 +124,7 @@ bench: build
 	@for t in conversation synthetic; do \
 	  f=$(TRACES)/$${t}_trace.jsonl; \
 	  if [ -f "$$f" ]; then echo "== bench mooncake $$t"; \
-	    $(BIN)/kvbench --pods 8 --blocks-per-pod 32768 --trace $$f --time-scale 2 --duration 240s \
+	    $(BIN)/kvbench --build=false --pods 8 --blocks-per-pod 32768 --trace $$f --time-scale 2 --duration 240s \
 	      --policies service,least-loaded,kvroute,central-precise --out out/bench/mooncake-$$t || exit 1; \
 	  else echo "== bench mooncake $$t skipped: no $$f (set TRACES)"; fi; \
 	done

@@ -54,6 +54,8 @@ type options struct {
 	// Story plays the five-request scene on a 3-pod cluster before the
 	// benchmark (story.go).
 	Story bool
+	// Build runs go build for the binaries in BinDir first.
+	Build bool
 }
 
 func allPolicies() []string {
@@ -95,6 +97,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.Subnet, "subnet", "127.0.90", "loopback /24 of the cluster (127.x.y): pods on .2.., the Service on .1")
 	fs.DurationVar(&o.Drain, "drain", 60*time.Second, "how long to wait for answers after the last arrival")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&o.Build, "build", true, "go build vllm-sim and sidecar into --bin first (cheap when they are up to date); false uses the binaries there as they are")
 	fs.BoolVar(&o.Story, "story", false, "first play the scene: five requests sharing one long system prompt on 3 pods, through the plain Service, then through kvroute")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return o, err

@@ -56,8 +56,10 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	if o.Quiet {
 		progress = io.Discard
 	}
-	if err := build(ctx, o.BinDir, log); err != nil {
-		return err
+	if o.Build {
+		if err := build(ctx, o.BinDir, log); err != nil {
+			return err
+		}
 	}
 	if o.Story {
 		if _, err := playStory(ctx, o, out, progress); err != nil {
