@@ -27,7 +27,9 @@ func main() {
 		if errors.As(err, &ec) {
 			code = ec.ExitCode()
 		}
-		fmt.Fprintf(os.Stderr, "sidecar: %v\n", err)
+		if !cli.Printed(err) { // a flag error was printed with the usage
+			fmt.Fprintf(os.Stderr, "sidecar: %v\n", err)
+		}
 		os.Exit(code)
 	}
 }
