@@ -57,10 +57,10 @@ unit: deps
 # target needs an instrumented build of its package: minutes in all.
 FUZZ_PKGS ?= .
 fuzz:
-	@grep -rl --include='*_test.go' '^func Fuzz' $(FUZZ_PKGS) | xargs -r -n1 dirname | sort -u | while read -r dir; do \
+	@set -o pipefail; grep -rl --include='*_test.go' '^func Fuzz' $(FUZZ_PKGS) | xargs -r -n1 dirname | sort -u | while read -r dir; do \
 	  for name in $$(grep -h '^func Fuzz' $$dir/*_test.go | sed 's/^func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
 	    echo "== fuzz $$dir $$name ($(FUZZTIME))"; \
-	    $(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZTIME) $$dir 2>&1 | tail -n 3 || exit 1; \
+	    $(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZTIME) $$dir || exit 1; \
 	  done; \
 	done
 
