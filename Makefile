@@ -49,7 +49,7 @@ test: vet unit
 unit: deps
 	@echo "== test: go test $(TESTFLAGS) -tags integration ./..."
 	@set -o pipefail; start=$$(date +%s); \
-	  $(GO) test $(TESTFLAGS) -tags integration ./... 2>&1 | grep -v -e '\[no test files\]$$'; \
+	  $(GO) test $(TESTFLAGS) -tags integration ./... 2>&1 | grep --line-buffered -v -e '\[no test files\]$$'; \
 	  rc=$$?; echo "== test: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start ))s"; exit $$rc
 
 # Fuzzes every target for FUZZTIME (default 200000 execs each; e.g.
@@ -82,7 +82,7 @@ clean:
 # prompt, on 3 pods, through the plain Service and then kvroute), then a
 # 4-pod benchmark of one prefix-heavy workload through the plain Service,
 # kvroute and a central precise router: the table, and where the plots and
-# the clusters' logs are (out/demo/clusters/). About a minute and a half
+# the clusters' logs are (out/demo/clusters/). About a minute
 # after the build.
 DEMO_FLAGS ?= --pods 4 --workload shared-prefix --policies service,kvroute,central-precise \
 	--rate 10 --duration 15s --out out/demo
