@@ -72,8 +72,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 			"of simulated vLLM pods (vllm-sim, with a sidecar each for kvroute) on loopback addresses.\n"+
 			"Every policy gets a fresh cluster and the same seeded schedule of requests. Prints a table\n"+
 			"(prefix-cache hit rate, TTFT percentiles, balance) and writes results.json, results.md and\n"+
-			"TTFT plots to --out; each cluster's logs stay in OUT/clusters/. Builds vllm-sim and sidecar\n"+
-			"into --bin first when run from the repository.\n\n"+
+			"TTFT plots to --out; each cluster's logs stay in OUT/clusters/. Unless --build=false, it\n"+
+			"first builds vllm-sim and sidecar into --bin (run it from the repository).\n\n"+
 			"  kvbench --story --pods 4 --workload shared-prefix --policies service,kvroute --duration 20s\n"+
 			"  kvbench --workload doc-qa --sweep 5,10,20 --policies service,least-loaded,kvroute\n"+
 			"  kvbench --trace conversation_trace.jsonl --time-scale 2 --policies service,kvroute")
