@@ -31,7 +31,8 @@ type loadReport struct {
 	Claims []peerClaim // what the sender just placed where (route.Claim)
 	// Engine and Epoch are the sender's engine and the epoch of the digest
 	// it advertises (0: none, withdrawn). A report only as far as the claims
-	// (an earlier version) has HasState false: it says nothing of either.
+	// (an earlier version) has HasState false: it says nothing of either,
+	// and encodeLoad writes such a report without them.
 	Engine   route.Engine
 	Epoch    uint64
 	HasState bool
@@ -72,6 +73,9 @@ func encodeLoad(r loadReport) ([]byte, error) {
 		b = append(b, c.Peer...)
 		b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
 		b = binary.AppendUvarint(b, uint64(c.Keys))
+	}
+	if !r.HasState {
+		return b, nil // as an earlier version sent it: engine and epoch unknown
 	}
 	b = append(b, byte(r.Engine))
 	return binary.AppendUvarint(b, r.Epoch), nil
