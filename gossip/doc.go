@@ -50,6 +50,10 @@
 //	advert.go     the node meta this node advertises; the meta loop
 //	members.go    the live peers and their senders (sender.go)
 //	table.go      the peers' state: plain data, time passed in
+//	meta.go       the node meta's wire form
+//	join.go       joining the seeds, and rejoining them
+//	stats.go      the counters, per kind by the kind byte
+//	config.go     Config and its presets
 //	mesh.go       Join, the receive loop, Snapshot, Shutdown
 //
 // # Adding a gossip message

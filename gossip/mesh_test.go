@@ -532,3 +532,29 @@ func TestMeshEngineDownWithdrawsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestMeshFullDigestResend checks the periodic full digest heals a copy
+// that nothing else would: n0's only delta to n1 is lost, and the repair
+// by meta lag is an hour away, so n1 catches up by the resend alone.
+func TestMeshFullDigestResend(t *testing.T) {
+	ms := clusterWith(t, 2, func(i int, c *Config) {
+		c.FullDigestInterval = 100 * time.Millisecond
+		c.RepairAfter = time.Hour
+	}, func(i int, h *hooks) {
+		if i == 0 {
+			h.dropOut = func(peer string, b []byte) bool { return len(b) > 0 && b[0] == kindDelta }
+		}
+	})
+	if err := ms[0].PublishDigest(testDigest("n0", 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "first digest on n1", func() bool { return digestVersion(ms[1], "n0") == 1 })
+	before := ms[0].Stats().Sent.Digest.Msgs
+	if err := ms[0].PublishDelta(bloom.Delta{Node: "n0", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{2}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the lost delta's key on n1 by a full digest", func() bool { return holds(ms[1], "n0", 1, 2) })
+	if s := ms[0].Stats(); s.Sent.Digest.Msgs <= before || s.Sent.Delta.Msgs != 0 || s.FullServed != 0 {
+		t.Errorf("n0 Stats() = %+v; want more full digests, no delta sent, no need-full served", s)
+	}
+}
