@@ -22,9 +22,9 @@ import (
 //
 // Each job keeps its state in its own part, under its own lock: the local
 // digest (digests, digest.go), what the load reports carry (load, load.go),
-// the advertised meta (advert, advert.go), the peer senders (members,
-// members.go) and the peer table (tableMu). A method that needs several
-// takes them in that order, never the other way round.
+// the advertised meta (advert, advert.go), the peer table (tableMu) and the
+// peer senders (members, members.go). A method that needs several takes
+// them in that order, never the other way round.
 type Mesh struct {
 	cfg      Config
 	log      zerolog.Logger
