@@ -165,6 +165,9 @@ type Decision struct {
 	Eligible   int         `json:"eligible"`       // eligible peers
 	Note       string      `json:"note,omitempty"` // why earlier policies of a Chain declined
 	Candidates []Candidate `json:"candidates"`
+	// Attempts is the failover order, filled by the caller with Attempts
+	// (the policies leave it empty): candidate IDs, first to last.
+	Attempts []string `json:"attempts,omitempty"`
 }
 
 // Policy chooses the peer that serves a request. Implementations are pure:
