@@ -44,12 +44,15 @@ func (delegate) LocalState(join bool) []byte { return nil }
 // MergeRemoteState ignores remote state; see LocalState.
 func (delegate) MergeRemoteState(buf []byte, join bool) {}
 
-// NotifyJoin adds the peer (members.go).
+// NotifyJoin adds the peer (members.go), or records this node's address.
 func (d delegate) NotifyJoin(n *memberlist.Node) {
-	if n.Name != d.m.cfg.NodeName {
-		meta, ok := d.meta(n)
-		d.m.peerJoined(n, meta, ok)
+	if n.Name == d.m.cfg.NodeName {
+		node := *n
+		d.m.members.self.Store(&node)
+		return
 	}
+	meta, ok := d.meta(n)
+	d.m.peerJoined(n, meta, ok)
 }
 
 // NotifyLeave removes the peer (members.go).
@@ -59,12 +62,15 @@ func (d delegate) NotifyLeave(n *memberlist.Node) {
 	}
 }
 
-// NotifyUpdate records a peer's new meta (members.go).
+// NotifyUpdate records a peer's new meta (members.go), or this node's.
 func (d delegate) NotifyUpdate(n *memberlist.Node) {
-	if n.Name != d.m.cfg.NodeName {
-		meta, ok := d.meta(n)
-		d.m.peerUpdated(n, meta, ok)
+	if n.Name == d.m.cfg.NodeName {
+		node := *n
+		d.m.members.self.Store(&node)
+		return
 	}
+	meta, ok := d.meta(n)
+	d.m.peerUpdated(n, meta, ok)
 }
 
 func (d delegate) meta(n *memberlist.Node) (Meta, bool) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
-	"strconv"
 	"time"
 )
 
@@ -80,10 +79,7 @@ func (j *joiner) attempt(ctx context.Context) bool {
 		return true
 	}
 	ml := j.m.ml.Load()
-	live := map[string]bool{}
-	for _, n := range ml.Members() {
-		live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
-	}
+	live := j.m.members.addrs()
 	var todo []string
 	for _, a := range j.resolve(ctx) {
 		if !live[a] {

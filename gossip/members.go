@@ -1,7 +1,10 @@
 package gossip
 
 import (
+	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -9,10 +12,34 @@ import (
 // members is the live membership as the mesh sends to it: one sender per
 // peer, started when memberlist reports the peer joined and stopped when it
 // leaves or dies. After Shutdown (closed) no sender starts.
+//
+// Every memberlist.Node here is a copy taken in an event callback, which
+// memberlist runs under its node lock: the *Node that Members and
+// LocalNode return is rewritten in place by memberlist's alive handling,
+// so reading its fields later races (hashicorp/memberlist#306).
 type members struct {
 	mu      sync.Mutex
 	closed  bool
 	senders map[string]*sender
+	self    atomic.Pointer[memberlist.Node] // this node, as memberlist last announced it
+}
+
+// addrs returns the gossip address (ip:port) of every live member, this
+// node included.
+func (ms *members) addrs() map[string]bool {
+	live := map[string]bool{}
+	add := func(n *memberlist.Node) {
+		if n != nil {
+			live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
+		}
+	}
+	add(ms.self.Load())
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, s := range ms.senders {
+		add(s.node.Load())
+	}
+	return live
 }
 
 // each calls f for every peer's sender; f must not block.

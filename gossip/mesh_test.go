@@ -36,8 +36,10 @@ func testConfig(name string) Config {
 	return c
 }
 
+// gossipAddr reads the copy NotifyJoin took: the Node LocalNode returns is
+// rewritten by memberlist as the mesh runs.
 func gossipAddr(m *Mesh) string {
-	n := m.ml.Load().LocalNode()
+	n := m.members.self.Load()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 
