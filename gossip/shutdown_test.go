@@ -2,10 +2,13 @@ package gossip
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,17 +38,22 @@ func goroutines(pkg string) []string {
 	return found
 }
 
-// TestShutdownJoinsGoroutines checks that after Shutdown no goroutine the
-// mesh started is left (its loops, the joiner, a sender per peer), and that
-// memberlist's own end too: a mesh torn down in a test or a sidecar drained
-// and restarted in-process leaks nothing.
+// TestShutdownJoinsGoroutines checks that Shutdown returns while a seed
+// lookup hangs, that after it no goroutine the mesh started is left (its
+// loops, the joiner, a sender per peer), and that memberlist's own end too:
+// a mesh torn down in a test or a sidecar drained and restarted in-process
+// leaks nothing.
 func TestShutdownJoinsGoroutines(t *testing.T) {
 	const ours, theirs = "kvroute/kvroute/gossip.", "hashicorp/memberlist."
 	// Earlier tests' memberlists may still be winding down.
 	waitFor(t, 15*time.Second, "no memberlist goroutines before the test", func() bool { return len(goroutines(theirs)) == 0 })
 
+	resolvers := make([]*stuckResolver, 3)
 	ms := cluster(t, 3, func(i int, c *Config) {
-		c.Join = append(c.Join, "unresolvable.invalid:7946") // the joiner keeps retrying
+		resolvers[i] = &stuckResolver{}
+		c.Resolver = resolvers[i]
+		c.Join = append(c.Join, "seeds.test:7946")
+		c.RejoinInterval = 10 * time.Millisecond // soon in a lookup only Shutdown ends
 	})
 	if err := ms[0].PublishDigest(testDigest("n0", 1, 1, 1, 2)); err != nil {
 		t.Fatal(err)
@@ -67,10 +75,27 @@ func TestShutdownJoinsGoroutines(t *testing.T) {
 	if len(goroutines(theirs)) == 0 {
 		t.Fatalf("no memberlist goroutines while running: the check cannot see them")
 	}
-	for _, m := range ms {
-		if err := m.Shutdown(); err != nil {
-			t.Errorf("Shutdown: %v", err)
+	waitFor(t, 5*time.Second, "every joiner in a lookup", func() bool {
+		for _, r := range resolvers {
+			if r.calls.Load() < 2 {
+				return false
+			}
 		}
+		return true
+	})
+	shut := make(chan struct{})
+	go func() {
+		defer close(shut)
+		for _, m := range ms {
+			if err := m.Shutdown(); err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		}
+	}()
+	select {
+	case <-shut:
+	case <-time.After(resolveTimeout / 2): // less than a lookup's own limit: Shutdown ended them
+		t.Fatalf("Shutdown did not return in %v:\n%s", resolveTimeout/2, strings.Join(goroutines(ours), "\n\n"))
 	}
 	// Shutdown has waited for every one of them; the poll only lets a
 	// goroutine past its wg.Done return.
@@ -88,6 +113,19 @@ func TestShutdownJoinsGoroutines(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// stuckResolver answers its first lookup with an error and blocks every
+// later one until its context ends: a DNS server that stopped answering.
+// No query leaves the process.
+type stuckResolver struct{ calls atomic.Int32 }
+
+func (r *stuckResolver) LookupHost(ctx context.Context, host string) ([]string, error) {
+	if r.calls.Add(1) == 1 {
+		return nil, errors.New("no such host")
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
 }
 
 // TestMeshConcurrentUse drives every public method from several goroutines
