@@ -69,6 +69,10 @@ func (a *advert) kickNow() {
 	}
 }
 
+// maxMetaWait bounds metaLoop's wait for a meta update to leave, and so
+// how long Shutdown can wait for it.
+const maxMetaWait = time.Second
+
 // metaLoop re-advertises the node meta when it changed, at most once per
 // MetaInterval, or at once when kicked (draining, engine, models). It
 // returns when Shutdown closes done.
@@ -96,9 +100,11 @@ func (m *Mesh) metaLoop() {
 		if !dirty {
 			continue
 		}
-		// UpdateNode waits for the broadcast to leave; bound it so Shutdown
-		// is not held up.
-		if err := m.ml.Load().UpdateNode(m.cfg.MetaInterval); err != nil {
+		// UpdateNode waits for the broadcast to leave, and does not stop
+		// waiting when memberlist shuts down: bound it so Shutdown is not
+		// held up for a long MetaInterval. A broadcast still queued when the
+		// wait ends goes out all the same.
+		if err := m.ml.Load().UpdateNode(min(m.cfg.MetaInterval, maxMetaWait)); err != nil {
 			m.log.Debug().Err(err).Msg("update node meta")
 		}
 	}

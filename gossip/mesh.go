@@ -232,7 +232,8 @@ func (m *Mesh) Leave(timeout time.Duration) error {
 // Shutdown stops memberlist and every goroutine the mesh started (the
 // loops, the joiner, every peer's sender), and returns once they all have:
 // a send in progress completes or fails first (memberlist bounds it by
-// TCPTimeout), and so does a join attempt. Without Leave first, peers
+// TCPTimeout), and so does a join attempt; a meta update waits at most
+// maxMetaWait, a seed lookup not at all. Without Leave first, peers
 // notice only by failure detection (seconds). It is safe to call more than
 // once.
 func (m *Mesh) Shutdown() error {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/route"
@@ -212,4 +214,26 @@ func TestMeshConcurrentUse(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestShutdownDuringMetaUpdate checks Shutdown does not wait out a meta
+// update whose broadcast cannot leave: memberlist's UpdateNode waits for
+// it with no regard for Shutdown, so the mesh must bound that wait itself,
+// here where updates are an hour apart and gossip never runs.
+func TestShutdownDuringMetaUpdate(t *testing.T) {
+	ms := cluster(t, 2, func(i int, c *Config) {
+		c.MetaInterval = time.Hour
+		c.Memberlist = func(mc *memberlist.Config) { fastDetection(mc); mc.GossipInterval = time.Hour }
+	})
+	ms[0].SetDraining(true) // kicks the meta loop into UpdateNode
+	waitFor(t, 5*time.Second, "the meta loop in UpdateNode", func() bool {
+		return len(goroutines("memberlist.(*Memberlist).UpdateNode(")) > 0
+	})
+	shut := make(chan error, 1)
+	go func() { shut <- ms[0].Shutdown() }()
+	select {
+	case <-shut:
+	case <-time.After(maxMetaWait + 2*time.Second):
+		t.Fatalf("Shutdown still waiting after %v:\n%s", maxMetaWait+2*time.Second, strings.Join(goroutines("kvroute/kvroute/gossip."), "\n\n"))
+	}
 }
