@@ -150,57 +150,57 @@ func (d *decoder) events() ([]Event, error) {
 	evs := make([]Event, 0, min(n, 64))
 	for i := range n {
 		d.event = i
-		e, err := d.decodeEvent()
-		if err != nil {
+		// Decoded in place: the table's accessors would make a local
+		// Event escape to the heap.
+		evs = append(evs, Event{})
+		if err := d.decodeEvent(&evs[i]); err != nil {
 			return nil, err
 		}
-		evs = append(evs, e)
 	}
 	d.event, d.field = -1, ""
 	return evs, nil
 }
 
-func (d *decoder) decodeEvent() (Event, error) {
-	var e Event
+func (d *decoder) decodeEvent(e *Event) error {
 	d.field = "type"
 	c, err := d.r.peek()
 	if err != nil {
-		return e, err
+		return err
 	}
 	switch {
 	case isArray(c):
 		n, err := d.r.arrayLen()
 		if err != nil {
-			return e, err
+			return err
 		}
 		if n == 0 {
-			return e, fmt.Errorf("%w: empty event array", ErrShape)
+			return fmt.Errorf("%w: empty event array", ErrShape)
 		}
-		if err := d.tag(&e); err != nil {
-			return e, err
+		if err := d.tag(e); err != nil {
+			return err
 		}
 		fields := kinds[e.Kind].fields
 		for j := 1; j < n; j++ {
 			if j-1 >= len(fields) {
 				d.field = ""
 				if err := d.r.skip(1); err != nil {
-					return e, err
+					return err
 				}
 				continue
 			}
-			if err := d.decodeField(&e, &fields[j-1]); err != nil {
-				return e, err
+			if err := d.decodeField(e, &fields[j-1]); err != nil {
+				return err
 			}
 		}
-		return e, nil
+		return nil
 	case isMap(c):
 		n, err := d.r.mapLen()
 		if err != nil {
-			return e, err
+			return err
 		}
-		return e, d.mapEvent(&e, n)
+		return d.mapEvent(e, n)
 	}
-	return e, fmt.Errorf("%w: 0x%02x, want event array or map", ErrType, c)
+	return fmt.Errorf("%w: 0x%02x, want event array or map", ErrType, c)
 }
 
 // mapEvent decodes the n entries of a map event. Fields are looked up by
@@ -269,11 +269,6 @@ func (d *decoder) tag(e *Event) error {
 	}
 	e.Kind, e.Tag = kindOf(p)
 	return nil
-}
-
-func (d *decoder) decodeField(e *Event, f *fieldSpec) error {
-	d.field = f.name
-	return f.decode(d, e)
 }
 
 // parent decodes parent_block_hash; nil and 0 both mean the chain starts

@@ -82,7 +82,7 @@ func (e *encoder) event(ev *Event) error {
 		e.arrayHeader(1 + n)
 		e.str(tag)
 		for i := range s.fields[:n] {
-			if err := s.fields[i].encode(e, ev); err != nil {
+			if err := e.field(ev, &s.fields[i]); err != nil {
 				return err
 			}
 		}
@@ -100,7 +100,7 @@ func (e *encoder) event(ev *Event) error {
 	for i := range s.fields {
 		if f := &s.fields[i]; i < s.always || !f.none(ev) {
 			e.str(f.name)
-			if err := f.encode(e, ev); err != nil {
+			if err := e.field(ev, f); err != nil {
 				return err
 			}
 		}
