@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -250,7 +251,7 @@ func TestPrintEventsCount(t *testing.T) {
 
 func TestRunEventsUsage(t *testing.T) {
 	var ec exitCoder
-	if err := run([]string{"events", "--no-such-flag"}); !errors.As(err, &ec) || ec.ExitCode() != 2 {
+	if err := run([]string{"events", "--no-such-flag"}, io.Discard); !errors.As(err, &ec) || ec.ExitCode() != 2 {
 		t.Errorf("run(events --no-such-flag) = %v; want usage error with exit 2", err)
 	}
 }
