@@ -88,9 +88,14 @@ func (e *encoder) event(ev *Event) error {
 		}
 		return nil
 	}
+	// The header needs the count first; set remembers which fields count
+	// so none runs once per field (kinds has at most 64, see
+	// TestTableRoundTrip).
+	var set uint64
 	n := 1
 	for i := range s.fields {
 		if i < s.always || !s.fields[i].none(ev) {
+			set |= 1 << i
 			n++
 		}
 	}
@@ -98,7 +103,8 @@ func (e *encoder) event(ev *Event) error {
 	e.str("type")
 	e.str(tag)
 	for i := range s.fields {
-		if f := &s.fields[i]; i < s.always || !f.none(ev) {
+		if set&(1<<i) != 0 {
+			f := &s.fields[i]
 			e.str(f.name)
 			if err := e.field(ev, f); err != nil {
 				return err
