@@ -356,10 +356,10 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 	tokens := p.Tokens
 	if tokens == nil && h.tok != nil {
 		tctx, cancel := context.WithTimeout(ctx, h.cfg.TokenizeTimeout)
-		t0 := time.Now()
+		t0 := h.now()
 		ids, err := h.tok.Tokenize(tctx, p)
 		cancel()
-		h.metrics.tokenizeSeconds.Observe(time.Since(t0).Seconds())
+		h.metrics.tokenizeSeconds.Observe(h.now().Sub(t0).Seconds())
 		if err != nil {
 			h.metrics.tokenizeErrors.Inc()
 			h.log.Debug().Err(err).Msg("tokenize failed; routing by load")

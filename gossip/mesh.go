@@ -94,7 +94,7 @@ func Join(ctx context.Context, cfg Config) (*Mesh, error) {
 	}
 	// A restarted node's reports must outrank its old ones, which peers
 	// may still hold if they never saw it leave.
-	m.loadSeq = uint64(time.Now().UnixNano())
+	m.loadSeq = uint64(m.now().UnixNano())
 	if err := m.encodeMetaLocked(); err != nil {
 		return nil, err
 	}

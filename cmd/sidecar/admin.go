@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/cachestate"
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/route"
@@ -25,14 +26,14 @@ type admin struct {
 	reg   *prometheus.Registry
 	mesh  *gossip.Mesh
 	front *forward.Handler
-	cache *cacheState
+	cache *cachestate.State
 	log   zerolog.Logger
 
 	mu       sync.Mutex
 	draining bool
 }
 
-func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, cache *cacheState, log zerolog.Logger) *admin {
+func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, cache *cachestate.State, log zerolog.Logger) *admin {
 	return &admin{cfg: cfg, reg: reg, mesh: mesh, front: front, cache: cache, log: log}
 }
 
@@ -107,7 +108,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 			var st route.Engine
 			st, j.EngineReason = a.cache.Engine()
 			j.Engine = st.String()
-			j.Index, j.KVEvents = a.cache.health()
+			j.Index, j.KVEvents = a.cache.Health()
 		}
 		if !p.DigestAt.IsZero() {
 			j.DigestAgeS = now.Sub(p.DigestAt).Seconds()
@@ -168,7 +169,7 @@ func (a *admin) ready(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	io.WriteString(w, "ok\n")
-	for _, d := range a.cache.degraded() {
+	for _, d := range a.cache.Degraded() {
 		io.WriteString(w, "degraded: "+d+"\n")
 	}
 }

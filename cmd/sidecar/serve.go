@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/cachestate"
 	"github.com/kvroute/kvroute/clusterkey"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/forward"
@@ -166,15 +167,16 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	front := forward.New(fcfg, mesh, adapterFallback{tokenizer{vc}}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
 
-	params := bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
-	silence := engine.NewSilence(cfg.SilenceWindow, cfg.BlockSize)
-	cs := newCacheState(cfg.NodeName, ix, params, mesh, front, silence, cfg.EventsReplayEndpoint != "",
-		metrics, log.With().Str("component", "index").Logger())
+	ccfg := cachestate.DefaultConfig()
+	ccfg.Node, ccfg.PublishInterval, ccfg.Replay = cfg.NodeName, cfg.DigestInterval, cfg.EventsReplayEndpoint != ""
+	ccfg.Params = bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
+	ccfg.SilenceWindow, ccfg.SilenceTokens = cfg.SilenceWindow, cfg.BlockSize
+	cs := cachestate.New(ccfg, ix, mesh, front, cachestate.NewMetrics(reg), log.With().Str("component", "index").Logger())
 	registerViews(reg, ix, sub, mesh, cs)
 	scrapes := make(chan vllmclient.Load, 1)
-	go watcher.Run(runCtx)                                                             // exits when runCtx ends
-	go cs.run(runCtx, sub.Items(), watcher.Transitions(), scrapes, cfg.DigestInterval) // exits when runCtx ends
-	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log)            // exits when runCtx ends
+	go watcher.Run(runCtx)                                                  // exits when runCtx ends
+	go cs.Run(runCtx, sub.Items(), watcher.Transitions(), scrapes)          // exits when runCtx ends
+	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log) // exits when runCtx ends
 
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
@@ -195,7 +197,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		go func() { errc <- s.Serve(ln) }() // exits when the server is shut down
 	}
 	log.Info().Str("listen", cfg.Listen).Str("admin", cfg.AdminListen).Str("model", cfg.Model).
-		Int("capacity_blocks", capacity).Uint64("digest_bits", params.M).Strs("join", cfg.Join).Msg("kvroute sidecar serving")
+		Int("capacity_blocks", capacity).Uint64("digest_bits", ccfg.Params.M).Strs("join", cfg.Join).Msg("kvroute sidecar serving")
 
 	select {
 	case <-ctx.Done():
