@@ -41,6 +41,7 @@ type options struct {
 	RestartDown    time.Duration
 	ShutdownWait   time.Duration
 	BodyLimitBytes int64
+	Version        bool // --version: print the build's version and exit
 }
 
 // kvEventsConfig is vLLM's --kv-events-config JSON (vllm-interface.md §1.1).
@@ -176,6 +177,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.DurationVar(&o.RestartDown, "sim-restart-downtime", 2*time.Second, "how long /health is 503 after /sim/restart")
 	fs.DurationVar(&o.ShutdownWait, "sim-shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
 	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
+	fs.BoolVar(&o.Version, "version", false, "print the version and exit")
 	if err := fs.Parse(expandMulti(args)); err != nil {
 		return o, err
 	}

@@ -20,13 +20,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -38,10 +41,19 @@ import (
 
 func main() {
 	log := zerolog.New(os.Stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
-	o, err := parseFlags(os.Args[1:], os.LookupEnv, os.Stderr)
-	if err != nil {
+	var usage bytes.Buffer
+	o, err := parseFlags(os.Args[1:], os.LookupEnv, &usage)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Stdout.Write(usage.Bytes())
+		return
+	case err != nil:
+		os.Stderr.Write(usage.Bytes())
 		log.Error().Err(err).Msg("bad flags")
 		os.Exit(2)
+	case o.Version:
+		fmt.Println("vllm-sim", version())
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -49,6 +61,22 @@ func main() {
 		log.Error().Err(err).Msg("exit")
 		os.Exit(1)
 	}
+}
+
+// version is the module version and VCS revision the binary was built
+// from, as the Go toolchain records them.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			v += " " + s.Value
+		}
+	}
+	return v
 }
 
 // engineConfig applies the flags to the engine's defaults.
