@@ -305,17 +305,17 @@ func (f *fixture) complete(t *testing.T, i int, b []byte, hdr http.Header) reply
 }
 
 // decision is the part of route.Decision that /debug/route reports and the
-// tests read (route's types have no JSON tags: Go field names).
+// tests read, by the snake_case names the endpoint prints.
 type decision struct {
-	Target     string
-	Local      bool
-	Reason     string
+	Target     string `json:"target"`
+	Local      bool   `json:"local"`
+	Reason     string `json:"reason"`
 	Candidates []struct {
-		ID          string
-		MatchedKeys int
-		Eligible    bool
-		Excluded    string
-	}
+		ID          string `json:"id"`
+		MatchedKeys int    `json:"matched_keys"`
+		Eligible    bool   `json:"eligible"`
+		Excluded    string `json:"excluded"`
+	} `json:"candidates"`
 }
 
 func (d decision) matched(id string) int {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -409,53 +408,28 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 		p.Load.InFlight = h.flights.since(p.ID, p.LoadAt)
 	}
 	d := h.policy.Choose(req, peers, now)
+	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
 	return d, peers
 }
 
-// targets turns a decision into the ordered attempts: the chosen peer, the
-// next best eligible peers, then the local vLLM. While the local engine
-// cannot serve, the local attempt gives its place to another peer, even
-// one over the load bound, and stays only when no peer is eligible: a
-// loaded pod serves, a dead engine does not.
+// targets turns the decision's attempts (route.Attempts: the failover
+// order) into where to send them.
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
-	localOK := h.localReady.Load()
-	addr := make(map[string]string, len(peers))
-	for _, pv := range peers {
-		addr[pv.ID] = pv.Addr
-	}
 	var out []target
-	switch a := addr[d.Target]; {
-	case d.Local && localOK:
-		// Served here; if the engine dies with the request in hand, the
-		// next peers take it (and the local attempt is not repeated).
-		out = append(out, target{URL: h.cfg.VLLM})
-		localOK = false
-	case a != "" && !d.Local:
-		out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
-	}
-	var next []route.Candidate
-	for _, cd := range d.Candidates {
-		if cd.Eligible && !cd.Local && !cd.Chosen && (!cd.Over || !localOK) && addr[cd.ID] != "" {
-			next = append(next, cd)
-		}
-	}
-	sort.SliceStable(next, func(i, j int) bool {
-		if next[i].Over != next[j].Over {
-			return !next[i].Over
-		}
-		return next[i].Load < next[j].Load
-	})
-	room := h.cfg.Retry.MaxAttempts
-	if localOK {
-		room-- // the last attempt is local's
-	}
-	for _, cd := range next {
-		if len(out) >= room {
+	for _, id := range d.Attempts {
+		for _, pv := range peers {
+			switch {
+			case pv.ID != id:
+				continue
+			case pv.Local:
+				out = append(out, target{URL: h.cfg.VLLM})
+			case pv.Addr != "":
+				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
+			}
 			break
 		}
-		out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
 	}
-	if localOK || len(out) == 0 {
+	if len(out) == 0 { // no candidates at all (an empty peer table)
 		out = append(out, target{URL: h.cfg.VLLM})
 	}
 	return out

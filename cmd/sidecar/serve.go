@@ -230,7 +230,10 @@ func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, sc
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		cctx, cancel := context.WithTimeout(ctx, every)
+		// Not the interval: a busy vLLM (or machine) answers /metrics slower
+		// than that, and a scrape that always times out blinds the silence
+		// and restart checks along with the load.
+		cctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
 		l, err := vc.Load(cctx)
 		cancel()
 		if err != nil {

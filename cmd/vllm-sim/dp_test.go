@@ -72,7 +72,7 @@ func TestDataParallelRanksPublishApart(t *testing.T) {
 	o, err := parseFlags([]string{"--host", "127.0.0.1", "--port", "0", "--served-model-name", "m",
 		"--data-parallel-size", "2", "--sim-time-scale", "5",
 		"--kv-events-config", fmt.Sprintf(`{"enable_kv_cache_events":true,"endpoint":%q,"replay_endpoint":%q,"topic":"kv"}`, events, replay),
-	}, func(string) (string, bool) { return "", false }, io.Discard)
+	}, func(string) (string, bool) { return "", false }, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

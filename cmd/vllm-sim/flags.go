@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/kvevent"
 	"github.com/kvroute/kvroute/vllmclient"
 	"github.com/kvroute/kvroute/vllmsim"
@@ -41,10 +42,10 @@ type options struct {
 	RestartDown    time.Duration
 	ShutdownWait   time.Duration
 	BodyLimitBytes int64
-	Version        bool // --version: print the build's version and exit
 }
 
-// kvEventsConfig is vLLM's --kv-events-config JSON (vllm-interface.md §1.1).
+// kvEventsConfig is vLLM's --kv-events-config JSON (KVEventsConfig in vLLM's
+// vllm/config/kv_events.py).
 type kvEventsConfig struct {
 	Enable         bool    `json:"enable_kv_cache_events"`
 	Publisher      *string `json:"publisher"`
@@ -146,12 +147,18 @@ func parseLoRA(s string) (lora, error) {
 }
 
 // parseFlags parses args (without the program name); getenv supplies
-// PYTHONHASHSEED. It never exits the process.
-func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writer) (options, error) {
+// PYTHONHASHSEED. --help and --version print to stdout and return
+// cli.ErrDone; a flag error is printed to stderr with the usage. It never
+// exits the process.
+func parseFlags(args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) (options, error) {
 	// The engine's modelled model, so --model can be omitted.
 	defaultModel := vllmsim.DefaultConfig().Model
 	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
-	fs.SetOutput(usage)
+	cli.Usage(fs, "vllm-sim [flags] [MODEL]",
+		"A stand-in for `vllm serve` where no GPU is available: vLLM's OpenAI API (streaming too),\n"+
+			"/tokenize, /metrics and /health, and KV-cache events over ZMQ with vLLM's framing and replay\n"+
+			"socket, from a simulated engine whose KV cache, scheduler and timing behave like vLLM's.\n"+
+			"Flags use vLLM's names; simulator-only flags start with --sim-. /sim/* injects faults.")
 	var o options
 	var names, loras listFlag
 	var kvCfg, algo, enc string
@@ -165,7 +172,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.IntVar(&o.MaxBatched, "max-num-batched-tokens", 0, "token budget per step (0: engine default)")
 	fs.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length (0: engine default)")
 	fs.StringVar(&algo, "prefix-caching-hash-algo", "sha256", "sha256 | sha256_cbor | fast (xxhash, xxhash_cbor map to fast)")
-	fs.StringVar(&kvCfg, "kv-events-config", "", "vLLM KVEventsConfig JSON")
+	fs.StringVar(&kvCfg, "kv-events-config", "", `vLLM KVEventsConfig JSON, e.g. {"enable_kv_cache_events":true,"endpoint":"tcp://*:5557"}; as vLLM, the PUB socket binds a tcp://* or ipc:// endpoint and connects to tcp://HOST:PORT`)
 	fs.Bool("enable-prompt-tokens-details", false, "accepted; cached_tokens is always reported")
 	fs.Var(&loras, "lora-modules", "LoRA adapters: name=path or JSON, one or more")
 	fs.IntVar(&o.DataParallel, "data-parallel-size", 1, "data-parallel ranks: one engine core, KV cache and event publisher each (rank r publishes on the endpoint's port + r)")
@@ -177,8 +184,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.DurationVar(&o.RestartDown, "sim-restart-downtime", 2*time.Second, "how long /health is 503 after /sim/restart")
 	fs.DurationVar(&o.ShutdownWait, "sim-shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
 	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
-	fs.BoolVar(&o.Version, "version", false, "print the version and exit")
-	if err := fs.Parse(expandMulti(args)); err != nil {
+	if err := cli.Parse(fs, expandMulti(args), stdout, stderr); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ func TestParseRuntimeLoRAEnv(t *testing.T) {
 				return tt.v, tt.set
 			}
 			return "", false
-		}, nil)
+		}, io.Discard, io.Discard)
 		if err != nil || o.RuntimeLoRA != tt.want {
 			t.Errorf("VLLM_ALLOW_RUNTIME_LORA_UPDATING=%q: RuntimeLoRA = %v, %v; want %v", tt.v, o.RuntimeLoRA, err, tt.want)
 		}

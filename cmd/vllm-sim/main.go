@@ -20,63 +20,42 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
-	var usage bytes.Buffer
-	o, err := parseFlags(os.Args[1:], os.LookupEnv, &usage)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		os.Stdout.Write(usage.Bytes())
-		return
-	case err != nil:
-		os.Stderr.Write(usage.Bytes())
-		log.Error().Err(err).Msg("bad flags")
-		os.Exit(2)
-	case o.Version:
-		fmt.Println("vllm-sim", version())
-		return
+	os.Exit(cmdMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cmdMain is the program with its streams; it returns the exit status.
+func cmdMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, os.LookupEnv, stdout, stderr)
+	if err != nil {
+		return cli.Fail("vllm-sim", err, stderr)
 	}
+	log := zerolog.New(stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
 		log.Error().Err(err).Msg("exit")
-		os.Exit(1)
+		return 1
 	}
-}
-
-// version is the module version and VCS revision the binary was built
-// from, as the Go toolchain records them.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			v += " " + s.Value
-		}
-	}
-	return v
+	return 0
 }
 
 // engineConfig applies the flags to the engine's defaults.
@@ -125,7 +104,14 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 			pubs = append(pubs, pub)
 			rc.EventSink = pub.Sink
 			addr, replay := pub.Endpoints()
-			log.Info().Int("rank", rank).Str("pub", addr).Str("replay", replay).Str("topic", o.Events.Topic).Msg("kv events")
+			// Exactly one side of a ZMQ pair binds; say which this one is, so a
+			// subscriber that also connects (or also binds) is easy to spot.
+			msg := "kv events: PUB connects to " + addr + " (the subscriber must bind it)"
+			if bindsPub(pc.Endpoint) {
+				msg = "kv events: PUB binds " + addr + " (subscribers connect)"
+			}
+			log.Info().Int("rank", rank).Str("pub", addr).Bool("pub_bound", bindsPub(pc.Endpoint)).Str("replay", replay).
+				Str("topic", o.Events.Topic).Msg(msg)
 		}
 		eng, err := vllmsim.New(rc)
 		if err != nil {

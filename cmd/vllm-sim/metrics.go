@@ -14,7 +14,7 @@ import (
 // latencyBuckets reach minutes: simulated queues under overload are long.
 var latencyBuckets = []float64{.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 
-// metrics exposes vLLM's metric names (vllm-interface.md §6.4) from the
+// metrics exposes vLLM's metric names (vllm/v1/metrics/loggers.py) from the
 // engine's Stats at scrape time, plus latency histograms the HTTP edge
 // observes in simulated seconds. Each server has its own registry.
 type metrics struct {

@@ -20,7 +20,7 @@ import (
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // pubConfig configures the KV-event publisher. Field names and defaults
-// follow vLLM's KVEventsConfig (vllm-interface.md §1.1).
+// follow vLLM's KVEventsConfig (vllm/config/kv_events.py).
 type pubConfig struct {
 	// Endpoint is the PUB socket address; bound or connected by bindsPub.
 	Endpoint string
