@@ -164,7 +164,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed = watcher.Report
-	front := forward.New(fcfg, mesh, tokenizer{vc}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
+	front := forward.New(fcfg, mesh, adapterFallback{tokenizer{vc}}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
 
 	ccfg := cachestate.DefaultConfig()
