@@ -163,14 +163,14 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.IsAdapter = models.IsAdapter
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
-	fcfg.LocalFailed = watcher.Report
+	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
 	front := forward.New(fcfg, mesh, adapterFallback{tokenizer{vc}}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
 
 	ccfg := cachestate.DefaultConfig()
 	ccfg.Node, ccfg.PublishInterval, ccfg.Replay = cfg.NodeName, cfg.DigestInterval, cfg.EventsReplayEndpoint != ""
 	ccfg.Params = bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
-	ccfg.SilenceWindow, ccfg.SilenceTokens = cfg.SilenceWindow, cfg.BlockSize
+	ccfg.SilenceWindow, ccfg.SilenceTokens, ccfg.OnServing = cfg.SilenceWindow, cfg.BlockSize, models.Kick
 	cs := cachestate.New(ccfg, ix, mesh, front, cachestate.NewMetrics(reg), log.With().Str("component", "index").Logger())
 	registerViews(reg, ix, sub, mesh, cs)
 	scrapes := make(chan vllmclient.Load, 1)
