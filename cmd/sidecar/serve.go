@@ -36,9 +36,9 @@ import (
 // runServe is `sidecar serve`: it wires the cache-state flow (events →
 // index → digest → mesh) and the request flow (front → choice → proxy), and
 // drains on SIGTERM.
-func runServe(args []string) error {
-	cfg, err := parseServe(args, os.Getenv, os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
+func runServe(args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseServe(args, os.Getenv, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) { // --help or --version, answered
 		return nil
 	}
 	if err != nil {
