@@ -5,14 +5,14 @@ import (
 	"iter"
 )
 
-// kinds is the one description of vLLM's event classes (KVCacheEvent in
-// vllm/distributed/kv_events.py) that the decoder, the encoder and
-// Event.Fields all read. A class's fields are in msgspec declaration
-// order, which is also the positional order of the array form [tag,
-// fields[0], fields[1], ...]; the map form names them instead. The first
-// always fields have no default, so msgspec writes them even when they
-// are None; vLLM appends every later field with a default, so a new one
-// goes at the end.
+// kinds is the one description of vLLM's event classes (vllm-interface.md
+// §2.2–§2.3; KVCacheEvent in vllm/distributed/kv_events.py) that the
+// decoder, the encoder and Event.Fields all read. A class's fields are in
+// msgspec declaration order, which is also the positional order of the
+// array form [tag, fields[0], fields[1], ...]; the map form names them
+// instead. The first always fields have no default, so msgspec writes
+// them even when they are None; vLLM appends every later field with a
+// default, so a new one goes at the end.
 var kinds = [...]kindSpec{
 	Unknown: {tag: "Unknown"},
 	BlockStored: {tag: "BlockStored", always: 7, fields: []fieldSpec{
