@@ -222,16 +222,31 @@ func (c *Cluster) StartSim(ctx context.Context, i int) error {
 }
 
 // Replace kills pod i (SIGKILL, as a node loss) and starts a new pod in
-// its place under a new name ("pod<i+1>-r<n>") at a new address, with an
-// empty cache, as a Deployment replaces a lost pod. In netns mode the old
-// address disappears from the network with its namespace. It returns once
-// the new pod is ready and every live sidecar sees it.
+// its place (Renew). It returns once the new pod is ready and every live
+// sidecar sees it.
 func (c *Cluster) Replace(ctx context.Context, i int) error {
+	if err := c.Kill(i); err != nil {
+		return err
+	}
+	return c.Renew(ctx, i)
+}
+
+// Renew ends pod i's processes (SIGTERM, SIGKILL after StopGrace; a killed
+// pod has none left) and starts a new pod in its place under a new name
+// ("pod<i+1>-r<n>") at a new address, with an empty cache, as a
+// Deployment's replacement pod. In netns mode the old address disappears
+// from the network with its namespace. It returns once the new pod is
+// ready and every live sidecar sees it.
+func (c *Cluster) Renew(ctx context.Context, i int) error {
 	if err := c.check(i); err != nil {
 		return err
 	}
-	if err := c.Kill(i); err != nil {
-		return err
+	sim, sc := c.procs(i)
+	for _, pr := range []*proc{sc, sim} {
+		if pr != nil {
+			_ = pr.signal(syscall.SIGCONT) // a paused process must run to exit
+			pr.stop()
+		}
 	}
 	old := c.Pod(i)
 	if c.net != nil {
@@ -247,7 +262,7 @@ func (c *Cluster) Replace(ctx context.Context, i int) error {
 	name := fmt.Sprintf("pod%d-r%d", i+1, c.gen[i])
 	c.mu.Unlock()
 	if host > 254 {
-		return fmt.Errorf("replace %s: subnet %s has no address left", old.Name, c.cfg.Subnet)
+		return fmt.Errorf("renew %s: subnet %s has no address left", old.Name, c.cfg.Subnet)
 	}
 	p := c.cfg.podAt(i, host, name)
 	if c.net != nil {

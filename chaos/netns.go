@@ -330,9 +330,11 @@ func parseGuardHits(listing string) (int64, error) {
 // whatever still runs in the namespaces). It returns the guard's final
 // count, read just before the chain goes.
 func (n *Netns) Close(ctx context.Context) (guardDrops int64, err error) {
-	guardDrops, gerr := n.GuardHits(ctx)
-	_, err = CleanupNetns(ctx, n.prefix)
-	return guardDrops, errors.Join(gerr, err)
+	guardDrops, err = n.GuardHits(ctx)
+	if _, cerr := CleanupNetns(ctx, n.prefix); cerr != nil {
+		return guardDrops, errors.Join(err, fmt.Errorf("netns cleanup: %w", cerr))
+	}
+	return guardDrops, err
 }
 
 // CleanupNetns removes everything a netns run with prefix may have left:
@@ -380,8 +382,11 @@ func CleanupNetns(ctx context.Context, prefix string) ([]string, error) {
 		return boolCmp(a == bridgeName(prefix), b == bridgeName(prefix))
 	})
 	for _, l := range links {
+		// A veth goes with its namespace, asynchronously: gone is fine.
 		if err := run(ctx, "ip", "link", "del", l); err != nil {
-			errs = append(errs, err)
+			if run(ctx, "ip", "link", "show", l) == nil {
+				errs = append(errs, err)
+			}
 		} else {
 			removed = append(removed, "link "+l)
 		}
