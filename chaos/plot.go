@@ -93,7 +93,7 @@ func (r *Result) PlotTimeline(path string) error {
 			for i := range lb.TextStyle {
 				lb.TextStyle[i].Rotation = math.Pi / 2
 				lb.TextStyle[i].Color = faultColor
-				lb.TextStyle[i].Font.Size = vg.Points(7)
+				lb.TextStyle[i].Font.Size = vg.Points(9)
 			}
 			p.Add(lb)
 		}
