@@ -45,6 +45,8 @@ type attempts struct {
 	now   func() time.Time
 	// failed is told about a peer whose attempt failed, so routing avoids it.
 	failed func(peer string, at time.Time)
+	// localFailed, if set, is told of a local attempt that got no answer.
+	localFailed func(error)
 }
 
 func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -75,8 +77,13 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		lastErr = err
-		if tg.Peer != "" && a.failed != nil && r.Context().Err() == nil {
-			a.failed(tg.Peer, a.now())
+		if r.Context().Err() == nil {
+			switch {
+			case tg.Peer != "" && a.failed != nil:
+				a.failed(tg.Peer, a.now())
+			case tg.Peer == "" && a.localFailed != nil:
+				a.localFailed(err)
+			}
 		}
 		if !retryable(err, false, i, a.retry) {
 			return nil, err
