@@ -188,39 +188,6 @@ func (c *Cluster) SimCache(ctx context.Context, i int) (SimCache, error) {
 // ErrNeedNetns reports a fault that only netns mode can inject.
 var ErrNeedNetns = errors.New("fault needs netns mode (root)")
 
-// KillSim SIGKILLs pod i's simulator only: the sidecar stays and must
-// notice that its engine is gone.
-func (c *Cluster) KillSim(i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if sim, _ := c.procs(i); sim != nil {
-		_ = sim.signal(syscall.SIGCONT) // a paused process must run to die cleanly
-		sim.kill()
-	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim killed\n", c.Pod(i).Name)
-	return nil
-}
-
-// StartSim starts pod i's simulator again (stopping it first if it runs)
-// and waits until it is healthy: an empty cache, a new hash seed, event
-// sequence numbers from 0, as a restarted vLLM container.
-func (c *Cluster) StartSim(ctx context.Context, i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if sim, _ := c.procs(i); sim != nil {
-		_ = sim.signal(syscall.SIGCONT)
-		sim.stop()
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
-	defer cancel()
-	if err := c.startSim(i); err != nil {
-		return err
-	}
-	return c.waitSim(ctx, i)
-}
-
 // Replace kills pod i (SIGKILL, as a node loss) and starts a new pod in
 // its place (Renew). It returns once the new pod is ready and every live
 // sidecar sees it.
