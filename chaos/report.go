@@ -65,8 +65,9 @@ type Result struct {
 	HitRateSteady float64 `json:"hit_rate_steady"`
 	HitRate       float64 `json:"hit_rate"`
 	// RecoverySMax is the longest time from a fault's undo (a replacement
-	// ready, an engine back) until the hit rate of the next 5 s is back to
-	// 90% of steady; NotRecovered counts undos after which it never was.
+	// ready, an engine back) until the hit rate of the next 10 s is back to
+	// 90% of the 20 s before the fault; NotRecovered counts undos after
+	// which it never was.
 	RecoverySMax float64 `json:"recovery_s_max"`
 	NotRecovered int     `json:"not_recovered"`
 	// StaleEpochClaims counts requests routed by affinity to a pod whose
@@ -84,7 +85,11 @@ type Result struct {
 	GuardChecked bool  `json:"guard_checked"`
 
 	Faults []FaultResult `json:"faults"`
-	Notes  []string      `json:"notes,omitempty"`
+	// Failures and StaleClaims are the first maxListed of each, with what
+	// the harness knew about them, for reading the logs.
+	Failures    []RequestRecord `json:"failures,omitempty"`
+	StaleClaims []RequestRecord `json:"stale_claims,omitempty"`
+	Notes       []string        `json:"notes,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
 }
@@ -95,7 +100,34 @@ type FaultResult struct {
 	DetectionS        *float64 `json:"detection_s,omitempty"`
 	ServiceDetectionS *float64 `json:"service_detection_s,omitempty"`
 	RecoveryS         *float64 `json:"recovery_s,omitempty"`
+	// HitRateBefore is the hit rate of the baselineWindow before the
+	// fault, the level recovery is measured against.
+	HitRateBefore float64 `json:"hit_rate_before,omitempty"`
 }
+
+// baselineWindow is how much traffic before a fault sets its recovery
+// target: the cluster's own hit rate drifts as conversations accumulate,
+// so the target is local, not the run's first steady state.
+const baselineWindow = 20
+
+// RequestRecord is one request of interest.
+type RequestRecord struct {
+	Class    string  `json:"class"`
+	SentS    float64 `json:"sent_s"`
+	EndS     float64 `json:"end_s"`
+	Session  string  `json:"session"`
+	Turn     int     `json:"turn"`
+	Entry    string  `json:"entry,omitempty"` // the pod the Service spliced its connection to
+	Pod      string  `json:"pod,omitempty"`   // X-Kvroute-Served-By
+	Decision string  `json:"decision,omitempty"`
+	Status   int     `json:"status,omitempty"`
+	Stream   bool    `json:"stream"`
+	Cached   int     `json:"cached_tokens"`
+	Err      string  `json:"error,omitempty"`
+}
+
+// maxListed bounds Result.Failures and Result.StaleClaims.
+const maxListed = 100
 
 // Second is one second of the timeline, by send time.
 type Second struct {
@@ -177,6 +209,13 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		}
 	}
 
+	turns := map[string][]loadgen.Sample{}
+	for _, s := range samples {
+		if s.OK() {
+			turns[s.Session] = append(turns[s.Session], s)
+		}
+	}
+
 	secs := make([]Second, int(math.Ceil(end))+1)
 	ttfts := make([][]float64, len(secs))
 	var all []float64
@@ -203,24 +242,36 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			all = append(all, s.TTFT)
 			if strings.HasPrefix(s.Decision, "affinity") && s.CachedTokens < routingKeyTokens {
 				res.AffinityMisses++
-				if slices.ContainsFunc(restarts[s.Pod], func(t float64) bool { return t <= sent }) {
+				if staleClaim(s, restarts[s.Pod], turns[s.Session]) {
 					res.StaleEpochClaims++
+					if len(res.StaleClaims) < maxListed {
+						rec, _ := entryOf(s)
+						res.StaleClaims = append(res.StaleClaims, record("stale_epoch_claim", s, rec.Name))
+					}
 				}
 			}
 			continue
 		}
 		rec, ok := entryOf(s)
+		var class string
 		switch {
 		case !ok || rec.DialErr || downAt(rec.Name, sent):
 			res.FailedService++
+			class = "failed_service"
 		case diedDuring(rec.Name, sent, fin) || diedDuring(s.Pod, sent, fin):
 			if s.Status == 200 {
 				res.FailedMidstream++
+				class = "failed_midstream"
 			} else {
 				res.FailedInflight++
+				class = "failed_inflight"
 			}
 		default:
 			res.FailedServable++
+			class = "failed_servable"
+		}
+		if len(res.Failures) < maxListed {
+			res.Failures = append(res.Failures, record(class, s, rec.Name))
 		}
 	}
 	for k := range secs {
@@ -268,8 +319,10 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 				}
 			}
 		}
-		if f.UndoneS > 0 && res.HitRateSteady > 0 && f.Fault != FaultRollingRestart {
-			if d, ok := recovery(secs, f.UndoneS, 0.9*res.HitRateSteady, end); ok {
+		base := windowHit(secs, f.AtS-baselineWindow, f.AtS)
+		if f.UndoneS > 0 && base > 0 && f.Fault != FaultRollingRestart {
+			fr.HitRateBefore = base
+			if d, ok := recovery(secs, f.UndoneS, 0.9*base, end); ok {
 				fr.RecoveryS = &d
 				res.RecoverySMax = max(res.RecoverySMax, d)
 			} else {
@@ -279,6 +332,48 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		res.Faults = append(res.Faults, fr)
 	}
 	return res
+}
+
+// staleClaim reports whether s, an affinity choice that found nothing
+// cached on its pod, was affinity to an engine's old cache: the pod's
+// engine restarted (at one of restarts) before s was sent, and the
+// session's earlier turns were served there before that restart and never
+// after it. A session without earlier turns counts whenever the engine
+// restarted before s.
+func staleClaim(s loadgen.Sample, restarts []float64, session []loadgen.Sample) bool {
+	sent := s.Sent.Seconds()
+	last := math.Inf(-1)
+	for _, t := range restarts {
+		if t <= sent {
+			last = math.Max(last, t)
+		}
+	}
+	if math.IsInf(last, -1) {
+		return false
+	}
+	before, after, earlier := false, false, false
+	for _, o := range session {
+		if o.Turn >= s.Turn || o.Pod != s.Pod {
+			earlier = earlier || o.Turn < s.Turn
+			continue
+		}
+		earlier = true
+		if o.Sent.Seconds() < last {
+			before = true
+		} else {
+			after = true
+		}
+	}
+	if !earlier {
+		return true
+	}
+	return before && !after
+}
+
+func record(class string, s loadgen.Sample, entry string) RequestRecord {
+	return RequestRecord{Class: class, SentS: s.Sent.Seconds(), EndS: (s.Sent + s.WallE2E).Seconds(),
+		Session: s.Session, Turn: s.Turn, Entry: entry, Pod: s.Pod, Decision: s.Decision, Status: s.Status,
+		Stream: s.Streamed, Cached: s.CachedTokens, Err: s.Err}
 }
 
 func cmpFloat(a, b float64) int {
@@ -306,8 +401,9 @@ func windowHit(secs []Second, from, to float64) float64 {
 	return float64(c) / float64(p)
 }
 
-// recoveryWindow is how many seconds of traffic a recovered hit rate spans.
-const recoveryWindow = 5
+// recoveryWindow is how many seconds of traffic a recovered hit rate
+// spans (about 150 requests at 15 req/s: a per-second rate is noise).
+const recoveryWindow = 10
 
 // recovery is the time from t until the hit rate of the following
 // recoveryWindow seconds first reaches target.

@@ -545,4 +545,3 @@ func (r *runState) waitReady(ctx context.Context, name string) error {
 		}
 	}
 }
-
