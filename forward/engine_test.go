@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -131,6 +132,13 @@ func TestTargetsWithoutLocalEngine(t *testing.T) {
 	}
 	if got := names(a.h.targets(d, peers)); !equal(got, []string{"p", "r", "local"}) {
 		t.Errorf("local serving: %v; want [p r local]", got)
+	}
+	local := d
+	local.Target, local.Local = "a", true
+	local.Candidates = slices.Clone(d.Candidates)
+	local.Candidates[0].Chosen, local.Candidates[1].Chosen = true, false
+	if got := names(a.h.targets(local, peers)); !equal(got, []string{"local", "p", "r"}) {
+		t.Errorf("local chosen: %v; want [local p r] (peers take a request the engine dies with)", got)
 	}
 	a.h.SetLocalReady(false)
 	if got := names(a.h.targets(d, peers)); !equal(got, []string{"p", "r", "q"}) {

@@ -411,15 +411,18 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 // loaded pod serves, a dead engine does not.
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 	localOK := h.localReady.Load()
-	if d.Local && localOK {
-		return []target{{URL: h.cfg.VLLM}}
-	}
 	addr := make(map[string]string, len(peers))
 	for _, pv := range peers {
 		addr[pv.ID] = pv.Addr
 	}
 	var out []target
-	if a := addr[d.Target]; a != "" && !d.Local {
+	switch a := addr[d.Target]; {
+	case d.Local && localOK:
+		// Served here; if the engine dies with the request in hand, the
+		// next peers take it (and the local attempt is not repeated).
+		out = append(out, target{URL: h.cfg.VLLM})
+		localOK = false
+	case a != "" && !d.Local:
 		out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
 	}
 	var next []route.Candidate
@@ -434,9 +437,9 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 		}
 		return next[i].Load < next[j].Load
 	})
-	room := h.cfg.Retry.MaxAttempts - 1 // the last attempt is local's
-	if !localOK {
-		room++
+	room := h.cfg.Retry.MaxAttempts
+	if localOK {
+		room-- // the last attempt is local's
 	}
 	for _, cd := range next {
 		if len(out) >= room {

@@ -67,10 +67,12 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		p.tried = append(p.tried, peerName(tg.Peer))
 		resp, err := a.base.RoundTrip(out)
-		if err == nil && tg.Peer != "" && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
+		// A 503 is a refusal: a peer's sidecar that cannot serve, or a vLLM
+		// whose engine is dead or restarting. Another pod may serve.
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
 			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
-			err = &UpstreamStatusError{Peer: tg.Peer, Status: resp.StatusCode}
+			err = &UpstreamStatusError{Peer: peerName(tg.Peer), Status: resp.StatusCode}
 		}
 		if err == nil {
 			p.served = i

@@ -441,7 +441,9 @@ func (m *Mesh) Claim(peer string, cs []route.Claim) {
 
 func (m *Mesh) claimLocked(peer string, c route.Claim) {
 	if peer == m.cfg.NodeName {
-		m.selfClaim = addClaim(m.selfClaim, c)
+		if m.meta.Engine == route.EngineServing { // a claim on no cache is void
+			m.selfClaim = addClaim(m.selfClaim, c)
+		}
 		return
 	}
 	m.table.claim(peer, c)
@@ -505,6 +507,7 @@ func (m *Mesh) SetEngine(e route.Engine) {
 	if m.meta.Engine != e {
 		m.meta.Engine = e
 		m.metaDirty = true
+		m.selfClaim = nil // about the cache before the change
 		m.stateChangedLocked()
 	}
 	m.mu.Unlock()

@@ -30,6 +30,7 @@ type peer struct {
 	engine      route.Engine
 	epoch       uint64
 	stated      bool
+	since       time.Time     // when the current cache began (route.PeerView.Since)
 	claims      []route.Claim // newest last, at most keepClaims
 	lastFailure time.Time     // last failed forward reported by MarkFailed
 	behindSince time.Time     // since when digest has lagged meta; zero if not
@@ -77,7 +78,7 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 	}
 	if m.Engine != route.EngineServing && !p.stated {
 		p.dropDigest(now)
-		p.claims = nil
+		p.claims, p.since = nil, now
 	}
 	p.meta, p.metaOK = m, true
 	if p.loadSeq == 0 { // pushes are fresher than the meta's load
@@ -100,6 +101,7 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 	if r.HasState {
 		if (p.stated && r.Epoch != p.epoch) || r.Engine != route.EngineServing {
 			p.claims = nil // placed on a cache that is gone, or on no cache
+			p.since = now
 		}
 		if r.Engine != route.EngineServing || r.Epoch == 0 {
 			p.dropDigest(now) // withdrawn: it must not match a byte more
@@ -297,6 +299,7 @@ func (t *table) views() []route.PeerView {
 			LastFailure: p.lastFailure,
 			Draining:    p.meta.Draining,
 			Engine:      p.engineState(),
+			Since:       p.since,
 			Claims:      p.claims, // copy-on-write (addClaim)
 		}
 		if p.current() { // a nil *Digest in the interface would not be nil
@@ -322,7 +325,7 @@ func addClaim(claims []route.Claim, c route.Claim) []route.Claim {
 
 // claim records a claim on a known peer; unknown peers are ignored.
 func (t *table) claim(id string, c route.Claim) {
-	if p := t.peers[id]; p != nil {
+	if p := t.peers[id]; p != nil && p.engineState() == route.EngineServing { // a claim on no cache is void
 		p.claims = addClaim(p.claims, c)
 	}
 }

@@ -85,6 +85,11 @@ type PeerView struct {
 	// Engine is the peer's vLLM as its sidecar last advertised it; a peer
 	// whose engine is not serving is never chosen.
 	Engine Engine
+	// Since is when the peer's current cache began, as the caller's table
+	// saw it: its engine came back or its digest epoch changed. Recent
+	// entries from before are about a cache that is gone and never match.
+	// Zero: no such change seen.
+	Since time.Time
 	// Claims are prefixes sidecars just sent to the peer (Claim). The
 	// slice is shared with the peer table: read it, never modify it.
 	Claims []Claim
