@@ -24,8 +24,10 @@ import (
 //   - failed_midstream: a response had begun (status 200) and was cut
 //     because a pod it passed through (its entry sidecar or the serving
 //     pod) died while it was in flight.
-//   - failed_inflight: no response yet, and its entry or serving pod died
-//     while it was in flight.
+//   - failed_inflight: no response yet, and its entry pod (the sidecar
+//     holding the client's connection) died while it was in flight. (A
+//     serving pod that dies before answering is the sender sidecar's to
+//     retry elsewhere: that failure is servable.)
 //   - failed_servable: every other failure: a live pod could have served
 //     it, and the mesh did not. The target is 0.
 type Result struct {
@@ -261,7 +263,11 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		case !ok || rec.DialErr || downAt(rec.Name, sent):
 			res.FailedService++
 			class = "failed_service"
-		case diedDuring(rec.Name, sent, fin) || diedDuring(s.Pod, sent, fin):
+		case diedDuring(rec.Name, sent, fin) || (s.Status == 200 && diedDuring(s.Pod, sent, fin)):
+			// The client's own connection died with its entry pod, or the
+			// answer had begun on a pod that died. A serving pod that died
+			// before answering leaves the request to its sender sidecar,
+			// which may retry it elsewhere: if it did not, it is servable.
 			if s.Status == 200 {
 				res.FailedMidstream++
 				class = "failed_midstream"
