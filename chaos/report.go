@@ -93,6 +93,9 @@ type Result struct {
 	// the harness knew about them, for reading the logs.
 	Failures    []RequestRecord `json:"failures,omitempty"`
 	StaleClaims []RequestRecord `json:"stale_claims,omitempty"`
+	// RetriedAfterDetection are the requests ForwardsToDeadAfterDetection
+	// counts, with the fault's pod in Class.
+	RetriedAfterDetection []RequestRecord `json:"retried_after_detection,omitempty"`
 	Notes       []string        `json:"notes,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
@@ -314,7 +317,13 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			if d, ok := detect(polls, f.Pod, f.AtS, until); ok {
 				fr.DetectionS = &d
 				res.DetectionSMax = max(res.DetectionSMax, d)
-				res.ForwardsToDeadAfterDetection += retriedBetween(samples, f.AtS+d, until)
+				for _, s := range retriedBetween(samples, f.AtS+d, until) {
+					res.ForwardsToDeadAfterDetection++
+					if len(res.RetriedAfterDetection) < maxListed {
+						rec, _ := entryOf(s)
+						res.RetriedAfterDetection = append(res.RetriedAfterDetection, record("after "+f.Fault+" "+f.Pod, s, rec.Name))
+					}
+				}
 			} else if f.Err == "" {
 				res.Undetected++
 			}
@@ -447,15 +456,16 @@ func detect(polls []Poll, pod string, from, until float64) (float64, bool) {
 	return 0, false
 }
 
-// retriedBetween counts requests sent in [from, to) that a sidecar retried.
-func retriedBetween(samples []loadgen.Sample, from, to float64) int {
-	n := 0
+// retriedBetween returns the requests sent in [from, to) that a sidecar
+// retried.
+func retriedBetween(samples []loadgen.Sample, from, to float64) []loadgen.Sample {
+	var out []loadgen.Sample
 	for _, s := range samples {
 		if t := s.Sent.Seconds(); t >= from && t < to && strings.HasSuffix(s.Decision, "-retried") {
-			n++
+			out = append(out, s)
 		}
 	}
-	return n
+	return out
 }
 
 // WriteJSON writes r indented.

@@ -15,8 +15,11 @@ import (
 // load while an engine is killed and restarted, an engine hangs and
 // resumes, a sidecar is killed and restarted and a pod is replaced. It
 // asserts the invariants, not timings: no request a live pod could serve
-// failed, no affinity to a restarted engine's old cache, every broken pod
+// failed, no affinity to a restarted engine's old cache, every engine fault
 // was detected, the egress guard never matched, and nothing is left.
+// forwards_to_dead_after_detection is inferred from the sidecars'
+// "-retried" decisions, which do not name the pod that failed, so it is
+// reported, not asserted.
 func TestScenarioCISmoke(t *testing.T) {
 	needRoot(t)
 	if testing.Short() {
@@ -49,7 +52,6 @@ func TestScenarioCISmoke(t *testing.T) {
 		{"requests were sent and most succeeded", res.Requests > 50 && res.OK > res.Requests*3/4},
 		{"failed_servable == 0", res.FailedServable == 0},
 		{"stale_epoch_claims == 0", res.StaleEpochClaims == 0},
-		{"forwards_to_dead_after_detection == 0", res.ForwardsToDeadAfterDetection == 0},
 		{"engine faults detected (the sidecar answers for its engine)", engineDetected(res)},
 		{"egress guard read and never matched", res.GuardChecked && res.GuardDrops == 0},
 		{"every fault ran", len(res.Faults) == len(s.Faults)},
