@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
@@ -229,6 +230,10 @@ func version() string {
 	}
 	if rev != "" {
 		return rev + dirty
+	}
+	// A build from a git worktree carries no VCS stamp: ask git.
+	if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+		return strings.TrimSpace(string(out)) + " (from git)"
 	}
 	return bi.Main.Version
 }
