@@ -96,7 +96,7 @@ type Result struct {
 	// RetriedAfterDetection are the requests ForwardsToDeadAfterDetection
 	// counts, with the fault's pod in Class.
 	RetriedAfterDetection []RequestRecord `json:"retried_after_detection,omitempty"`
-	Notes       []string        `json:"notes,omitempty"`
+	Notes                 []string        `json:"notes,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
 }
