@@ -26,14 +26,15 @@ import (
 // interface other than the bridge or lo. GuardHits reads the count; a run
 // reports it and it must stay 0.
 //
-// Needs root (CAP_NET_ADMIN), ip(8) and iptables(8). tc(8) with sch_netem
-// is needed only for gossip delay.
+// Needs root (CAP_NET_ADMIN), ip(8) and iptables(8); gossip delay uses
+// tc(8)'s netem where the kernel has it, else NFQUEUE and a delayer here.
 type Netns struct {
 	prefix, subnet string
 
-	mu   sync.Mutex
-	pods map[string]string // pod name → namespace
-	seq  int               // veth counter, so a replaced pod never reuses a name
+	mu     sync.Mutex
+	pods   map[string]string   // pod name → namespace
+	seq    int                 // veth counter, so a replaced pod never reuses a name
+	delays map[string]*delayer // user-space gossip delay per pod, without netem
 }
 
 // Bridge is the bridge's name for prefix.
@@ -44,8 +45,12 @@ func guardChain(prefix string) string { return strings.ToUpper(prefix) + "-GUARD
 
 // Pod-namespace chains: the partition and the gossip-loss rules.
 const (
-	partChain = "CHAOS-PART"
-	lossChain = "CHAOS-LOSS"
+	partChain  = "CHAOS-PART"
+	lossChain  = "CHAOS-LOSS"
+	delayChain = "CHAOS-DELAY"
+	// delayQueue is the NFQUEUE number of the user-space delay; queues are
+	// per network namespace, so every pod uses the same one.
+	delayQueue = 7
 )
 
 // ErrNeedRoot reports netns mode asked for without the privileges.
@@ -81,7 +86,7 @@ func SetupNetns(ctx context.Context, prefix, subnet string) (*Netns, error) {
 	if _, err := CleanupNetns(ctx, prefix); err != nil {
 		return nil, err
 	}
-	n := &Netns{prefix: prefix, subnet: subnet, pods: map[string]string{}}
+	n := &Netns{prefix: prefix, subnet: subnet, pods: map[string]string{}, delays: map[string]*delayer{}}
 	br, cidr := bridgeName(prefix), subnet+".0/24"
 	g := guardChain(prefix)
 	steps := [][]string{
@@ -156,9 +161,11 @@ func (n *Netns) AddPod(ctx context.Context, pod, ip string) (string, error) {
 		{"ip", "-n", ns, "link", "set", "lo", "up"},
 		in("iptables", "-w", "-N", partChain),
 		in("iptables", "-w", "-N", lossChain),
+		in("iptables", "-w", "-N", delayChain),
 		in("iptables", "-w", "-A", "INPUT", "-j", partChain),
 		in("iptables", "-w", "-A", "OUTPUT", "-j", partChain),
 		in("iptables", "-w", "-A", "OUTPUT", "-j", lossChain),
+		in("iptables", "-w", "-A", "OUTPUT", "-j", delayChain),
 	}
 	for _, s := range steps {
 		if err := run(ctx, s...); err != nil {
@@ -178,7 +185,12 @@ func (n *Netns) RemovePod(ctx context.Context, pod string) error {
 	n.mu.Lock()
 	ns, ok := n.pods[pod]
 	delete(n.pods, pod)
+	d := n.delays[pod]
+	delete(n.delays, pod)
 	n.mu.Unlock()
+	if d != nil {
+		d.Close()
+	}
 	if !ok {
 		return nil
 	}
@@ -260,18 +272,37 @@ func (n *Netns) GossipLoss(ctx context.Context, pod string, port int, percent fl
 	return nil
 }
 
-// ErrNoNetem reports a kernel without sch_netem: gossip delay cannot be
-// injected here.
-var ErrNoNetem = errors.New("gossip delay needs tc netem (sch_netem), which this kernel lacks")
-
-// GossipDelay delays every packet pod sends on the gossip port by d (an
-// htb class with a netem child, selected by a u32 filter on the port, so
-// the API traffic is not slowed); 0 clears it.
+// GossipDelay delays every packet pod sends on the gossip port by d; 0
+// clears it. With tc's sch_netem it is an htb class with a netem child,
+// selected by a u32 filter on the port, so API traffic is not slowed.
+// Without netem (some kernels lack it) the same packets go through an
+// NFQUEUE rule to a user-space delayer in the harness.
 func (n *Netns) GossipDelay(ctx context.Context, pod string, port int, d time.Duration) error {
 	_ = n.inPod(ctx, pod, "tc", "qdisc", "del", "dev", "eth0", "root") // absent unless delayed before
+	if err := n.inPod(ctx, pod, "iptables", "-w", "-F", delayChain); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	old := n.delays[pod]
+	delete(n.delays, pod)
+	n.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 	if d <= 0 {
 		return nil
 	}
+	err := n.netemDelay(ctx, pod, port, d)
+	if err == nil || !errors.Is(err, errNoNetem) {
+		return err
+	}
+	return n.queueDelay(ctx, pod, port, d)
+}
+
+// errNoNetem: tc has no netem qdisc on this kernel.
+var errNoNetem = errors.New("no sch_netem")
+
+func (n *Netns) netemDelay(ctx context.Context, pod string, port int, d time.Duration) error {
 	ms := strconv.FormatInt(d.Milliseconds(), 10) + "ms"
 	steps := [][]string{
 		{"tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10", "r2q", "100000"},
@@ -286,12 +317,39 @@ func (n *Netns) GossipDelay(ctx context.Context, pod string, port int, d time.Du
 	for _, s := range steps {
 		if err := n.inPod(ctx, pod, s...); err != nil {
 			_ = n.inPod(ctx, pod, "tc", "qdisc", "del", "dev", "eth0", "root")
-			if strings.Contains(err.Error(), "netem") || strings.Contains(err.Error(), "qdisc kind is unknown") {
-				return fmt.Errorf("%w: %v", ErrNoNetem, err)
+			if strings.Contains(err.Error(), "qdisc kind is unknown") || strings.Contains(err.Error(), "netem") {
+				return fmt.Errorf("%w: %v", errNoNetem, err)
 			}
 			return err
 		}
 	}
+	return nil
+}
+
+// queueDelay starts the user-space delayer and sends the pod's gossip
+// packets to it (--queue-bypass: if the delayer is gone they pass).
+func (n *Netns) queueDelay(ctx context.Context, pod string, port int, d time.Duration) error {
+	n.mu.Lock()
+	ns := n.pods[pod]
+	n.mu.Unlock()
+	dl, err := startDelayer("/run/netns/"+ns, delayQueue, d)
+	if err != nil {
+		return fmt.Errorf("gossip delay without netem: %w", err)
+	}
+	for _, proto := range []string{"udp", "tcp"} {
+		for _, dir := range []string{"--dport", "--sport"} {
+			err := n.inPod(ctx, pod, "iptables", "-w", "-A", delayChain, "-p", proto, dir, strconv.Itoa(port),
+				"-j", "NFQUEUE", "--queue-num", strconv.Itoa(delayQueue), "--queue-bypass")
+			if err != nil {
+				_ = n.inPod(ctx, pod, "iptables", "-w", "-F", delayChain)
+				dl.Close()
+				return err
+			}
+		}
+	}
+	n.mu.Lock()
+	n.delays[pod] = dl
+	n.mu.Unlock()
 	return nil
 }
 
@@ -330,6 +388,13 @@ func parseGuardHits(listing string) (int64, error) {
 // whatever still runs in the namespaces). It returns the guard's final
 // count, read just before the chain goes.
 func (n *Netns) Close(ctx context.Context) (guardDrops int64, err error) {
+	n.mu.Lock()
+	ds := n.delays
+	n.delays = map[string]*delayer{}
+	n.mu.Unlock()
+	for _, d := range ds {
+		d.Close()
+	}
 	guardDrops, err = n.GuardHits(ctx)
 	if _, cerr := CleanupNetns(ctx, n.prefix); cerr != nil {
 		return guardDrops, errors.Join(err, fmt.Errorf("netns cleanup: %w", cerr))

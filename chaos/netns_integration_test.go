@@ -98,3 +98,51 @@ func TestNetnsClusterPartitionAndCleanup(t *testing.T) {
 		t.Errorf("guard chain %s left after Stop", guardChain(cfg.NetnsPrefix))
 	}
 }
+
+// A delay on a port slows exactly that port's packets: the simulator's
+// answers take the delay longer, with netem or with the NFQUEUE delayer.
+func TestNetnsPortDelay(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := LocalConfig()
+	cfg.Dir = shortDir(t)
+	cfg.Netns, cfg.NetnsPrefix = true, netnsPrefix()+"d"
+	cfg.Subnet = fmt.Sprintf("10.253.%d", 1+os.Getpid()%90)
+	cfg.Pods, cfg.StopGrace = 1, time.Second
+	cfg.Progress = progress{t}
+	c, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	health := func() time.Duration {
+		start := time.Now()
+		st, _, err := c.get(ctx, c.Pod(0).SimURL+"/health")
+		if err != nil || st != 200 {
+			log, _ := os.ReadFile(c.LogPath(0, "sim"))
+			t.Fatalf("health: %d, %v; sim log:\n%s", st, err, log)
+		}
+		return time.Since(start)
+	}
+	if err := c.net.GossipDelay(ctx, c.Pod(0).Name, c.Config().Ports.VLLM, 150*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	// The harness's keep-alive connection: the answer waits 150ms.
+	if d := health(); d < 145*time.Millisecond {
+		t.Errorf("delayed health check took %v; want >= 150ms", d)
+	}
+	if err := c.net.GossipDelay(ctx, c.Pod(0).Name, c.Config().Ports.VLLM, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := health(); d > 140*time.Millisecond {
+		t.Errorf("health check after clearing the delay took %v; want well under 150ms", d)
+	}
+	c.Stop()
+	if _, err := c.GuardDrops(); err != nil {
+		t.Errorf("teardown: %v", err)
+	}
+	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), cfg.NetnsPrefix+"-") {
+		t.Errorf("namespaces left after Stop:\n%s", out)
+	}
+}
