@@ -58,9 +58,10 @@ type Result struct {
 	DetectionSMax        float64 `json:"detection_s_max"`
 	Undetected           int     `json:"undetected"`
 	ServiceDetectionSMax float64 `json:"service_detection_s_max"`
-	// ForwardsToDeadAfterDetection counts requests sent after detection,
-	// while the pod was still broken, whose first forward target failed
-	// before its first byte (a "-retried" decision).
+	// ForwardsToDeadAfterDetection counts forward attempts to a broken pod
+	// by any other sidecar after detection and before the pod was back, as
+	// the sidecars' debug logs list them ("tried"; whole-second times, so
+	// only attempts surely inside the window count).
 	ForwardsToDeadAfterDetection int `json:"forwards_to_dead_after_detection"`
 	// HitRateSteady is the token-weighted hit rate from half the time to
 	// the first fault up to the first fault; HitRate is the whole run's.
@@ -93,9 +94,9 @@ type Result struct {
 	// the harness knew about them, for reading the logs.
 	Failures    []RequestRecord `json:"failures,omitempty"`
 	StaleClaims []RequestRecord `json:"stale_claims,omitempty"`
-	// RetriedAfterDetection are the requests ForwardsToDeadAfterDetection
-	// counts, with the fault's pod in Class.
-	RetriedAfterDetection []RequestRecord `json:"retried_after_detection,omitempty"`
+	// ForwardsAfterDetection are the attempts ForwardsToDeadAfterDetection
+	// counts.
+	ForwardsAfterDetection []ForwardRecord `json:"forwards_after_detection,omitempty"`
 	Notes                 []string        `json:"notes,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
@@ -133,6 +134,16 @@ type RequestRecord struct {
 	Err      string  `json:"error,omitempty"`
 }
 
+// ForwardRecord is one forward attempt to a broken pod after detection.
+type ForwardRecord struct {
+	AtS    float64 `json:"at_s"` // whole seconds of the sidecar's log
+	Node   string  `json:"node"`
+	Target string  `json:"target"`
+	Fault  string  `json:"fault"`
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
 // maxListed bounds Result.Failures and Result.StaleClaims.
 const maxListed = 100
 
@@ -157,7 +168,7 @@ type interval struct {
 	start, end float64
 }
 
-func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans []Transition, end float64) *Result {
+func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans []Transition, attempts []Attempt, end float64) *Result {
 	cfg := r.cfg
 	res := &Result{
 		Scenario: cfg.Scenario.Name, Mode: map[bool]string{true: "netns", false: "loopback"}[cfg.Netns],
@@ -317,11 +328,17 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			if d, ok := detect(polls, f.Pod, f.AtS, until); ok {
 				fr.DetectionS = &d
 				res.DetectionSMax = max(res.DetectionSMax, d)
-				for _, s := range retriedBetween(samples, f.AtS+d, until) {
+				from, to := r.start.Add(seconds(f.AtS+d)), r.start.Add(seconds(until))
+				for _, a := range attempts {
+					// Log times are whole seconds: count only attempts
+					// surely inside [detection, until).
+					if a.Target != f.Pod || a.Node == f.Pod || a.At.Before(from) || a.At.Add(time.Second).After(to) {
+						continue
+					}
 					res.ForwardsToDeadAfterDetection++
-					if len(res.RetriedAfterDetection) < maxListed {
-						rec, _ := entryOf(s)
-						res.RetriedAfterDetection = append(res.RetriedAfterDetection, record("after "+f.Fault+" "+f.Pod, s, rec.Name))
+					if len(res.ForwardsAfterDetection) < maxListed {
+						res.ForwardsAfterDetection = append(res.ForwardsAfterDetection, ForwardRecord{
+							AtS: a.At.Sub(r.start).Seconds(), Node: a.Node, Target: a.Target, Fault: f.Fault})
 					}
 				}
 			} else if f.Err == "" {
@@ -454,18 +471,6 @@ func detect(polls []Poll, pod string, from, until float64) (float64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// retriedBetween returns the requests sent in [from, to) that a sidecar
-// retried.
-func retriedBetween(samples []loadgen.Sample, from, to float64) []loadgen.Sample {
-	var out []loadgen.Sample
-	for _, s := range samples {
-		if t := s.Sent.Seconds(); t >= from && t < to && strings.HasSuffix(s.Decision, "-retried") {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // WriteJSON writes r indented.

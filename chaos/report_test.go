@@ -53,7 +53,14 @@ func TestSummarizeClassifies(t *testing.T) {
 		turnOf(ok(3, "pod2", "least-load", 300), "x", 0),
 		turnOf(ok(16, "pod2", "affinity", 0), "x", 1), // turn 0 was on the old engine
 	}
-	res := summarize(r, samples, conns, nil, 20)
+	attempts := []Attempt{
+		{At: at(11), Node: "pod1", Target: "pod2"},   // before detection
+		{At: at(13), Node: "pod3", Target: "pod2"},   // after: counts
+		{At: at(13), Node: "pod3", Target: "pod1"},   // another pod
+		{At: at(13), Node: "pod2", Target: "pod1"},   // the broken pod's own
+		{At: at(14.5), Node: "pod1", Target: "pod2"}, // its second may reach the restart at 15
+	}
+	res := summarize(r, samples, conns, nil, attempts, 20)
 	checks := []struct {
 		name      string
 		got, want int

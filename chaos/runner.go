@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -201,7 +202,10 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	cc := LocalConfig()
 	cc.Pods, cc.Dir, cc.BinDir = cfg.Pods, cfg.Dir, cfg.BinDir
-	cc.Sidecars, cc.SidecarArgs = true, cfg.SidecarArgs
+	// Debug logs list every routed request's tried targets: the exact
+	// count of forwards to a broken pod (readAttempts). The run's own
+	// SidecarArgs come later and win.
+	cc.Sidecars, cc.SidecarArgs = true, append([]string{"--log-level", "debug"}, cfg.SidecarArgs...)
 	cc.Netns, cc.NetnsPrefix, cc.Subnet = cfg.Netns, cfg.NetnsPrefix, cfg.Subnet
 	if cc.Subnet == "" && !cc.Netns {
 		cc.Subnet = "127.0.95"
@@ -261,7 +265,11 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	trans := svc.Transitions()
 	svc.Close()
 	c.Stop()
-	res := summarize(r, samples, conns, trans, end)
+	attempts, aerr := readAttempts(filepath.Join(cfg.Dir, "logs"))
+	res := summarize(r, samples, conns, trans, attempts, end)
+	if aerr != nil || len(attempts) == 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("no forward attempts in the sidecars' debug logs (%v): forwards_to_dead_after_detection is 0 for want of evidence", aerr))
+	}
 	res.GuardDrops, res.GuardChecked = -1, false
 	if c.Netns() {
 		drops, gerr := c.GuardDrops()
