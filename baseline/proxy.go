@@ -15,15 +15,16 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
-	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
 // ServedByHeader names the pod that served a request, as the sidecars'
-// forward.ServedByHeader does.
-const ServedByHeader = forward.ServedByHeader
+// forward.ServedByHeader does (a test holds the two equal; importing
+// forward would pull its HTTP front into every baseline).
+const ServedByHeader = "X-Kvroute-Served-By"
 
 // Backend is one simulated pod behind the proxy.
 type Backend struct {
@@ -223,7 +224,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.ContentLength = int64(len(body))
 		// A body routing cannot read is still served (the pod answers the
 		// client's error), chosen by load alone.
-		if prompt, err := forward.ParsePrompt(body, chat); err == nil {
+		if prompt, err := prompt.Parse(body, chat); err == nil {
 			req = requestFrom(prompt)
 			if p.indexes != nil && req.Tokens == nil {
 				req.Tokens = p.tokenize(r.Context(), prompt)
@@ -238,23 +239,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // tokenize asks one simulator, in turn, for the prompt's token ids; nil on
 // failure (the policy then routes by load).
-func (p *Proxy) tokenize(ctx context.Context, pr forward.Prompt) []uint32 {
+func (p *Proxy) tokenize(ctx context.Context, pr prompt.Prompt) []uint32 {
 	p.mu.Lock()
 	c := p.clients[p.tok%len(p.clients)]
 	p.tok++
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.TokenizeTimeout)
 	defer cancel()
-	tr := vllmclient.TokenizeRequest{
-		Model: pr.Model, Prompt: pr.Text, AddSpecialTokens: pr.AddSpecialTokens,
-	}
-	if pr.Chat {
-		tr = vllmclient.TokenizeRequest{
-			Model: pr.Model, Messages: pr.Messages, Tools: pr.Tools, ChatTemplateKwargs: pr.ChatTemplateKwargs,
-			AddGenerationPrompt: pr.AddGenerationPrompt, ContinueFinalMessage: pr.ContinueFinalMessage,
-		}
-	}
-	ids, err := c.Tokenize(ctx, tr)
+	ids, err := c.Tokenize(ctx, vllmclient.TokenizeRequestFor(pr))
 	if err != nil {
 		return nil
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -48,7 +49,7 @@ type Peers interface {
 // Tokenizer returns the token ids vLLM will use for a prompt (the local
 // vLLM's /tokenize renders chat templates exactly).
 type Tokenizer interface {
-	Tokenize(ctx context.Context, p Prompt) ([]uint32, error)
+	Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error)
 }
 
 // Config of the front. DefaultConfig documents the defaults.
@@ -301,8 +302,8 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
 			r.Header.Del(HopHeader)
 		}
-		p, perr := ParsePrompt(body, chat)
-		if errors.Is(perr, errBadJSON) {
+		p, perr := prompt.Parse(body, chat)
+		if errors.Is(perr, prompt.ErrBadJSON) {
 			h.metrics.badRequests.WithLabelValues("bad_json").Inc()
 			writeError(c, http.StatusBadRequest, perr.Error())
 			return
@@ -341,7 +342,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 
 // keys computes the request's routing keys; any failure returns nil keys and
 // the request is routed by load alone (DESIGN.md D6).
-func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Key, int) {
+func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int) {
 	if perr != nil {
 		return nil, 0
 	}
@@ -362,11 +363,7 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 	if len(tokens) == 0 {
 		return nil, 0
 	}
-	lora := ""
-	if p.Model != "" && p.Model != h.cfg.Model {
-		lora = p.Model
-	}
-	return h.cfg.Scheme.Request(blockkey.Root(h.cfg.Model, lora, ""), tokens), len(tokens)
+	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, p.Model), tokens), len(tokens)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's
@@ -566,8 +563,8 @@ func hopReason(err error) string {
 // Explain returns the decision the front would make for a request body,
 // without serving it (the admin /debug/route endpoint).
 func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.Decision, int, error) {
-	p, perr := ParsePrompt(body, chat)
-	if errors.Is(perr, errBadJSON) {
+	p, perr := prompt.Parse(body, chat)
+	if errors.Is(perr, prompt.ErrBadJSON) {
 		return route.Decision{}, 0, perr
 	}
 	keys, tokens := h.keys(ctx, p, perr)

@@ -214,7 +214,7 @@ func (ix *Index) store(ev *kvevent.Event, ch *Change) {
 		if ev.LoRAName != nil {
 			lora = *ev.LoRAName
 		}
-		ix.link(blockkey.Root(ix.cfg.Model, lora, ""), 0, hashes, tokens, bs, nil)
+		ix.link(blockkey.ModelRoot(ix.cfg.Model, lora), 0, hashes, tokens, bs, nil)
 	default:
 		p, ok := ix.blocks[*ev.Parent]
 		if !ok {

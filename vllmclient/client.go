@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/tokenids"
 )
 
@@ -98,6 +99,17 @@ type TokenizeRequest struct {
 	AddGenerationPrompt  *bool
 	ContinueFinalMessage *bool
 	AddSpecialTokens     *bool
+}
+
+// TokenizeRequestFor is the /tokenize call that yields the token ids vLLM
+// will compute for a parsed request: its chat fields or prompt, passed as
+// the client sent them.
+func TokenizeRequestFor(p prompt.Prompt) TokenizeRequest {
+	return TokenizeRequest{
+		Model: p.Model, Prompt: p.Text, Messages: p.Messages, Tools: p.Tools,
+		ChatTemplateKwargs: p.ChatTemplateKwargs, AddGenerationPrompt: p.AddGenerationPrompt,
+		ContinueFinalMessage: p.ContinueFinalMessage, AddSpecialTokens: p.AddSpecialTokens,
+	}
 }
 
 // body builds the JSON body by hand: encoding/json would re-indent the raw

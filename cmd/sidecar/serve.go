@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 	"github.com/kvroute/kvroute/vllmclient"
 )
@@ -213,12 +214,8 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 // tokenizer adapts the vLLM client to the front's Tokenizer.
 type tokenizer struct{ c *vllmclient.Client }
 
-func (t tokenizer) Tokenize(ctx context.Context, p forward.Prompt) ([]uint32, error) {
-	return t.c.Tokenize(ctx, vllmclient.TokenizeRequest{
-		Model: p.Model, Prompt: p.Text, Messages: p.Messages, Tools: p.Tools,
-		ChatTemplateKwargs: p.ChatTemplateKwargs, AddGenerationPrompt: p.AddGenerationPrompt,
-		ContinueFinalMessage: p.ContinueFinalMessage, AddSpecialTokens: p.AddSpecialTokens,
-	})
+func (t tokenizer) Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error) {
+	return t.c.Tokenize(ctx, vllmclient.TokenizeRequestFor(p))
 }
 
 // watchLoad scrapes the local vLLM's /metrics every interval, advertises
