@@ -52,6 +52,12 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 	if err := c.check(i); err != nil {
 		return err
 	}
+	c.stopPod(i)
+	return c.startPod(ctx, i)
+}
+
+// stopPod ends pod i's processes: SIGTERM, SIGKILL after StopGrace.
+func (c *Cluster) stopPod(i int) {
 	sim, sc := c.procs(i)
 	for _, pr := range []*proc{sc, sim} {
 		if pr != nil {
@@ -59,6 +65,10 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 			pr.stop()
 		}
 	}
+}
+
+// startPod starts pod i's simulator and sidecar and waits as Restart does.
+func (c *Cluster) startPod(ctx context.Context, i int) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
 	defer cancel()
 	if err := c.startSim(i); err != nil {
@@ -208,13 +218,7 @@ func (c *Cluster) Renew(ctx context.Context, i int) error {
 	if err := c.check(i); err != nil {
 		return err
 	}
-	sim, sc := c.procs(i)
-	for _, pr := range []*proc{sc, sim} {
-		if pr != nil {
-			_ = pr.signal(syscall.SIGCONT) // a paused process must run to exit
-			pr.stop()
-		}
-	}
+	c.stopPod(i)
 	old := c.Pod(i)
 	if c.net != nil {
 		if err := c.net.RemovePod(ctx, old.Name); err != nil {
@@ -241,18 +245,7 @@ func (c *Cluster) Renew(ctx context.Context, i int) error {
 	c.info[i] = p
 	c.mu.Unlock()
 	fmt.Fprintf(c.cfg.Progress, "chaos: %s replaced by %s at %s\n", old.Name, p.Name, p.Host)
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
-	defer cancel()
-	if err := c.startSim(i); err != nil {
-		return err
-	}
-	if err := c.waitSim(ctx, i); err != nil {
-		return err
-	}
-	if !c.cfg.Sidecars {
-		return nil
-	}
-	return c.RestartSidecar(ctx, i)
+	return c.startPod(ctx, i)
 }
 
 // Partition cuts pod i from the other pods (gossip and forwards) while the

@@ -38,14 +38,8 @@ func TestNetnsClusterPartitionAndCleanup(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cfg := LocalConfig()
-	cfg.Dir = shortDir(t)
+	cfg := testConfig(t, true)
 	cfg.Netns, cfg.NetnsPrefix, cfg.Subnet = true, netnsPrefix(), netnsSubnet()
-	cfg.Sidecars = true
-	cfg.StopGrace = 2 * time.Second
-	cfg.Sim.NumGPUBlocks = 2000
-	cfg.Sim.TimeScale = 50
-	cfg.Progress = progress{t}
 	c, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -105,12 +99,10 @@ func TestNetnsPortDelay(t *testing.T) {
 	needRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cfg := LocalConfig()
-	cfg.Dir = shortDir(t)
+	cfg := testConfig(t, false)
 	cfg.Netns, cfg.NetnsPrefix = true, netnsPrefix()+"d"
 	cfg.Subnet = fmt.Sprintf("10.253.%d", 1+os.Getpid()%90)
 	cfg.Pods, cfg.StopGrace = 1, time.Second
-	cfg.Progress = progress{t}
 	c, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
