@@ -44,6 +44,9 @@ type Result struct {
 	OK              int `json:"ok"`
 	FailedServable  int `json:"failed_servable"`
 	FailedMidstream int `json:"failed_midstream"`
+	// FailedMidstreamEntry is the part of FailedMidstream whose serving
+	// pod lived: the sidecar holding the client's connection died.
+	FailedMidstreamEntry int `json:"failed_midstream_entry"`
 	FailedInflight  int `json:"failed_inflight"`
 	FailedService   int `json:"failed_service"`
 	// Retried counts requests a sidecar retried on another pod after the
@@ -285,6 +288,10 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			if s.Status == 200 {
 				res.FailedMidstream++
 				class = "failed_midstream"
+				if !diedDuring(s.Pod, sent, fin) {
+					res.FailedMidstreamEntry++
+					class = "failed_midstream_entry"
+				}
 			} else {
 				res.FailedInflight++
 				class = "failed_inflight"
