@@ -498,14 +498,14 @@ func (r *Result) Markdown() string {
 	if r.Commit != "" {
 		fmt.Fprintf(&b, ", commit %s", r.Commit)
 	}
-	b.WriteString("\n\n| requests | ok | failed servable | failed midstream | failed in flight | failed at the Service | retried by a sidecar | retried by the client | detection max (s) | undetected | Service detection max (s) | forwards to dead after detection | hit rate steady | hit rate | recovery max (s) | not recovered | stale epoch claims | affinity misses | TTFT p99 (s) | egress guard drops |\n")
+	b.WriteString("\n\n| requests | ok | failed servable | failed midstream (entry only) | failed in flight | failed at the Service | retried by a sidecar | retried by the client | detection max (s) | undetected | Service detection max (s) | forwards to dead after detection | hit rate steady | hit rate | recovery max (s) | not recovered | stale epoch claims | affinity misses | TTFT p99 (s) | egress guard drops |\n")
 	b.WriteString("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	guard := "n/a"
 	if r.GuardChecked {
 		guard = fmt.Sprint(r.GuardDrops)
 	}
-	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d | %d | %.2f | %d | %.2f | %d | %.1f%% | %.1f%% | %.0f | %d | %d | %d | %.3f | %s |\n",
-		r.Requests, r.OK, r.FailedServable, r.FailedMidstream, r.FailedInflight, r.FailedService, r.Retried, r.ClientRetried,
+	fmt.Fprintf(&b, "| %d | %d | %d | %d (%d) | %d | %d | %d | %d | %.2f | %d | %.2f | %d | %.1f%% | %.1f%% | %.0f | %d | %d | %d | %.3f | %s |\n",
+		r.Requests, r.OK, r.FailedServable, r.FailedMidstream, r.FailedMidstreamEntry, r.FailedInflight, r.FailedService, r.Retried, r.ClientRetried,
 		r.DetectionSMax, r.Undetected, r.ServiceDetectionSMax, r.ForwardsToDeadAfterDetection,
 		100*r.HitRateSteady, 100*r.HitRate, r.RecoverySMax, r.NotRecovered, r.StaleEpochClaims, r.AffinityMisses, r.TTFTP99, guard)
 	if len(r.Faults) > 0 {

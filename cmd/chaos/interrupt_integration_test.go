@@ -25,7 +25,7 @@ func TestInterruptCleansUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the chaos command")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "chaos")
