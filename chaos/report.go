@@ -47,8 +47,8 @@ type Result struct {
 	// FailedMidstreamEntry is the part of FailedMidstream whose serving
 	// pod lived: the sidecar holding the client's connection died.
 	FailedMidstreamEntry int `json:"failed_midstream_entry"`
-	FailedInflight  int `json:"failed_inflight"`
-	FailedService   int `json:"failed_service"`
+	FailedInflight       int `json:"failed_inflight"`
+	FailedService        int `json:"failed_service"`
 	// Retried counts requests a sidecar retried on another pod after the
 	// first target failed before its first byte; ClientRetried those the
 	// client sent more than once.
@@ -62,9 +62,9 @@ type Result struct {
 	Undetected           int     `json:"undetected"`
 	ServiceDetectionSMax float64 `json:"service_detection_s_max"`
 	// ForwardsToDeadAfterDetection counts forward attempts to a broken pod
-	// by any other sidecar after detection and before the pod was back, as
-	// the sidecars' debug logs list them ("tried"; whole-second times, so
-	// only attempts surely inside the window count).
+	// by any other sidecar for requests sent after detection and before
+	// the pod was back, as the sidecars' debug logs list them ("tried",
+	// joined to the requests by X-Request-Id).
 	ForwardsToDeadAfterDetection int `json:"forwards_to_dead_after_detection"`
 	// HitRateSteady is the token-weighted hit rate from half the time to
 	// the first fault up to the first fault; HitRate is the whole run's.
@@ -100,7 +100,7 @@ type Result struct {
 	// ForwardsAfterDetection are the attempts ForwardsToDeadAfterDetection
 	// counts.
 	ForwardsAfterDetection []ForwardRecord `json:"forwards_after_detection,omitempty"`
-	Notes                 []string        `json:"notes,omitempty"`
+	Notes                  []string        `json:"notes,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
 }
@@ -139,13 +139,12 @@ type RequestRecord struct {
 
 // ForwardRecord is one forward attempt to a broken pod after detection.
 type ForwardRecord struct {
-	AtS    float64 `json:"at_s"` // whole seconds of the sidecar's log
+	SentS  float64 `json:"sent_s"` // when the client sent the request
+	Req    string  `json:"req"`
 	Node   string  `json:"node"`
 	Target string  `json:"target"`
 	Fault  string  `json:"fault"`
 }
-
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // maxListed bounds Result.Failures and Result.StaleClaims.
 const maxListed = 100
@@ -230,6 +229,10 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		}
 	}
 
+	byID := map[string]loadgen.Sample{}
+	for _, s := range samples {
+		byID[loadgen.RequestID(s.Session, s.Turn)] = s
+	}
 	turns := map[string][]loadgen.Sample{}
 	for _, s := range samples {
 		if s.OK() {
@@ -335,17 +338,20 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			if d, ok := detect(polls, f.Pod, f.AtS, until); ok {
 				fr.DetectionS = &d
 				res.DetectionSMax = max(res.DetectionSMax, d)
-				from, to := r.start.Add(seconds(f.AtS+d)), r.start.Add(seconds(until))
 				for _, a := range attempts {
-					// Log times are whole seconds: count only attempts
-					// surely inside [detection, until).
-					if a.Target != f.Pod || a.Node == f.Pod || a.At.Before(from) || a.At.Add(time.Second).After(to) {
+					// The routing decision is made as the request
+					// arrives: its send time places the attempt.
+					s, ok := byID[a.Req]
+					if !ok || a.Target != f.Pod || a.Node == f.Pod {
+						continue
+					}
+					if t := s.Sent.Seconds(); t < f.AtS+d || t >= until {
 						continue
 					}
 					res.ForwardsToDeadAfterDetection++
 					if len(res.ForwardsAfterDetection) < maxListed {
 						res.ForwardsAfterDetection = append(res.ForwardsAfterDetection, ForwardRecord{
-							AtS: a.At.Sub(r.start).Seconds(), Node: a.Node, Target: a.Target, Fault: f.Fault})
+							SentS: s.Sent.Seconds(), Req: a.Req, Node: a.Node, Target: a.Target, Fault: f.Fault})
 					}
 				}
 			} else if f.Err == "" {

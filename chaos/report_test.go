@@ -54,21 +54,23 @@ func TestSummarizeClassifies(t *testing.T) {
 		turnOf(ok(16, "pod2", "affinity", 0), "x", 1), // turn 0 was on the old engine
 	}
 	attempts := []Attempt{
-		{At: at(11), Node: "pod1", Target: "pod2"},   // before detection
-		{At: at(13), Node: "pod3", Target: "pod2"},   // after: counts
-		{At: at(13), Node: "pod3", Target: "pod1"},   // another pod
-		{At: at(13), Node: "pod2", Target: "pod1"},   // the broken pod's own
-		{At: at(14.5), Node: "pod1", Target: "pod2"}, // its second may reach the restart at 15
+		{Req: "fwd.11", Node: "pod1", Target: "pod2"}, // sent before detection
+		{Req: "fwd.13", Node: "pod3", Target: "pod2"}, // after: counts
+		{Req: "fwd.13", Node: "pod3", Target: "pod1"}, // another pod
+		{Req: "pod2own.0", Node: "pod2", Target: "pod1"},
+		{Req: "unknown.0", Node: "pod1", Target: "pod2"}, // no such request
 	}
+	samples = append(samples, turnOf(ok(11, "pod1", "least-load-retried", 0), "fwd", 11),
+		turnOf(ok(13, "pod1", "least-load-retried", 0), "fwd", 13))
 	res := summarize(r, samples, conns, nil, attempts, 20)
 	checks := []struct {
 		name      string
 		got, want int
 	}{
-		{"requests", res.Requests, 11}, {"ok", res.OK, 5},
+		{"requests", res.Requests, 13}, {"ok", res.OK, 7},
 		{"failed_servable", res.FailedServable, 1}, {"failed_midstream", res.FailedMidstream, 1},
 		{"failed_inflight", res.FailedInflight, 1}, {"failed_service", res.FailedService, 3},
-		{"retried", res.Retried, 1}, {"forwards_to_dead_after_detection", res.ForwardsToDeadAfterDetection, 1},
+		{"retried", res.Retried, 3}, {"forwards_to_dead_after_detection", res.ForwardsToDeadAfterDetection, 1},
 		{"stale_epoch_claims", res.StaleEpochClaims, 1}, {"affinity_misses", res.AffinityMisses, 1},
 		{"undetected", res.Undetected, 0},
 	}

@@ -259,7 +259,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	bg.Go(func() { r.inject(faultCtx) })
 	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
 		Endpoints: []loadgen.Endpoint{{URL: svc.URL()}}, Client: client, Seed: cfg.Seed,
-		Stop: cfg.Duration, RequestTimeout: cfg.RequestTimeout, PlainEvery: cfg.PlainEvery,
+		Stop: cfg.Duration, RequestTimeout: cfg.RequestTimeout, PlainEvery: cfg.PlainEvery, RequestIDs: true,
 		Progress: cfg.Progress, ProgressEvery: 5 * time.Second,
 	}, sched)
 	end := r.since()

@@ -13,15 +13,17 @@ import (
 // routed request's log line lists the targets it tried in order ("tried"),
 // the last being the one that served it or failed last.
 type Attempt struct {
-	At     time.Time
-	Node   string // the sidecar that forwarded
-	Target string // the peer tried ("local" for its own vLLM)
+	At     time.Time // when the answer's headers came (whole seconds)
+	Req    string    // the request id (the client's X-Request-Id)
+	Node   string    // the sidecar that forwarded
+	Target string    // the peer tried ("local" for its own vLLM)
 }
 
 // routedLine is the part of the sidecar's "routed" debug line we read.
 type routedLine struct {
 	Time    time.Time `json:"time"`
 	Node    string    `json:"node"`
+	Req     string    `json:"req"`
 	Message string    `json:"message"`
 	Tried   []string  `json:"tried"`
 }
@@ -53,7 +55,7 @@ func readAttempts(dir string) ([]Attempt, error) {
 			}
 			for _, t := range r.Tried {
 				if t != "local" {
-					out = append(out, Attempt{At: r.Time, Node: r.Node, Target: t})
+					out = append(out, Attempt{At: r.Time, Req: r.Req, Node: r.Node, Target: t})
 				}
 			}
 		}

@@ -27,7 +27,7 @@ not json at all "routed"
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 12, 1, 10, 0, 5, 0, time.UTC)
-	want := []Attempt{{At: at, Node: "pod1", Target: "pod2"}, {At: at, Node: "pod1", Target: "pod3"}}
+	want := []Attempt{{At: at, Req: "pod1-7", Node: "pod1", Target: "pod2"}, {At: at, Req: "pod1-7", Node: "pod1", Target: "pod3"}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("readAttempts mismatch (-want +got):\n%s", d)
 	}

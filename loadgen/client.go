@@ -53,6 +53,10 @@ type Call struct {
 	MaxTokens int
 	// Plain sends this call without streaming even when the client streams.
 	Plain bool
+	// ID, when set, goes out as X-Request-Id (kvroute's sidecar logs it
+	// as the request's id), so a harness can join a server's logs to the
+	// samples.
+	ID string
 }
 
 // SimTiming is the simulator's "sim" object: simulated seconds since the
@@ -314,6 +318,9 @@ func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, a
 		return rep, false, fmt.Errorf("new request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if call.ID != "" {
+		req.Header.Set("X-Request-Id", call.ID)
+	}
 	start := time.Now()
 	defer func() { rep.WallE2E = time.Since(start) }()
 	resp, err := c.HTTP.Do(req)

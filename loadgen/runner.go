@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ type RunConfig struct {
 	Stop time.Duration
 	// RequestTimeout bounds one request (default 5 minutes).
 	RequestTimeout time.Duration
+	// RequestIDs sends every request with X-Request-Id RequestID(session,
+	// turn).
+	RequestIDs bool
 	// PlainEvery sends every PlainEvery-th session without streaming
 	// (0: all as the client says), so a run mixes streaming and plain
 	// answers deterministically.
@@ -204,6 +208,9 @@ func (r *run) session(ctx context.Context, x *Session, plain bool) {
 			return
 		}
 		call := Call{Kind: x.Kind, MaxTokens: turn.MaxTokens, Plain: plain}
+		if r.cfg.RequestIDs {
+			call.ID = RequestID(x.ID, k)
+		}
 		if x.Kind == Chat {
 			history = append(history, Message{Role: "user", Content: turn.User})
 			call.Messages = history
@@ -230,6 +237,10 @@ func (r *run) session(ctx context.Context, x *Session, plain bool) {
 		}
 	}
 }
+
+// RequestID is the X-Request-Id of a session's turn when
+// RunConfig.RequestIDs is set.
+func RequestID(session string, turn int) string { return session + "." + strconv.Itoa(turn) }
 
 // sleep waits d; false if ctx ended first.
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -268,13 +268,14 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	defer os.RemoveAll(dir)
 	o.cfg.Dir = dir
 	o.cfg.Progress = log
+	commit := version() // now: a git fallback must name what was built, not a later checkout
 	begin := time.Now()
 	res, err := chaos.RunScenario(ctx, o.cfg)
 	copyLogs(filepath.Join(dir, "logs"), filepath.Join(o.out, "logs"))
 	if err != nil {
 		return err
 	}
-	res.Commit = version()
+	res.Commit = commit
 	f, err := os.Create(o.json)
 	if err != nil {
 		return err
