@@ -196,7 +196,7 @@ func (c *Cluster) SimCache(ctx context.Context, i int) (SimCache, error) {
 }
 
 // ErrNeedNetns reports a fault that only netns mode can inject.
-var ErrNeedNetns = errors.New("fault needs netns mode (root)")
+var ErrNeedNetns = errors.New("needs netns mode (root; --netns)")
 
 // Replace kills pod i (SIGKILL, as a node loss) and starts a new pod in
 // its place (Renew). It returns once the new pod is ready and every live

@@ -194,6 +194,9 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 		if err := c.Scenario.Validate(p, d); err != nil {
 			return o, err
 		}
+		if c.Scenario.NeedsNetns() && !c.Netns {
+			return o, fmt.Errorf("scenario %s: partition and gossip faults %w", c.Scenario.Name, chaos.ErrNeedNetns)
+		}
 	}
 	if o.json == "" {
 		o.json = filepath.Join(o.out, "result.json")
