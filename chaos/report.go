@@ -114,6 +114,12 @@ type FaultResult struct {
 	// HitRateBefore is the hit rate of the baselineWindow before the
 	// fault, the level recovery is measured against.
 	HitRateBefore float64 `json:"hit_rate_before,omitempty"`
+	// ServedEnteringDuring counts requests that entered through the pod
+	// while the fault held and succeeded (a partitioned pod keeps serving
+	// what reaches it); ForwardedToAfter those other sidecars sent it
+	// after it was back and that it served (it is routed to again).
+	ServedEnteringDuring int `json:"served_entering_during"`
+	ForwardedToAfter     int `json:"forwarded_to_after"`
 }
 
 // baselineWindow is how much traffic before a fault sets its recovery
@@ -367,6 +373,19 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 				}
 			}
 		}
+		for _, s := range samples {
+			if !s.OK() {
+				continue
+			}
+			sent := s.Sent.Seconds()
+			rec, _ := entryOf(s)
+			switch {
+			case rec.Name == f.Pod && sent >= f.AtS && (f.UndoneS == 0 || sent < f.UndoneS):
+				fr.ServedEnteringDuring++
+			case f.UndoneS > 0 && s.Pod == f.Pod && rec.Name != f.Pod && sent >= f.UndoneS:
+				fr.ForwardedToAfter++
+			}
+		}
 		base := windowHit(secs, f.AtS-baselineWindow, f.AtS)
 		if f.UndoneS > 0 && base > 0 && f.Fault != FaultRollingRestart {
 			fr.HitRateBefore = base
@@ -515,8 +534,8 @@ func (r *Result) Markdown() string {
 		r.DetectionSMax, r.Undetected, r.ServiceDetectionSMax, r.ForwardsToDeadAfterDetection,
 		100*r.HitRateSteady, 100*r.HitRate, r.RecoverySMax, r.NotRecovered, r.StaleEpochClaims, r.AffinityMisses, r.TTFTP99, guard)
 	if len(r.Faults) > 0 {
-		b.WriteString("\n| at (s) | fault | pod | undone (s) | new pod | detection (s) | Service detection (s) | recovery (s) | error |\n")
-		b.WriteString("|--:|---|---|--:|---|--:|--:|--:|---|\n")
+		b.WriteString("\n| at (s) | fault | pod | undone (s) | new pod | detection (s) | Service detection (s) | recovery (s) | served entering during | forwarded to after | error |\n")
+		b.WriteString("|--:|---|---|--:|---|--:|--:|--:|--:|--:|---|\n")
 		opt := func(p *float64) string {
 			if p == nil {
 				return "-"
@@ -528,8 +547,9 @@ func (r *Result) Markdown() string {
 			if f.UndoneS > 0 {
 				undone = fmt.Sprintf("%.1f", f.UndoneS)
 			}
-			fmt.Fprintf(&b, "| %.1f | %s | %s | %s | %s | %s | %s | %s | %s |\n", f.AtS, f.Fault, f.Pod, undone,
-				orDash(f.NewPod), opt(f.DetectionS), opt(f.ServiceDetectionS), opt(f.RecoveryS), orDash(f.Err))
+			fmt.Fprintf(&b, "| %.1f | %s | %s | %s | %s | %s | %s | %s | %d | %d | %s |\n", f.AtS, f.Fault, f.Pod, undone,
+				orDash(f.NewPod), opt(f.DetectionS), opt(f.ServiceDetectionS), opt(f.RecoveryS),
+				f.ServedEnteringDuring, f.ForwardedToAfter, orDash(f.Err))
 		}
 	}
 	for _, n := range r.Notes {

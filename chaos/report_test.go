@@ -79,6 +79,9 @@ func TestSummarizeClassifies(t *testing.T) {
 			t.Errorf("%s = %d; want %d", c.name, c.got, c.want)
 		}
 	}
+	if got := res.Faults[0].ForwardedToAfter; got != 1 {
+		t.Errorf("forwarded_to_after = %d; want 1 (the 16 s request pod1 sent to the restarted pod2)", got)
+	}
 	if res.DetectionSMax != 2 {
 		t.Errorf("detection_s_max = %v; want 2 (the 12 s poll)", res.DetectionSMax)
 	}
