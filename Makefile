@@ -85,7 +85,7 @@ bench: deps
 # interrupted run, `go run ./cmd/chaos --cleanup` removes what is left.
 CHAOS_FLAGS ?= --scenario chaos/scenarios/kill-every-20s.json --out out/chaos
 chaos: deps chaos-deps
-	$(GO) run ./cmd/chaos $(CHAOS_FLAGS)
+	$(GO) run -ldflags "-X main.commit=$$(git rev-parse HEAD 2>/dev/null)$$(git diff --quiet 2>/dev/null || echo -dirty)" ./cmd/chaos $(CHAOS_FLAGS)
 
 # ip(8) and iptables(8) for the namespaces, when root and missing.
 chaos-deps:

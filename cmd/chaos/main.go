@@ -213,9 +213,17 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// version is the module version or the VCS revision the binary was built
-// from.
+// commit is set at link time (make chaos: -ldflags -X main.commit=...):
+// builds with -buildvcs=false carry no VCS stamp.
+var commit string
+
+// version is the commit the binary was built from: the link-time commit,
+// the VCS stamp, else the module version. A build with neither says so
+// and names the checkout's HEAD, which may have moved since the build.
 func version() string {
+	if commit != "" {
+		return commit
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"
@@ -234,9 +242,8 @@ func version() string {
 	if rev != "" {
 		return rev + dirty
 	}
-	// A build from a git worktree carries no VCS stamp: ask git.
 	if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
-		return strings.TrimSpace(string(out)) + " (from git)"
+		return "unstamped build; checkout at " + strings.TrimSpace(string(out))
 	}
 	return bi.Main.Version
 }
@@ -271,14 +278,14 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	defer os.RemoveAll(dir)
 	o.cfg.Dir = dir
 	o.cfg.Progress = log
-	commit := version() // now: a git fallback must name what was built, not a later checkout
+	built := version() // at the start: a checkout's HEAD read later may have moved further
 	begin := time.Now()
 	res, err := chaos.RunScenario(ctx, o.cfg)
 	copyLogs(filepath.Join(dir, "logs"), filepath.Join(o.out, "logs"))
 	if err != nil {
 		return err
 	}
-	res.Commit = commit
+	res.Commit = built
 	f, err := os.Create(o.json)
 	if err != nil {
 		return err
