@@ -323,7 +323,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 			return fmt.Errorf("proxy: subscribe %s: %w", b.Name, err)
 		}
 		wg.Go(func() {
-			applyEvents(sub, p.indexes[i])
+			applyEvents(sub.Items(), p.indexes[i])
 			if err := sub.Err(); err != nil {
 				errc <- fmt.Errorf("proxy: events of %s: %w", b.Name, err)
 				cancel()
@@ -346,24 +346,12 @@ func subscriberConfig(b Backend) vllmclient.Config {
 	return c
 }
 
-// applyEvents feeds a pod's index until the subscriber closes its Items.
-func applyEvents(sub *vllmclient.Subscriber, ix *kvindex.Index) {
-	for it := range sub.Items() {
-		switch it.Kind {
-		case vllmclient.KindBatch:
-			if it.Replayed {
-				ix.ApplyReplayed(it.Batch)
-			} else if ch := ix.Apply(it.Batch); ch.Gap != nil {
-				ix.SetUncertain(true)
-			}
-		case vllmclient.KindGap, vllmclient.KindDecodeError:
-			// Lost events: the index may claim blocks the pod evicted until
-			// they are stored or removed again; a central router has no
-			// better source.
-			ix.SetUncertain(true)
-		case vllmclient.KindRestart:
-			// The next batch's lower seq makes Apply clear the index.
-		}
+// applyEvents feeds a pod's index until items closes. Lost events leave the
+// index uncertain: it may claim blocks the pod evicted until they are
+// stored or removed again; a central router has no better source.
+func applyEvents(items <-chan vllmclient.Item, ix *kvindex.Index) {
+	for it := range items {
+		vllmclient.ApplyItem(ix, it)
 	}
 }
 

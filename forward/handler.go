@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -59,8 +58,15 @@ type Config struct {
 	// VLLM is the local vLLM's base URL.
 	VLLM *url.URL
 	// Model is the base model name block keys are seeded with. A request
-	// naming another model is treated as a LoRA adapter of it.
+	// naming another model is treated as a LoRA adapter of it, unless
+	// IsAdapter says otherwise.
 	Model string
+	// IsAdapter reports whether a model name other than Model is a LoRA
+	// adapter, whose blocks vLLM hashes with its name; another name the
+	// base model is served under (--served-model-name) is not, and its
+	// requests are keyed as Model's. nil treats every other name as an
+	// adapter.
+	IsAdapter func(model string) bool
 	// Scheme is the routing key scheme (block size and stride).
 	Scheme blockkey.Scheme
 	// MaxBodyBytes bounds request bodies (413 above). Default 32 MiB.
@@ -349,10 +355,10 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 	tokens := p.Tokens
 	if tokens == nil && h.tok != nil {
 		tctx, cancel := context.WithTimeout(ctx, h.cfg.TokenizeTimeout)
-		t0 := time.Now()
+		t0 := h.now()
 		ids, err := h.tok.Tokenize(tctx, p)
 		cancel()
-		h.metrics.tokenizeSeconds.Observe(time.Since(t0).Seconds())
+		h.metrics.tokenizeSeconds.Observe(h.now().Sub(t0).Seconds())
 		if err != nil {
 			h.metrics.tokenizeErrors.Inc()
 			h.log.Debug().Err(err).Msg("tokenize failed; routing by load")
@@ -363,7 +369,11 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 	if len(tokens) == 0 {
 		return nil, 0
 	}
-	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, p.Model), tokens), len(tokens)
+	model := p.Model
+	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
+		model = h.cfg.Model // another served name of the base model
+	}
+	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens), len(tokens)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's
@@ -398,53 +408,28 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 		p.Load.InFlight = h.flights.since(p.ID, p.LoadAt)
 	}
 	d := h.policy.Choose(req, peers, now)
+	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
 	return d, peers
 }
 
-// targets turns a decision into the ordered attempts: the chosen peer, the
-// next best eligible peers, then the local vLLM. While the local engine
-// cannot serve, the local attempt gives its place to another peer, even
-// one over the load bound, and stays only when no peer is eligible: a
-// loaded pod serves, a dead engine does not.
+// targets turns the decision's attempts (route.Attempts: the failover
+// order) into where to send them.
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
-	localOK := h.localReady.Load()
-	addr := make(map[string]string, len(peers))
-	for _, pv := range peers {
-		addr[pv.ID] = pv.Addr
-	}
 	var out []target
-	switch a := addr[d.Target]; {
-	case d.Local && localOK:
-		// Served here; if the engine dies with the request in hand, the
-		// next peers take it (and the local attempt is not repeated).
-		out = append(out, target{URL: h.cfg.VLLM})
-		localOK = false
-	case a != "" && !d.Local:
-		out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
-	}
-	var next []route.Candidate
-	for _, cd := range d.Candidates {
-		if cd.Eligible && !cd.Local && !cd.Chosen && (!cd.Over || !localOK) && addr[cd.ID] != "" {
-			next = append(next, cd)
-		}
-	}
-	sort.SliceStable(next, func(i, j int) bool {
-		if next[i].Over != next[j].Over {
-			return !next[i].Over
-		}
-		return next[i].Load < next[j].Load
-	})
-	room := h.cfg.Retry.MaxAttempts
-	if localOK {
-		room-- // the last attempt is local's
-	}
-	for _, cd := range next {
-		if len(out) >= room {
+	for _, id := range d.Attempts {
+		for _, pv := range peers {
+			switch {
+			case pv.ID != id:
+				continue
+			case pv.Local:
+				out = append(out, target{URL: h.cfg.VLLM})
+			case pv.Addr != "":
+				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
+			}
 			break
 		}
-		out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
 	}
-	if localOK || len(out) == 0 {
+	if len(out) == 0 { // no candidates at all (an empty peer table)
 		out = append(out, target{URL: h.cfg.VLLM})
 	}
 	return out

@@ -369,3 +369,32 @@ func TestReadBody(t *testing.T) {
 		})
 	}
 }
+
+// An adapter's request is keyed with its name, as vLLM hashes its blocks;
+// another name of the base model (--served-model-name) is keyed as the
+// base model, and without IsAdapter every other name is an adapter.
+func TestKeysSeedAdaptersNotAliases(t *testing.T) {
+	toks, _ := byteTokenizer{}.Tokenize(context.Background(), prompt.Prompt{Text: testPrompt})
+	root := func(lora string) []blockkey.Key { return perBlock.Request(blockkey.Root("m", lora, ""), toks) }
+	isAdapter := func(m string) bool { return m != "alias" }
+	tests := []struct {
+		model     string
+		isAdapter func(string) bool
+		want      []blockkey.Key
+	}{
+		{"", isAdapter, root("")},
+		{"m", isAdapter, root("")},
+		{"alias", isAdapter, root("")},
+		{"alice", isAdapter, root("alice")},
+		{"alias", nil, root("alias")},
+	}
+	for _, tt := range tests {
+		cfg := DefaultConfig()
+		cfg.Model, cfg.Scheme, cfg.IsAdapter = "m", perBlock, tt.isAdapter
+		h := New(cfg, nil, byteTokenizer{}, nil, zerolog.Nop())
+		got, _ := h.keys(context.Background(), prompt.Prompt{Model: tt.model, Text: testPrompt}, nil)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("keys(model %q, IsAdapter set %v) differ from the expected seed", tt.model, tt.isAdapter != nil)
+		}
+	}
+}

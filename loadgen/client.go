@@ -47,7 +47,9 @@ type Message struct {
 
 // Call is one request to send.
 type Call struct {
-	Kind      Kind
+	Kind Kind
+	// Model overrides the client's model (a LoRA adapter); "" keeps it.
+	Model     string
 	Prompt    []uint32  // Completion
 	Messages  []Message // Chat
 	MaxTokens int
@@ -292,6 +294,9 @@ func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) 
 func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, answered bool, err error) {
 	stream := c.Stream && !call.Plain
 	body := requestBody{Model: c.Model, MaxTokens: call.MaxTokens, Stream: stream}
+	if call.Model != "" {
+		body.Model = call.Model
+	}
 	path := "/v1/completions"
 	if call.Kind == Chat {
 		path = "/v1/chat/completions"

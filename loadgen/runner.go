@@ -207,7 +207,7 @@ func (r *run) session(ctx context.Context, x *Session, plain bool) {
 		case <-ctx.Done():
 			return
 		}
-		call := Call{Kind: x.Kind, MaxTokens: turn.MaxTokens, Plain: plain}
+		call := Call{Kind: x.Kind, Model: x.Model, MaxTokens: turn.MaxTokens, Plain: plain}
 		if r.cfg.RequestIDs {
 			call.ID = RequestID(x.ID, k)
 		}

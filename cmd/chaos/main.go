@@ -21,15 +21,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/buildinfo"
 	"github.com/kvroute/kvroute/chaos"
 	"github.com/kvroute/kvroute/loadgen"
 )
@@ -138,7 +137,7 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 		return o, err
 	}
 	if o.version {
-		fmt.Fprintln(usage, "chaos", version())
+		fmt.Fprintln(usage, buildinfo.String("chaos"))
 		return o, flag.ErrHelp
 	}
 	if fs.NArg() > 0 {
@@ -213,41 +212,6 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// commit is set at link time (make chaos: -ldflags -X main.commit=...):
-// builds with -buildvcs=false carry no VCS stamp.
-var commit string
-
-// version is the commit the binary was built from: the link-time commit,
-// the VCS stamp, else the module version. A build with neither says so
-// and names the checkout's HEAD, which may have moved since the build.
-func version() string {
-	if commit != "" {
-		return commit
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	rev, dirty := "", ""
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "-dirty"
-			}
-		}
-	}
-	if rev != "" {
-		return rev + dirty
-	}
-	if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
-		return "unstamped build; checkout at " + strings.TrimSpace(string(out))
-	}
-	return bi.Main.Version
-}
-
 // run cleans up or runs the scenario and writes the report.
 func run(ctx context.Context, o options, out, log io.Writer) error {
 	if o.cleanup {
@@ -278,14 +242,13 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	defer os.RemoveAll(dir)
 	o.cfg.Dir = dir
 	o.cfg.Progress = log
-	built := version() // at the start: a checkout's HEAD read later may have moved further
 	begin := time.Now()
 	res, err := chaos.RunScenario(ctx, o.cfg)
 	copyLogs(filepath.Join(dir, "logs"), filepath.Join(o.out, "logs"))
 	if err != nil {
 		return err
 	}
-	res.Commit = built
+	res.Commit = buildinfo.String("chaos")
 	f, err := os.Create(o.json)
 	if err != nil {
 		return err
