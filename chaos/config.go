@@ -191,19 +191,7 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 	return c, nil
 }
 
-func validSubnet(s string) bool {
-	parts := strings.Split(s, ".")
-	if len(parts) != 3 || parts[0] != "127" {
-		return false
-	}
-	for _, p := range parts {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 || n > 255 {
-			return false
-		}
-	}
-	return true
-}
+func validSubnet(s string) bool { return strings.HasPrefix(s, "127.") && validOctets(s) }
 
 // PodInfo is where pod i's processes listen.
 type PodInfo struct {
