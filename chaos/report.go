@@ -87,6 +87,11 @@ type Result struct {
 	AffinityMisses   int     `json:"affinity_misses"`
 	TTFTP99          float64 `json:"ttft_p99_s"`
 
+	// KVEventGaps is kvroute_kv_event_gaps_total summed over the sidecars
+	// running at the end: KV-event batches they saw missing (drop-events
+	// makes some; replay repairs them).
+	KVEventGaps float64 `json:"kv_event_gaps"`
+
 	// GuardDrops is the egress guard's count in netns mode (must be 0);
 	// -1 in loopback mode.
 	GuardDrops   int64 `json:"guard_drops"`
@@ -552,6 +557,7 @@ func (r *Result) Markdown() string {
 				f.ServedEnteringDuring, f.ForwardedToAfter, orDash(f.Err))
 		}
 	}
+	fmt.Fprintf(&b, "\nKV-event gaps the sidecars saw (kvroute_kv_event_gaps_total at the end): %.0f\n", r.KVEventGaps)
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "\nnote: %s\n", n)
 	}

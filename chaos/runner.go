@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -271,12 +273,14 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	gaps := r.scrape(ctx, "kvroute_kv_event_gaps_total")
 	conns := svc.Conns()
 	trans := svc.Transitions()
 	svc.Close()
 	c.Stop()
 	attempts, aerr := readAttempts(filepath.Join(cfg.Dir, "logs"))
 	res := summarize(r, samples, conns, trans, attempts, end)
+	res.KVEventGaps = gaps
 	if aerr != nil || len(attempts) == 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("no forward attempts in the sidecars' debug logs (%v): forwards_to_dead_after_detection is 0 for want of evidence", aerr))
 	}
@@ -289,6 +293,50 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// scrape sums a counter over every running sidecar's /metrics at the end
+// of the load (a sidecar restarted during the run counts from its start).
+func (r *runState) scrape(ctx context.Context, name string) float64 {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	var total float64
+	for _, p := range r.c.Pods() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Admin+"/metrics", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			continue // a pod the scenario left dead
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		resp.Body.Close()
+		total += metricSum(string(b), name)
+	}
+	return total
+}
+
+// metricSum adds up every sample of the named metric in a Prometheus text
+// exposition.
+func metricSum(text, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue // another metric with this prefix
+		}
+		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }
 
 // progressf adapts the Service's lines to the run's progress.

@@ -119,3 +119,16 @@ func TestChoosable(t *testing.T) {
 		t.Error("choosable accepted an object")
 	}
 }
+
+func TestMetricSum(t *testing.T) {
+	text := `# HELP kvroute_kv_event_gaps_total gaps
+# TYPE kvroute_kv_event_gaps_total counter
+kvroute_kv_event_gaps_total 3
+kvroute_kv_event_gaps_total_extra 100
+kvroute_kv_event_gaps_total{topic="a"} 2.5
+kvroute_other 7
+`
+	if got := metricSum(text, "kvroute_kv_event_gaps_total"); got != 5.5 {
+		t.Errorf("metricSum = %v; want 5.5 (the two samples of that metric only)", got)
+	}
+}
