@@ -87,10 +87,14 @@ type Result struct {
 	AffinityMisses   int     `json:"affinity_misses"`
 	TTFTP99          float64 `json:"ttft_p99_s"`
 
-	// KVEventGaps is kvroute_kv_event_gaps_total summed over the sidecars
-	// running at the end: KV-event batches they saw missing (drop-events
-	// makes some; replay repairs them).
-	KVEventGaps float64 `json:"kv_event_gaps"`
+	// KVBatchesDropped and KVReplays are the simulators' counts at the end
+	// (vllm_sim_kv_batches_dropped_total, vllm_sim_kv_replay_requests_total):
+	// what drop-events dropped and how often the sidecars asked for replay.
+	// KVEventGaps is kvroute_kv_event_gaps_total over the sidecars: holes
+	// replay could not fill.
+	KVBatchesDropped float64 `json:"kv_batches_dropped"`
+	KVReplays        float64 `json:"kv_replays"`
+	KVEventGaps      float64 `json:"kv_event_gaps"`
 
 	// GuardDrops is the egress guard's count in netns mode (must be 0);
 	// -1 in loopback mode.
@@ -557,7 +561,8 @@ func (r *Result) Markdown() string {
 				f.ServedEnteringDuring, f.ForwardedToAfter, orDash(f.Err))
 		}
 	}
-	fmt.Fprintf(&b, "\nKV-event gaps the sidecars saw (kvroute_kv_event_gaps_total at the end): %.0f\n", r.KVEventGaps)
+	fmt.Fprintf(&b, "\nKV-event batches the simulators dropped: %.0f; replays they served: %.0f; holes replay did not fill (sidecars): %.0f\n",
+		r.KVBatchesDropped, r.KVReplays, r.KVEventGaps)
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "\nnote: %s\n", n)
 	}

@@ -273,14 +273,18 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	gaps := r.scrape(ctx, "kvroute_kv_event_gaps_total")
+	sidecar := func(p PodInfo) string { return "http://" + p.Admin + "/metrics" }
+	sim := func(p PodInfo) string { return p.SimURL + "/metrics" }
+	gaps := r.scrape(ctx, sidecar, "kvroute_kv_event_gaps_total")
+	dropped := r.scrape(ctx, sim, "vllm_sim_kv_batches_dropped_total")
+	replays := r.scrape(ctx, sim, "vllm_sim_kv_replay_requests_total")
 	conns := svc.Conns()
 	trans := svc.Transitions()
 	svc.Close()
 	c.Stop()
 	attempts, aerr := readAttempts(filepath.Join(cfg.Dir, "logs"))
 	res := summarize(r, samples, conns, trans, attempts, end)
-	res.KVEventGaps = gaps
+	res.KVEventGaps, res.KVBatchesDropped, res.KVReplays = gaps, dropped, replays
 	if aerr != nil || len(attempts) == 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("no forward attempts in the sidecars' debug logs (%v): forwards_to_dead_after_detection is 0 for want of evidence", aerr))
 	}
@@ -295,13 +299,13 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	return res, nil
 }
 
-// scrape sums a counter over every running sidecar's /metrics at the end
-// of the load (a sidecar restarted during the run counts from its start).
-func (r *runState) scrape(ctx context.Context, name string) float64 {
+// scrape sums a counter over every pod's metrics page (url) at the end of
+// the load; a process restarted during the run counts from its start.
+func (r *runState) scrape(ctx context.Context, url func(PodInfo) string, name string) float64 {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	var total float64
 	for _, p := range r.c.Pods() {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Admin+"/metrics", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url(p), nil)
 		if err != nil {
 			continue
 		}
