@@ -101,7 +101,7 @@ func TestNetnsPortDelay(t *testing.T) {
 	defer cancel()
 	cfg := testConfig(t, false)
 	cfg.Netns, cfg.NetnsPrefix = true, netnsPrefix()+"d"
-	cfg.Subnet = fmt.Sprintf("10.253.%d", 1+os.Getpid()%90)
+	cfg.Subnet = fmt.Sprintf("10.253.%d", 46+os.Getpid()%45) // apart from netnsSubnet and cmd/chaos tests
 	cfg.Pods, cfg.StopGrace = 1, time.Second
 	c, err := Start(ctx, cfg)
 	if err != nil {
