@@ -41,6 +41,9 @@ type Config struct {
 	// SilenceWindow has a misconfigured event path. Defaults 10 s and 16.
 	SilenceWindow time.Duration
 	SilenceTokens int
+	// OnServing, if set, is called each time the engine is advertised as
+	// serving (a restarted vLLM may serve other models: re-read them).
+	OnServing func()
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }

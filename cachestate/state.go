@@ -132,6 +132,9 @@ func (s *State) transition(tr engine.Transition) {
 		s.pub.SetEngine(route.EngineServing)
 		s.front.SetLocalReady(true)
 		s.metrics.engineUp.Set(1)
+		if s.cfg.OnServing != nil {
+			s.cfg.OnServing()
+		}
 		s.log.Info().Str("from", tr.From.String()).Bool("new_epoch", tr.Restarted).Msg("engine serving")
 	default:
 		s.state.Store(uint32(tr.To))

@@ -31,6 +31,9 @@ const (
 	RefusedHeader = "X-Kvroute-Refused"
 )
 
+// errModelNotServed is a forwarded request's 404 from the local vLLM.
+var errModelNotServed = errors.New("the local vLLM does not serve the model")
+
 // Peers is the peer table as the front needs it; *gossip.Mesh satisfies it.
 type Peers interface {
 	// Snapshot returns every live peer, the local pod included (Local set).
@@ -90,6 +93,10 @@ type Config struct {
 	// failed before an answer (the engine watcher: a refused connection
 	// means the engine is gone).
 	LocalFailed func(error)
+	// ModelsChanged, if set, is told when the local vLLM answered a
+	// forwarded request that it does not serve its model (the advertised
+	// list is behind: an adapter was unloaded).
+	ModelsChanged func()
 }
 
 // DefaultConfig returns the defaults described on Config.
@@ -496,6 +503,13 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if served != h.cfg.Self {
 		where = "peer"
 	}
+	if st.reason == "hop" && resp.StatusCode == http.StatusNotFound {
+		// vLLM's 404 on a completions path is a model it does not serve (an
+		// adapter unloaded since the sender's view): refuse, so the sender
+		// tries a pod that serves it.
+		resp.Body.Close()
+		return errModelNotServed
+	}
 	h.metrics.forwardSeconds.WithLabelValues(where).Observe(h.now().Sub(st.started).Seconds())
 	if resp.StatusCode == http.StatusOK && st.reason != "hop" {
 		resp.Body = newUsageTap(resp.Body, func(cached int) {
@@ -515,10 +529,19 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason == "hop" {
 		// Nothing reached the sender's client yet: let it try elsewhere.
-		h.metrics.badRequests.WithLabelValues("upstream").Inc()
+		reason, msg := "engine-unreachable", "the engine of this pod is unreachable: "+err.Error()
+		if errors.Is(err, errModelNotServed) {
+			reason, msg = "model", "this pod does not serve the requested model"
+			if h.cfg.ModelsChanged != nil {
+				h.cfg.ModelsChanged()
+			}
+		} else {
+			h.metrics.badRequests.WithLabelValues("upstream").Inc()
+		}
+		h.metrics.decisions.WithLabelValues("refused", reason).Inc()
 		h.log.Warn().Err(err).Str("req", st.id).Msg("local vLLM failed a forwarded request; refusing it")
-		w.Header().Set(RefusedHeader, "engine-unreachable")
-		writeJSON(w, http.StatusServiceUnavailable, newAPIError(http.StatusServiceUnavailable, "the engine of this pod is unreachable: "+err.Error()))
+		w.Header().Set(RefusedHeader, reason)
+		writeJSON(w, http.StatusServiceUnavailable, newAPIError(http.StatusServiceUnavailable, msg))
 		return
 	}
 	h.metrics.badRequests.WithLabelValues("upstream").Inc()

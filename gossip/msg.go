@@ -171,6 +171,9 @@ func encodeLoad(r loadReport) ([]byte, error) {
 		b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
 		b = binary.AppendUvarint(b, uint64(c.Keys))
 	}
+	if !r.HasState {
+		return b, nil // as an earlier version wrote it
+	}
 	b = append(b, byte(r.Engine))
 	return binary.AppendUvarint(b, r.Epoch), nil
 }

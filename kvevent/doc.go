@@ -51,6 +51,18 @@
 // generation, so the simulator and the sidecar share one wire definition.
 // For any Batch b returned by Decode, Decode(Encode(b, enc)) equals b.
 //
+// # How to add a KV-event field
+//
+// Two places: the field itself in Event (event.go), and one row — wire
+// name and accessor — in its kind's entry of the kinds table (fields.go),
+// at the field's position in vLLM's declaration order (vLLM appends new
+// fields with a default, so the row goes last). The decoder (both
+// encodings), the encoder and Event.Fields, which `sidecar events`
+// prints, all read that table. The field's Go type picks its wire form
+// from the types listed on fieldSpec; a field needing a new form adds one
+// case to each switch beside it. TestTableRoundTrip fails until the
+// field has a row that round-trips.
+//
 // # Safety
 //
 // Decode never panics, and allocates at most a small multiple of the

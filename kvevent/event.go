@@ -17,13 +17,8 @@ const (
 
 // String returns vLLM's class name for k (the wire tag).
 func (k Kind) String() string {
-	switch k {
-	case BlockStored:
-		return "BlockStored"
-	case BlockRemoved:
-		return "BlockRemoved"
-	case AllBlocksCleared:
-		return "AllBlocksCleared"
+	if s := k.spec(); s != nil {
+		return s.tag
 	}
 	return "Unknown"
 }

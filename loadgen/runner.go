@@ -47,6 +47,7 @@ type RunConfig struct {
 // Sample is the outcome of one request.
 type Sample struct {
 	Session string
+	Model   string // the session's model; "" for the client's
 	Turn    int
 	// Scheduled and Sent are offsets from the start of the run.
 	Scheduled, Sent time.Duration
@@ -224,7 +225,7 @@ func (r *run) session(ctx context.Context, x *Session, plain bool) {
 		cancel()
 		<-r.sem
 		s := sampleOf(rep)
-		s.Session, s.Turn, s.Scheduled, s.Sent = x.ID, k, scheduled, sent
+		s.Session, s.Model, s.Turn, s.Scheduled, s.Sent = x.ID, x.Model, k, scheduled, sent
 		if err != nil {
 			s.Err = err.Error()
 		}

@@ -36,9 +36,9 @@ import (
 // runServe is `sidecar serve`: it wires the cache-state flow (events →
 // index → digest → mesh) and the request flow (front → choice → proxy), and
 // drains on SIGTERM.
-func runServe(args []string) error {
-	cfg, err := parseServe(args, os.Getenv, os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
+func runServe(args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseServe(args, os.Getenv, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) { // --help or --version, answered
 		return nil
 	}
 	if err != nil {
@@ -163,14 +163,14 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.IsAdapter = models.IsAdapter
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
-	fcfg.LocalFailed = watcher.Report
-	front := forward.New(fcfg, mesh, tokenizer{vc}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
+	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
+	front := forward.New(fcfg, mesh, adapterFallback{tokenizer{vc}}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
 
 	ccfg := cachestate.DefaultConfig()
 	ccfg.Node, ccfg.PublishInterval, ccfg.Replay = cfg.NodeName, cfg.DigestInterval, cfg.EventsReplayEndpoint != ""
 	ccfg.Params = bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
-	ccfg.SilenceWindow, ccfg.SilenceTokens = cfg.SilenceWindow, cfg.BlockSize
+	ccfg.SilenceWindow, ccfg.SilenceTokens, ccfg.OnServing = cfg.SilenceWindow, cfg.BlockSize, models.Kick
 	cs := cachestate.New(ccfg, ix, mesh, front, cachestate.NewMetrics(reg), log.With().Str("component", "index").Logger())
 	registerViews(reg, ix, sub, mesh, cs)
 	scrapes := make(chan vllmclient.Load, 1)
