@@ -14,7 +14,7 @@ func (c *Cluster) KillSim(i int) error {
 	if sim, _ := c.procs(i); sim != nil {
 		sim.kill()
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim killed\n", c.cfg.pod(i).Name)
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim killed\n", c.Pod(i).Name)
 	return nil
 }
 
@@ -27,7 +27,7 @@ func (c *Cluster) StartSim(ctx context.Context, i int) error {
 		return err
 	}
 	if sim, _ := c.procs(i); sim != nil && !sim.exited() {
-		return fmt.Errorf("%s sim: still running", c.cfg.pod(i).Name)
+		return fmt.Errorf("%s sim: still running", c.Pod(i).Name)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
 	defer cancel()
@@ -37,6 +37,6 @@ func (c *Cluster) StartSim(ctx context.Context, i int) error {
 	if err := c.waitSim(ctx, i); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim restarted\n", c.cfg.pod(i).Name)
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim restarted\n", c.Pod(i).Name)
 	return nil
 }
