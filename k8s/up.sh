@@ -189,6 +189,8 @@ cat > "$STATE/Corefile" <<EOF
         fallthrough in-addr.arpa ip6.arpa
     }
     cache 5
+    # 200 once the kubernetes plugin has synced: what up.sh waits for.
+    ready 127.0.0.1:8181
 }
 EOF
 
@@ -227,6 +229,15 @@ start kube-apiserver "$KBIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379
   --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
   --requestheader-extra-headers-prefix=X-Remote-Extra- --profiling=false
 wait_for "the API server" 90 kctl get --raw /readyz
+# kubeadm's admin.conf user is in group kubeadm:cluster-admins, which
+# `kubeadm init` would bind to cluster-admin; the phases used here do not.
+"$KBIN/kubectl" --kubeconfig "$STATE/super-admin.conf" apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubeadm:cluster-admins"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "kubeadm:cluster-admins"}]
+EOF
 
 step "controller-manager, scheduler"
 start kube-controller-manager "$KBIN/kube-controller-manager" --kubeconfig="$STATE/controller-manager.conf" \
@@ -253,7 +264,7 @@ start coredns "$KBIN/coredns" -conf "$STATE/Corefile"
 wait_for "node $NODE_NAME Ready" 120 bash -c \
   "'$KBIN/kubectl' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 step "node $NODE_NAME Ready"
-wait_for "CoreDNS on $NODE_IP:53" 30 timeout 2 bash -c "exec 3<>/dev/tcp/$NODE_IP/53"
+wait_for "CoreDNS" 60 curl -fsS http://127.0.0.1:8181/ready
 echo "$((SECONDS - t_start))" > "$RUNDIR/up-seconds"
 step "cluster up ($KUBE_VERSION, node $NODE_IP, pods $NODE_POD_CIDR, services $SVC_CIDR)"
 cat <<EOF

@@ -131,8 +131,10 @@ type Summary struct {
 func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg := loadgen.Config{Rate: o.rate, Duration: o.duration, CacheTokens: o.pods * o.blocksPerPod * 16,
-		Fill: 0.73, MaxPromptTokens: o.maxTokens}
+	cfg := loadgen.DefaultConfig()
+	cfg.Rate, cfg.Duration = o.rate, o.duration
+	cfg.CacheTokens = o.pods * o.blocksPerPod * 16
+	cfg.MaxPromptTokens = o.maxTokens
 	s, err := loadgen.Generate(o.workload, cfg, rand.New(rand.NewPCG(o.seed, 0)))
 	if err != nil {
 		return err

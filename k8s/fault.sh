@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The Kubernetes fault driver: one fault against the kvroute Deployment,
+# through kubectl (and, for the engine faults, the node's containerd, which
+# is local here). This is the seam for the `chaos` command's Kubernetes
+# mode: it runs `k8s/fault.sh KIND [POD]` and reads one JSON line
+#   {"at_ms": <unix ms when the fault was issued>, "kind": "...", "pod": "..."}
+# from stdout (also appended to $FAULTS when set). POD defaults to the
+# first Ready pod by name.
+#
+#   delete-pod       kubectl delete pod (graceful: preStop drain, then SIGTERM)
+#   force-delete     kubectl delete pod --grace-period=0 --force
+#   kill-engine      SIGKILL the pod's vllm container only; the kubelet restarts it
+#   hang-engine      freeze the vllm container (cgroup freezer): a hung engine
+#   resume-engine    thaw it
+#   rollout-restart  kubectl rollout restart deploy/kvroute (pod is empty)
+#   ready            wait until every replica is Ready again (no JSON line)
+#
+# Environment: NS (default kvroute-e2e), KUBECONFIG (default the k8s-up one),
+# DEPLOY (default kvroute), FAULTS (a file to append the JSON line to).
+set -euo pipefail
+self=$(realpath "$0")
+cd "$(dirname "$0")/.."
+. k8s/env.sh
+NS=${NS:-kvroute-e2e}
+DEPLOY=${DEPLOY:-kvroute}
+export KUBECONFIG=${KUBECONFIG:-$KUBECONFIG_ADMIN}
+k() { "$KBIN/kubectl" -n "$NS" "$@"; }
+
+usage() { sed -n '2,21p' "$self" | sed 's/^# \{0,1\}//'; }
+kind=${1:-}
+case $kind in -h|--help|"") usage; [[ -n $kind ]]; exit $? ;; esac
+
+selector=$(k get deploy "$DEPLOY" -o jsonpath='{.spec.selector.matchLabels}' |
+  jq -r 'to_entries | map("\(.key)=\(.value)") | join(",")')
+
+ready_pod() {
+  k get pods -l "$selector" -o json | jq -r '[.items[] | select(.metadata.deletionTimestamp == null)
+    | select(.status.conditions // [] | any(.type == "Ready" and .status == "True"))
+    | .metadata.name] | sort | .[0] // empty'
+}
+
+# container_id POD NAME: the containerd id of a container of the pod.
+container_id() {
+  k get pod "$1" -o json | jq -r --arg c "$2" '.status.containerStatuses[] | select(.name == $c) | .containerID' |
+    sed 's|^containerd://||'
+}
+
+ctr_() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
+
+emit() {
+  local line
+  line=$(jq -cn --argjson at "$1" --arg kind "$kind" --arg pod "$2" '{at_ms: $at, kind: $kind, pod: $pod}')
+  echo "$line"
+  [[ -n ${FAULTS:-} ]] && echo "$line" >> "$FAULTS"
+  return 0
+}
+
+now_ms() { date +%s%3N; }
+
+if [[ $kind == ready ]]; then
+  want=$(k get deploy "$DEPLOY" -o jsonpath='{.spec.replicas}')
+  k rollout status deploy/"$DEPLOY" --timeout=180s >/dev/null
+  wait_for "$want Ready pods" 180 bash -c "[[ \$('$KBIN/kubectl' -n '$NS' get pods -l '$selector' -o json | jq '[.items[]
+    | select(.metadata.deletionTimestamp == null) | select(.status.conditions // [] | any(.type == \"Ready\" and .status == \"True\"))] | length') == $want ]]"
+  exit 0
+fi
+
+pod=${2:-}
+if [[ -z $pod && $kind != rollout-restart ]]; then
+  pod=$(ready_pod)
+  [[ -n $pod ]] || { echo "fault: no Ready pod of deploy/$DEPLOY in $NS" >&2; exit 1; }
+fi
+
+case $kind in
+  delete-pod)
+    t=$(now_ms); k delete pod "$pod" --wait=false >/dev/null ;;
+  force-delete)
+    t=$(now_ms); k delete pod "$pod" --grace-period=0 --force --wait=false >/dev/null 2>&1 ;;
+  kill-engine)
+    id=$(container_id "$pod" vllm)
+    t=$(now_ms); ctr_ tasks kill -s SIGKILL "$id" ;;
+  hang-engine)
+    id=$(container_id "$pod" vllm)
+    t=$(now_ms); ctr_ tasks pause "$id" ;;
+  resume-engine)
+    id=$(container_id "$pod" vllm)
+    t=$(now_ms); ctr_ tasks resume "$id" ;;
+  rollout-restart)
+    t=$(now_ms); k rollout restart deploy/"$DEPLOY" >/dev/null ;;
+  *)
+    echo "fault: unknown kind $kind" >&2; usage >&2; exit 2 ;;
+esac
+emit "$t" "$pod"
