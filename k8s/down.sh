@@ -98,6 +98,16 @@ for ipt in iptables ip6tables; do
 done
 while iptables -t mangle -D POSTROUTING -j "$GUARD" 2>/dev/null; do :; done
 iptables -t mangle -F "$GUARD" 2>/dev/null && iptables -t mangle -X "$GUARD" 2>/dev/null
+# The kubelet and kube-proxy loaded tables this machine did not use; drop
+# those that are empty again (no rule, no chain of anyone else's).
+for fam in ip ip6; do
+  for table in filter nat mangle; do
+    rules=$(nft list table $fam $table 2>/dev/null) || continue
+    # Only chain headers: nobody has a rule in it.
+    grep -qvE '^[[:space:]]*(table .*|chain [A-Z]+ \{|type .*|\}|)$' <<<"$rules" && continue
+    nft delete table $fam $table 2>/dev/null
+  done
+done
 
 # 5. Network: pod namespaces, bridge, veths, the node address, the route.
 step "network: netns, $BRIDGE, $NODE_IP on lo"
