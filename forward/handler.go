@@ -25,6 +25,10 @@ import (
 const (
 	ServedByHeader = "X-Kvroute-Served-By"
 	DecisionHeader = "X-Kvroute-Decision"
+	// RefusedHeader marks a 503 by which a sidecar refuses a forwarded
+	// request it cannot serve (its engine is down, or it is draining),
+	// before any byte of an answer: the sender tries its next candidate.
+	RefusedHeader = "X-Kvroute-Refused"
 )
 
 // Peers is the peer table as the front needs it; *gossip.Mesh satisfies it.
@@ -75,6 +79,10 @@ type Config struct {
 	// DialTimeout bounds connecting to a peer or the local vLLM. Default 1 s,
 	// so a dead peer costs little before the next candidate is tried.
 	DialTimeout time.Duration
+	// LocalFailed, if set, is told of every request to the local vLLM that
+	// failed before an answer (the engine watcher: a refused connection
+	// means the engine is gone).
+	LocalFailed func(error)
 }
 
 // DefaultConfig returns the defaults described on Config.
@@ -145,7 +153,8 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 			if peers != nil {
 				peers.MarkFailed(peer, at)
 			}
-		}}
+		},
+		localFailed: cfg.LocalFailed}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(cfg.VLLM)
@@ -212,8 +221,10 @@ func (h *Handler) Passthrough(c *gin.Context) {
 // retry elsewhere, while client requests are still served.
 func (h *Handler) SetDraining(d bool) { h.draining.Store(d) }
 
-// SetLocalReady tells the front whether the local vLLM can take work; when
-// it cannot, routing prefers peers (DESIGN.md D6).
+// SetLocalReady tells the front whether the local vLLM can take work. When
+// it cannot, routing chooses among peers only, and a forwarded request is
+// refused (503 with RefusedHeader) so that its sender tries another pod
+// (DESIGN.md D6).
 func (h *Handler) SetLocalReady(ok bool) { h.localReady.Store(ok) }
 
 // Wait blocks until every request in flight has finished or ctx is done.
@@ -273,8 +284,11 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
 			if err == nil {
 				if h.draining.Load() {
-					h.metrics.decisions.WithLabelValues("refused", "draining").Inc()
-					writeError(c, http.StatusServiceUnavailable, "node is draining")
+					h.refuse(c, "draining", "node is draining")
+					return
+				}
+				if !h.localReady.Load() {
+					h.refuse(c, "engine-down", "the engine of this pod cannot serve")
 					return
 				}
 				st.reason = "hop"
@@ -378,10 +392,9 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 		p := &peers[i]
 		if p.Local {
 			p.Load.Serving, p.Load.InFlight, p.Load.Fronted = len(h.flights[""]), 0, true
-			if h.localReady.Load() {
-				p.LoadAt = now // Serving is exact; the scrape keeps localReady
-			} else {
-				p.LastFailure = now
+			p.LoadAt = now // Serving is exact
+			if !h.localReady.Load() {
+				p.Engine = route.EngineDown
 			}
 			continue
 		}
@@ -392,32 +405,60 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 }
 
 // targets turns a decision into the ordered attempts: the chosen peer, the
-// next best eligible peer, then the local vLLM.
+// next best eligible peers, then the local vLLM. While the local engine
+// cannot serve, the local attempt gives its place to another peer, even
+// one over the load bound, and stays only when no peer is eligible: a
+// loaded pod serves, a dead engine does not.
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
+	localOK := h.localReady.Load()
+	addr := make(map[string]string, len(peers))
+	for _, pv := range peers {
+		addr[pv.ID] = pv.Addr
+	}
 	var out []target
-	if d.Target != "" && !d.Local {
-		addr := make(map[string]string, len(peers))
-		for _, pv := range peers {
-			addr[pv.ID] = pv.Addr
-		}
-		if a := addr[d.Target]; a != "" {
-			out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
-		}
-		var next []route.Candidate
-		for _, cd := range d.Candidates {
-			if cd.Eligible && !cd.Local && !cd.Chosen && !cd.Over && addr[cd.ID] != "" {
-				next = append(next, cd)
-			}
-		}
-		sort.SliceStable(next, func(i, j int) bool { return next[i].Load < next[j].Load })
-		for _, cd := range next {
-			if len(out)+1 >= h.cfg.Retry.MaxAttempts {
-				break
-			}
-			out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
+	switch a := addr[d.Target]; {
+	case d.Local && localOK:
+		// Served here; if the engine dies with the request in hand, the
+		// next peers take it (and the local attempt is not repeated).
+		out = append(out, target{URL: h.cfg.VLLM})
+		localOK = false
+	case a != "" && !d.Local:
+		out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
+	}
+	var next []route.Candidate
+	for _, cd := range d.Candidates {
+		if cd.Eligible && !cd.Local && !cd.Chosen && (!cd.Over || !localOK) && addr[cd.ID] != "" {
+			next = append(next, cd)
 		}
 	}
-	return append(out, target{URL: h.cfg.VLLM})
+	sort.SliceStable(next, func(i, j int) bool {
+		if next[i].Over != next[j].Over {
+			return !next[i].Over
+		}
+		return next[i].Load < next[j].Load
+	})
+	room := h.cfg.Retry.MaxAttempts
+	if localOK {
+		room-- // the last attempt is local's
+	}
+	for _, cd := range next {
+		if len(out) >= room {
+			break
+		}
+		out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
+	}
+	if localOK || len(out) == 0 {
+		out = append(out, target{URL: h.cfg.VLLM})
+	}
+	return out
+}
+
+// refuse answers a forwarded request this node cannot serve, so that its
+// sender tries the next candidate before any byte reaches the client.
+func (h *Handler) refuse(c *gin.Context, reason, msg string) {
+	h.metrics.decisions.WithLabelValues("refused", reason).Inc()
+	c.Header(RefusedHeader, reason)
+	writeError(c, http.StatusServiceUnavailable, msg)
 }
 
 func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []target) {
@@ -489,6 +530,14 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if r.Context().Err() != nil {
 		h.metrics.canceled.Inc()
 		return // the client went away; nobody to answer
+	}
+	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason == "hop" {
+		// Nothing reached the sender's client yet: let it try elsewhere.
+		h.metrics.badRequests.WithLabelValues("upstream").Inc()
+		h.log.Warn().Err(err).Str("req", st.id).Msg("local vLLM failed a forwarded request; refusing it")
+		w.Header().Set(RefusedHeader, "engine-unreachable")
+		writeJSON(w, http.StatusServiceUnavailable, newAPIError(http.StatusServiceUnavailable, "the engine of this pod is unreachable: "+err.Error()))
+		return
 	}
 	h.metrics.badRequests.WithLabelValues("upstream").Inc()
 	h.log.Warn().Err(err).Str("path", r.URL.Path).Msg("upstream failed")

@@ -45,6 +45,8 @@ type attempts struct {
 	now   func() time.Time
 	// failed is told about a peer whose attempt failed, so routing avoids it.
 	failed func(peer string, at time.Time)
+	// localFailed, if set, is told of a local attempt that got no answer.
+	localFailed func(error)
 }
 
 func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -65,18 +67,25 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		p.tried = append(p.tried, peerName(tg.Peer))
 		resp, err := a.base.RoundTrip(out)
-		if err == nil && tg.Peer != "" && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
+		// A 503 is a refusal: a peer's sidecar that cannot serve, or a vLLM
+		// whose engine is dead or restarting. Another pod may serve.
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
 			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
-			err = &UpstreamStatusError{Peer: tg.Peer, Status: resp.StatusCode}
+			err = &UpstreamStatusError{Peer: peerName(tg.Peer), Status: resp.StatusCode}
 		}
 		if err == nil {
 			p.served = i
 			return resp, nil
 		}
 		lastErr = err
-		if tg.Peer != "" && a.failed != nil && r.Context().Err() == nil {
-			a.failed(tg.Peer, a.now())
+		if r.Context().Err() == nil {
+			switch {
+			case tg.Peer != "" && a.failed != nil:
+				a.failed(tg.Peer, a.now())
+			case tg.Peer == "" && a.localFailed != nil:
+				a.localFailed(err)
+			}
 		}
 		if !retryable(err, false, i, a.retry) {
 			return nil, err

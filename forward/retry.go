@@ -3,6 +3,7 @@ package forward
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"syscall"
@@ -31,9 +32,9 @@ func (e *UpstreamStatusError) Error() string {
 // retryable reports whether a failed attempt may be tried again on the next
 // candidate. It is safe only while nothing has reached the client, and only
 // for failures where the upstream cannot have started serving the request:
-// the connection was never made (dial), was refused or reset before a
-// response, or the upstream refused the work (503). A client that went away
-// is never retried.
+// the connection was never made (dial), was refused, reset or closed before
+// a response, or the upstream refused the work (503). A client that went
+// away is never retried.
 func retryable(err error, wroteFirstByte bool, attempt int, c RetryConfig) bool {
 	if err == nil || wroteFirstByte || attempt+1 >= c.MaxAttempts {
 		return false
@@ -49,6 +50,9 @@ func retryable(err error, wroteFirstByte bool, attempt int, c RetryConfig) bool 
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
+	// EOF before a response: the upstream died with the request in hand
+	// (an engine killed mid-prefill). Generation has no side effects, so
+	// another pod may serve it.
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE)
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }

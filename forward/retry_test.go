@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -25,6 +26,8 @@ func TestRetryable(t *testing.T) {
 		{"dial refused", dial, false, 0, true},
 		{"wrapped dial", fmt.Errorf("forward: %w", dial), false, 1, true},
 		{"reset before response", reset, false, 0, true},
+		{"closed before response", fmt.Errorf("read: %w", io.EOF), false, 0, true},
+		{"cut before response", io.ErrUnexpectedEOF, false, 1, true},
 		{"after first byte", dial, true, 0, false},
 		{"attempts exhausted", dial, false, 2, false},
 		{"peer 503", &UpstreamStatusError{Peer: "p", Status: 503}, false, 0, true},

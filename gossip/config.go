@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/route"
 )
 
 // Config configures a Mesh. Start from DefaultConfig (pods) or LocalConfig
@@ -76,6 +77,11 @@ type Config struct {
 	// KeyScheme is the blockkey scheme version our digests use. Default
 	// blockkey.Version.
 	KeyScheme int
+
+	// Engine is the local vLLM's state at Join; SetEngine changes it. The
+	// default, route.EngineServing, suits a mesh that does not watch an
+	// engine; a sidecar starts at route.EngineStarting.
+	Engine route.Engine
 
 	// FullDigestInterval is how often the full local digest goes to every
 	// member by TCP. Deltas only add keys, so this is what removes evicted

@@ -50,6 +50,7 @@ type Mesh struct {
 	loadAt    time.Time
 	loadSeq   uint64        // Seq of the last pushed report; starts at the join time
 	loadKick  chan struct{} // wakes loadLoop: the load changed
+	stateSent bool          // the last push carried the current engine and epoch
 	claims    []peerClaim   // to go out with the next load report
 	selfClaim []route.Claim // claims on this node, by us or peers
 }
@@ -88,6 +89,7 @@ func Join(ctx context.Context, cfg Config) (*Mesh, error) {
 			APIAddr:   cfg.APIAddr,
 			Models:    slices.Clone(cfg.Models),
 			KeyScheme: uint8(cfg.KeyScheme),
+			Engine:    cfg.Engine,
 		},
 	}
 	// A restarted node's reports must outrank its old ones, which peers
@@ -334,6 +336,9 @@ func (m *Mesh) PublishDigest(d *bloom.Digest) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.local == nil || m.local.Header().Epoch != h.Epoch {
+		m.stateChangedLocked() // peers match a digest only of the epoch pushes name
+	}
 	m.local, m.full = d, fullCache{d: d, b: b}
 	m.meta.HasDigest, m.meta.DigestEpoch, m.meta.DigestVersion = true, h.Epoch, h.Version
 	m.metaDirty = true
@@ -436,7 +441,9 @@ func (m *Mesh) Claim(peer string, cs []route.Claim) {
 
 func (m *Mesh) claimLocked(peer string, c route.Claim) {
 	if peer == m.cfg.NodeName {
-		m.selfClaim = addClaim(m.selfClaim, c)
+		if m.meta.Engine == route.EngineServing { // a claim on no cache is void
+			m.selfClaim = addClaim(m.selfClaim, c)
+		}
 		return
 	}
 	m.table.claim(peer, c)
@@ -463,12 +470,21 @@ func (m *Mesh) loadLoop() {
 		refresh.Reset(loadRefresh)
 		m.mu.Lock()
 		m.loadSeq++
-		b, err := encodeLoad(loadReport{Node: m.cfg.NodeName, Seq: m.loadSeq, Load: m.load, Claims: m.claims})
+		r := loadReport{Node: m.cfg.NodeName, Seq: m.loadSeq, Load: m.load, Claims: m.claims,
+			Engine: m.meta.Engine, HasState: true}
+		if m.local != nil {
+			r.Epoch = m.local.Header().Epoch
+		}
+		b, err := encodeLoad(r)
 		m.claims = nil
 		if err == nil {
+			// A change of engine or epoch goes by TCP: a lost one would leave
+			// peers routing to a dead engine until the next refresh.
+			o := out{b: b, reliable: !m.stateSent}
 			for _, s := range m.senders {
-				s.enqueue(out{b: b})
+				s.enqueue(o)
 			}
+			m.stateSent = true
 		}
 		m.mu.Unlock()
 		if err != nil {
@@ -482,16 +498,59 @@ func (m *Mesh) loadLoop() {
 	}
 }
 
+// SetEngine records the local vLLM's state and advertises it at once: in
+// a push to every member (by TCP) and in the node meta. Peers choose a
+// node only while its engine is serving; a node whose engine is not also
+// withdraws its digest (WithdrawDigest).
+func (m *Mesh) SetEngine(e route.Engine) {
+	m.mu.Lock()
+	if m.meta.Engine != e {
+		m.meta.Engine = e
+		m.metaDirty = true
+		m.selfClaim = nil // about the cache before the change
+		m.stateChangedLocked()
+	}
+	m.mu.Unlock()
+	m.kickMeta()
+}
+
+// WithdrawDigest stops advertising the local digest: peers drop their copy
+// and the claims on this node at the next push, which goes at once. The
+// next PublishDigest advertises again.
+func (m *Mesh) WithdrawDigest() {
+	m.mu.Lock()
+	if m.local != nil {
+		m.local, m.full = nil, fullCache{}
+		m.meta.HasDigest, m.meta.DigestEpoch, m.meta.DigestVersion = false, 0, 0
+		m.metaDirty = true
+		m.selfClaim = nil
+		m.stateChangedLocked()
+	}
+	m.mu.Unlock()
+	m.kickMeta()
+}
+
+// stateChangedLocked makes the next push carry a changed engine or epoch,
+// reliably, and soon.
+func (m *Mesh) stateChangedLocked() {
+	m.stateSent = false
+	m.pushSoon()
+}
+
+func (m *Mesh) kickMeta() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
 // SetDraining sets the draining flag and advertises it at once.
 func (m *Mesh) SetDraining(draining bool) {
 	m.mu.Lock()
 	m.meta.Draining = draining
 	m.metaDirty = true
 	m.mu.Unlock()
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
+	m.kickMeta()
 }
 
 // MarkFailed records that a forward to peerID failed at at; route treats
@@ -518,6 +577,7 @@ func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 		Load:      m.load,
 		LoadAt:    m.loadAt,
 		Draining:  m.meta.Draining,
+		Engine:    m.meta.Engine,
 		Claims:    m.selfClaim, // copy-on-write (addClaim)
 	}
 	if m.local != nil {

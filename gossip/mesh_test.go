@@ -433,3 +433,51 @@ func TestMeshCountsBadMessages(t *testing.T) {
 		t.Errorf("DecodeErrors = %d; want 4", got)
 	}
 }
+
+// TestMeshEngineDownWithdrawsAtOnce checks that a node's engine state and
+// a withdrawn digest reach every peer by the push, without waiting for the
+// meta (an hour apart here) or failure detection.
+func TestMeshEngineDownWithdrawsAtOnce(t *testing.T) {
+	ms := cluster(t, 3, func(i int, c *Config) { c.MetaInterval = time.Hour })
+	a := ms[0]
+	if err := a.PublishDigest(testDigest("n0", 1, 1, 10, 11)); err != nil {
+		t.Fatal(err)
+	}
+	a.Claim("n0", []route.Claim{{Key: 99, Keys: 3}})
+	waitFor(t, 5*time.Second, "digest on every peer", func() bool {
+		return holds(ms[1], "n0", 10, 11) && holds(ms[2], "n0", 10, 11)
+	})
+	a.SetEngine(route.EngineDown)
+	a.WithdrawDigest()
+	waitFor(t, 2*time.Second, "engine down and no digest on every peer", func() bool {
+		for _, m := range ms[1:] {
+			v, ok := view(m, "n0")
+			if !ok || v.Engine != route.EngineDown || v.Digest != nil || len(v.Claims) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if v, _ := view(a, "n0"); v.Engine != route.EngineDown || v.Digest != nil || len(v.Claims) != 0 {
+		t.Errorf("local view: engine %v, digest %v, claims %d; want down, none, none", v.Engine, v.Digest != nil, len(v.Claims))
+	}
+	// Back: a new epoch, empty, before the engine is advertised as serving.
+	if err := a.PublishDigest(testDigest("n0", 2, 1, 50)); err != nil {
+		t.Fatal(err)
+	}
+	a.SetEngine(route.EngineServing)
+	waitFor(t, 2*time.Second, "serving with the new epoch on every peer", func() bool {
+		for _, m := range ms[1:] {
+			v, ok := view(m, "n0")
+			if !ok || v.Engine != route.EngineServing || !holds(m, "n0", 50) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, m := range ms[1:] {
+		if v, _ := view(m, "n0"); v.Digest.PrefixLen([]blockkey.Key{10, 11}) != 0 {
+			t.Errorf("%s matches the old engine's keys", m.cfg.NodeName)
+		}
+	}
+}

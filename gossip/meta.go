@@ -5,18 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvroute/kvroute/route"
 )
 
 // Meta is what a node advertises in memberlist's node meta: how to reach it,
 // what it serves, which digest it holds and how loaded it is. memberlist
 // gossips it to every member on each UpdateNode.
 type Meta struct {
-	APIAddr         string   // host:port peers forward to
-	Models          []string // served model and LoRA names
-	ModelsTruncated bool     // Models is incomplete: more names than fit
-	KeyScheme       uint8    // blockkey scheme version
-	Draining        bool     // refusing new requests
-	HasDigest       bool     // DigestEpoch and DigestVersion are meaningful
+	APIAddr         string       // host:port peers forward to
+	Models          []string     // served model and LoRA names
+	ModelsTruncated bool         // Models is incomplete: more names than fit
+	KeyScheme       uint8        // blockkey scheme version
+	Draining        bool         // refusing new requests
+	Engine          route.Engine // the local vLLM: serving, starting or down
+	HasDigest       bool         // DigestEpoch and DigestVersion are meaningful
 	DigestEpoch     uint64
 	DigestVersion   uint64
 	Running         int // requests being decoded
@@ -45,6 +48,8 @@ const (
 	flagDraining        = 1 << 0
 	flagHasDigest       = 1 << 1
 	flagModelsTruncated = 1 << 2
+	flagEngineStarting  = 1 << 3 // neither engine flag: serving (and every earlier version)
+	flagEngineDown      = 1 << 4
 )
 
 // ErrMeta is wrapped by every DecodeMeta error.
@@ -65,6 +70,12 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	}
 	if m.HasDigest {
 		flags |= flagHasDigest
+	}
+	switch m.Engine {
+	case route.EngineStarting:
+		flags |= flagEngineStarting
+	case route.EngineDown:
+		flags |= flagEngineDown
 	}
 	b := make([]byte, 0, limit)
 	b = append(b, metaVersion, 0, m.KeyScheme, byte(len(m.APIAddr)))
@@ -118,6 +129,12 @@ func DecodeMeta(b []byte) (Meta, error) {
 		Draining:        flags&flagDraining != 0,
 		HasDigest:       flags&flagHasDigest != 0,
 		ModelsTruncated: flags&flagModelsTruncated != 0,
+	}
+	switch {
+	case flags&flagEngineDown != 0:
+		m.Engine = route.EngineDown
+	case flags&flagEngineStarting != 0:
+		m.Engine = route.EngineStarting
 	}
 	m.APIAddr = string(r.bytes(int(apiLen)))
 	m.DigestEpoch = r.uvarint()

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/route"
 )
 
 func TestMetaRoundTrip(t *testing.T) {
@@ -23,6 +25,8 @@ func TestMetaRoundTrip(t *testing.T) {
 		{"max integers", Meta{DigestEpoch: ^uint64(0), DigestVersion: ^uint64(0), Running: 1<<31 - 1}},
 		{"truncated flag kept", Meta{Models: []string{"a"}, ModelsTruncated: true}},
 		{"empty model name", Meta{Models: []string{""}}},
+		{"engine down", Meta{APIAddr: "a:1", Engine: route.EngineDown, Draining: true}},
+		{"engine starting", Meta{Engine: route.EngineStarting}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -115,7 +115,8 @@ func decodeNeedFull(b []byte) (needFull, error) {
 //	kind | name len u8 | name | seq uvarint | running uvarint |
 //	waiting uvarint | kv usage milli uvarint | serving uvarint |
 //	queued prefill uvarint | claim count uvarint |
-//	(peer len u8 | peer | key u64 LE | keys uvarint)*
+//	(peer len u8 | peer | key u64 LE | keys uvarint)* |
+//	engine u8 | digest epoch uvarint
 //
 // Decoders ignore bytes after the last field, so a later version may
 // append fields; a report without the claims part has none. A pushed load
@@ -126,6 +127,12 @@ type loadReport struct {
 	Seq    uint64
 	Load   route.Load
 	Claims []peerClaim // what the sender just placed where (route.Claim)
+	// Engine and Epoch are the sender's engine and the epoch of the digest
+	// it advertises (0: none, withdrawn). A report only as far as the claims
+	// (an earlier version) has HasState false: it says nothing of either.
+	Engine   route.Engine
+	Epoch    uint64
+	HasState bool
 }
 
 // peerClaim is a route.Claim about Peer, as it travels (no time).
@@ -164,7 +171,8 @@ func encodeLoad(r loadReport) ([]byte, error) {
 		b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
 		b = binary.AppendUvarint(b, uint64(c.Keys))
 	}
-	return b, nil
+	b = append(b, byte(r.Engine))
+	return binary.AppendUvarint(b, r.Epoch), nil
 }
 
 func decodeLoad(b []byte) (loadReport, error) {
@@ -211,6 +219,18 @@ func decodeLoad(b []byte) (loadReport, error) {
 		c.Keys, b = int(v), b[8+k:]
 		r.Claims = append(r.Claims, c)
 	}
+	if len(b) == 0 {
+		return r, nil // an earlier version: no engine state
+	}
+	if route.Engine(b[0]) > route.EngineDown {
+		return loadReport{}, fmt.Errorf("engine state %d", b[0])
+	}
+	r.Engine, b = route.Engine(b[0]), b[1:]
+	v, k := binary.Uvarint(b)
+	if k <= 0 {
+		return loadReport{}, fmt.Errorf("digest epoch: truncated or over 64 bits")
+	}
+	r.Epoch, r.HasState = v, true
 	return r, nil
 }
 

@@ -48,7 +48,8 @@ func TestMsgRoundTrip(t *testing.T) {
 		t.Errorf("decodeMsg(need-full) = %+v, %v; want %+v", got, err, nf)
 	}
 	lr := loadReport{Node: "a", Seq: 1 << 62, Load: route.Load{Running: 3, Waiting: 2, KVUsage: 0.875, Serving: 7, Fronted: true, QueuedPrefillTokens: 9000},
-		Claims: []peerClaim{{Peer: "b", Key: 1<<64 - 1, Keys: 512}, {Peer: "a", Key: 7, Keys: 1}}}
+		Claims: []peerClaim{{Peer: "b", Key: 1<<64 - 1, Keys: 512}, {Peer: "a", Key: 7, Keys: 1}},
+		Engine: route.EngineDown, Epoch: 1 << 60, HasState: true}
 	lb, err := encodeLoad(lr)
 	if err != nil {
 		t.Fatal(err)
@@ -60,11 +61,17 @@ func TestMsgRoundTrip(t *testing.T) {
 	if diff := cmp.Diff(lr, got.load); diff != "" {
 		t.Errorf("decodeMsg(load) mismatch (-want +got):\n%s", diff)
 	}
+	// A report of the version before the engine state says nothing of it.
+	stateless, _ := encodeLoad(loadReport{Node: "a", Seq: 3, Claims: lr.Claims})
+	stateless = stateless[:len(stateless)-2] // engine 0, epoch 0
+	if got, err := decodeMsg(stateless); err != nil || got.load.HasState || len(got.load.Claims) != 2 {
+		t.Errorf("decodeMsg(load without state) = %+v, %v; want claims and HasState false", got.load, err)
+	}
 	// A report of the version before claims decodes with none.
 	noClaims := lr
-	noClaims.Claims = nil
+	noClaims.Claims, noClaims.Epoch, noClaims.Engine = nil, 0, 0
 	old, _ := encodeLoad(noClaims)
-	old = old[:len(old)-1] // the claim count
+	old = old[:len(old)-3] // the claim count, engine and epoch
 	if got, err := decodeMsg(old); err != nil || len(got.load.Claims) != 0 || got.load.Load != lr.Load {
 		t.Errorf("decodeMsg(load without claims) = %+v, %v; want the load and no claims", got.load, err)
 	}
@@ -95,6 +102,8 @@ func TestDecodeMsgErrors(t *testing.T) {
 		{"load claim truncated", append(append([]byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0}, 1, 1, 'b'), make([]byte, 5)...)},
 		{"load claim zero keys", append(append([]byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0}, 1, 1, 'b'), make([]byte, 9)...)},
 		{"load too many claims", []byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0, 99}},
+		{"load bad engine state", []byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 3, 0}},
+		{"load epoch truncated", []byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 1, 0x80}},
 		{"load field too big", []byte{kindLoad, 1, 'a', 1, 0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0, 0, 0}},
 	}
 	for _, tt := range tests {

@@ -17,13 +17,20 @@ type table struct {
 }
 
 type peer struct {
-	meta        Meta
-	metaOK      bool          // meta decoded at least once
-	digest      *bloom.Digest // replaced wholesale, never modified
-	digestAt    time.Time     // when digest last changed
-	loadAt      time.Time     // when the load last arrived (push or meta)
-	pushed      route.Load    // the newest pushed load; used once loadSeq > 0
-	loadSeq     uint64        // Seq of pushed; 0 until the first push
+	meta     Meta
+	metaOK   bool          // meta decoded at least once
+	digest   *bloom.Digest // replaced wholesale, never modified
+	digestAt time.Time     // when digest last changed
+	loadAt   time.Time     // when the load last arrived (push or meta)
+	pushed   route.Load    // the newest pushed load; used once loadSeq > 0
+	loadSeq  uint64        // Seq of pushed; 0 until the first push
+	// engine and epoch are from the newest push that carried them (stated):
+	// the peer's engine and the digest epoch it advertises, 0 for none.
+	// Before such a push the meta's engine counts, and any digest epoch.
+	engine      route.Engine
+	epoch       uint64
+	stated      bool
+	since       time.Time     // when the current cache began (route.PeerView.Since)
 	claims      []route.Claim // newest last, at most keepClaims
 	lastFailure time.Time     // last failed forward reported by MarkFailed
 	behindSince time.Time     // since when digest has lagged meta; zero if not
@@ -69,6 +76,10 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 		p.meta.DigestEpoch != m.DigestEpoch && p.digest.Header().Epoch != m.DigestEpoch {
 		p.digest, p.digestAt, dropped = nil, now, true
 	}
+	if m.Engine != route.EngineServing && !p.stated {
+		p.dropDigest(now)
+		p.claims, p.since = nil, now
+	}
 	p.meta, p.metaOK = m, true
 	if p.loadSeq == 0 { // pushes are fresher than the meta's load
 		p.loadAt = now
@@ -87,7 +98,41 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 		return stale
 	}
 	p.pushed, p.loadSeq, p.loadAt = r.Load, r.Seq, now
+	if r.HasState {
+		if (p.stated && r.Epoch != p.epoch) || r.Engine != route.EngineServing {
+			p.claims = nil // placed on a cache that is gone, or on no cache
+			p.since = now
+		}
+		if r.Engine != route.EngineServing || r.Epoch == 0 {
+			p.dropDigest(now) // withdrawn: it must not match a byte more
+		}
+		p.engine, p.epoch, p.stated = r.Engine, r.Epoch, true
+	}
 	return applied
+}
+
+func (p *peer) dropDigest(now time.Time) {
+	if p.digest != nil {
+		p.digest, p.digestAt = nil, now
+	}
+	p.early, p.earlySince = nil, time.Time{}
+}
+
+// engineState is the peer's engine: from its newest stated push, else from
+// its meta.
+func (p *peer) engineState() route.Engine {
+	if p.stated {
+		return p.engine
+	}
+	return p.meta.Engine
+}
+
+// current reports whether the digest held is the one the peer advertises
+// now: a copy of an epoch its pushes no longer name (a restarted engine's
+// old cache, or a new digest that overtook the push naming it) is held but
+// never matched.
+func (p *peer) current() bool {
+	return p.digest != nil && (!p.stated || p.digest.Header().Epoch == p.epoch)
 }
 
 // remove forgets a peer that left or died, with its digest.
@@ -253,9 +298,11 @@ func (t *table) views() []route.PeerView {
 			LoadAt:      p.loadAt,
 			LastFailure: p.lastFailure,
 			Draining:    p.meta.Draining,
+			Engine:      p.engineState(),
+			Since:       p.since,
 			Claims:      p.claims, // copy-on-write (addClaim)
 		}
-		if p.digest != nil { // a nil *Digest in the interface would not be nil
+		if p.current() { // a nil *Digest in the interface would not be nil
 			v.Digest, v.DigestAt = p.digest, p.digestAt
 		}
 		vs = append(vs, v)
@@ -278,7 +325,7 @@ func addClaim(claims []route.Claim, c route.Claim) []route.Claim {
 
 // claim records a claim on a known peer; unknown peers are ignored.
 func (t *table) claim(id string, c route.Claim) {
-	if p := t.peers[id]; p != nil {
+	if p := t.peers[id]; p != nil && p.engineState() == route.EngineServing { // a claim on no cache is void
 		p.claims = addClaim(p.claims, c)
 	}
 }

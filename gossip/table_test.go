@@ -328,3 +328,77 @@ func TestAddClaimCopies(t *testing.T) {
 		}
 	}
 }
+
+// TestTableEngineState walks a peer through an engine failure and back: a
+// down engine or a withdrawn digest drops the copy and the claims at once,
+// and a digest of an epoch the pushes do not name is never matched.
+func TestTableEngineState(t *testing.T) {
+	tb := newTable()
+	tb.upsert("a", metaAt(1, 5), true, t0)
+	tb.peers["a"].digest = testDigest("a", 1, 5)
+	claim := route.Claim{Key: 7, Keys: 2, At: t0}
+	view := func() route.PeerView { return tb.views()[0] }
+	type want struct {
+		engine route.Engine
+		digest bool // the view matches a digest
+		held   bool // the table still holds a copy
+		claims int
+	}
+	check := func(step string, w want) {
+		t.Helper()
+		v := view()
+		got := want{engine: v.Engine, digest: v.Digest != nil, held: tb.peers["a"].digest != nil, claims: len(v.Claims)}
+		if got != w {
+			t.Errorf("%s: %+v; want %+v", step, got, w)
+		}
+	}
+	tb.claim("a", claim)
+	check("before any stated push", want{route.EngineServing, true, true, 1})
+
+	tb.applyLoad(loadReport{Node: "a", Seq: 1, Engine: route.EngineServing, Epoch: 1, HasState: true}, t0)
+	check("serving, epoch 1", want{route.EngineServing, true, true, 1})
+
+	tb.applyLoad(loadReport{Node: "a", Seq: 2, Engine: route.EngineDown, HasState: true}, t0)
+	check("engine down", want{route.EngineDown, false, false, 0})
+
+	// The new engine's empty digest (epoch 2) may overtake the push naming it.
+	tb.applyDigest(testDigest("a", 2, 1), t0)
+	check("new digest before its push", want{route.EngineDown, false, true, 0})
+	tb.applyLoad(loadReport{Node: "a", Seq: 3, Engine: route.EngineServing, Epoch: 2, HasState: true}, t0)
+	check("serving, epoch 2", want{route.EngineServing, true, true, 0})
+
+	// An old-epoch copy (a full digest resent late) is held but not matched.
+	tb.claim("a", claim)
+	tb.applyDigest(testDigest("a", 1, 9), t0)
+	check("late old-epoch digest", want{route.EngineServing, false, true, 1})
+
+	// A push of another epoch forgets the claims placed on the old cache.
+	tb.applyLoad(loadReport{Node: "a", Seq: 4, Engine: route.EngineServing, Epoch: 3, HasState: true}, t0)
+	check("epoch 3", want{route.EngineServing, false, true, 0})
+
+	// Withdrawn: serving, but no digest to match.
+	tb.applyLoad(loadReport{Node: "a", Seq: 5, Engine: route.EngineServing, Epoch: 0, HasState: true}, t0)
+	check("withdrawn", want{route.EngineServing, false, false, 0})
+
+	// A report of an earlier version changes neither.
+	tb.applyLoad(loadReport{Node: "a", Seq: 6}, t0)
+	check("stateless report", want{route.EngineServing, false, false, 0})
+}
+
+// TestTableMetaEngine checks a meta's engine counts until a push states it.
+func TestTableMetaEngine(t *testing.T) {
+	tb := newTable()
+	m := metaAt(1, 5)
+	tb.upsert("a", m, true, t0)
+	tb.peers["a"].digest = testDigest("a", 1, 5)
+	m.Engine = route.EngineDown
+	tb.upsert("a", m, true, t0)
+	if v := tb.views()[0]; v.Engine != route.EngineDown || v.Digest != nil {
+		t.Fatalf("meta says down: view engine %v, digest %v; want down and none", v.Engine, v.Digest != nil)
+	}
+	tb.applyLoad(loadReport{Node: "a", Seq: 1, Engine: route.EngineServing, Epoch: 1, HasState: true}, t0)
+	tb.upsert("a", m, true, t0) // a meta older than the push, gossiped late
+	if v := tb.views()[0]; v.Engine != route.EngineServing {
+		t.Errorf("after a stated push, a late meta set engine %v; want serving", v.Engine)
+	}
+}

@@ -22,7 +22,7 @@ const (
 	vllmName      = "vllm"           // the vLLM (or simulator) container
 	apiService    = "kvroute"        // ClusterIP Service for clients
 	gossipService = "kvroute-gossip" // headless Service for --join
-	drainPath     = "/drain"
+	drainPath     = "/drain/prestop"
 	// drainMargin is what the grace period needs beyond the drain: vLLM's exit
 	// after SIGTERM and the sidecar's own shutdown.
 	drainMargin = 30 * time.Second

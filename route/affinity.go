@@ -100,7 +100,7 @@ func matchPeer(pv PeerView, keys []blockkey.Key, now time.Time, cfg Config, r *R
 	default:
 		n = pv.Digest.PrefixLen(keys)
 	}
-	if m := r.PrefixLen(pv.ID, keys, now); m > n {
+	if m := r.prefixLen(pv.ID, keys, now, pv.Since); m > n {
 		n, tag = m, addTag(tag, "recent")
 	}
 	if cfg.ClaimTTL > 0 {

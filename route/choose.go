@@ -73,6 +73,8 @@ func (a *assessment) inBound(i int) bool {
 // excluded returns why p may not serve a request for model, or "".
 func excluded(cfg Config, p PeerView, model string, now time.Time) string {
 	switch {
+	case p.Engine != EngineServing:
+		return "engine " + p.Engine.String()
 	case p.Draining:
 		return "draining"
 	case !p.LastFailure.IsZero() && now.Sub(p.LastFailure) < cfg.FailFor:

@@ -52,6 +52,9 @@ func TestExcluded(t *testing.T) {
 		{"empty Models serves all", PeerView{}, "anything", ""},
 		{"request without model", PeerView{Models: []string{"qwen"}}, "", ""},
 		{"draining wins over failure", PeerView{Draining: true, LastFailure: t0}, "", "draining"},
+		{"engine down", PeerView{Engine: EngineDown}, "llama", "engine down"},
+		{"engine starting", PeerView{Engine: EngineStarting}, "", "engine starting"},
+		{"engine down wins over draining", PeerView{Engine: EngineDown, Draining: true}, "", "engine down"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -73,13 +73,21 @@ func (r *Recent) Record(peer string, keys []blockkey.Key, now time.Time) {
 // TTL. It tests O(log n) keys: the live set is prefix-closed because keys
 // are chained (keys[i] implies keys[:i]). A nil Recent holds nothing.
 func (r *Recent) PrefixLen(peer string, keys []blockkey.Key, now time.Time) int {
+	return r.prefixLen(peer, keys, now, time.Time{})
+}
+
+// prefixLen is PrefixLen counting only entries recorded after since.
+func (r *Recent) prefixLen(peer string, keys []blockkey.Key, now, since time.Time) int {
 	if r == nil || len(keys) == 0 || len(r.live) == 0 {
 		return 0
 	}
-	t := now.UnixNano()
+	t, after := now.UnixNano(), int64(0)
+	if !since.IsZero() {
+		after = since.Add(r.cfg.TTL).UnixNano() // an entry's expiry is its record time + TTL
+	}
 	has := func(i int) bool {
 		exp, ok := r.live[recentKey{peer, keys[i]}]
-		return ok && exp > t
+		return ok && exp > t && exp > after
 	}
 	if !has(0) {
 		return 0

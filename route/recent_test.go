@@ -135,3 +135,23 @@ func TestRecentMatch(t *testing.T) {
 		})
 	}
 }
+
+// TestRecentIgnoresEntriesBeforeSince checks that a forward recorded before
+// the peer's cache began (its engine came back) never matches.
+func TestRecentIgnoresEntriesBeforeSince(t *testing.T) {
+	r := NewRecent(RecentConfig{TTL: 5 * time.Second, MaxEntries: 100})
+	keys := []blockkey.Key{1, 2, 3}
+	r.Record("p", keys, t0)
+	p := PeerView{ID: "p", KeyScheme: blockkey.Version}
+	if got := r.Match(p, keys, t0.Add(time.Second)); got != 3 {
+		t.Fatalf("Match before any restart = %d; want 3", got)
+	}
+	p.Since = t0.Add(500 * time.Millisecond)
+	if got := r.Match(p, keys, t0.Add(time.Second)); got != 0 {
+		t.Errorf("Match of entries from before Since = %d; want 0", got)
+	}
+	r.Record("p", keys[:2], t0.Add(600*time.Millisecond))
+	if got := r.Match(p, keys, t0.Add(time.Second)); got != 2 {
+		t.Errorf("Match of entries after Since = %d; want 2", got)
+	}
+}

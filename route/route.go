@@ -40,6 +40,32 @@ type Load struct {
 	QueuedPrefillTokens int
 }
 
+// Engine is a pod's vLLM as its sidecar sees it (DESIGN.md D10). The zero
+// value is EngineServing, so a peer that advertises nothing (a baseline's
+// pod, a sidecar of an earlier version) is taken as serving.
+type Engine uint8
+
+const (
+	EngineServing  Engine = iota // healthy; its digest is current
+	EngineStarting               // not yet seen healthy since the sidecar started
+	EngineDown                   // dead or hung; its cache is gone or unknown
+)
+
+func (e Engine) String() string {
+	switch e {
+	case EngineServing:
+		return "serving"
+	case EngineStarting:
+		return "starting"
+	case EngineDown:
+		return "down"
+	}
+	return "unknown"
+}
+
+// MarshalText makes an Engine read as its name in JSON (/debug/peers).
+func (e Engine) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
+
 // PeerView is one peer as the caller's peer table sees it at the moment of
 // the choice. Policies read it and never keep it.
 type PeerView struct {
@@ -56,6 +82,14 @@ type PeerView struct {
 	LoadAt      time.Time // when Load's reported fields were measured
 	LastFailure time.Time // last forward to the peer that failed; zero if none
 	Draining    bool
+	// Engine is the peer's vLLM as its sidecar last advertised it; a peer
+	// whose engine is not serving is never chosen.
+	Engine Engine
+	// Since is when the peer's current cache began, as the caller's table
+	// saw it: its engine came back or its digest epoch changed. Recent
+	// entries from before are about a cache that is gone and never match.
+	// Zero: no such change seen.
+	Since time.Time
 	// Claims are prefixes sidecars just sent to the peer (Claim). The
 	// slice is shared with the peer table: read it, never modify it.
 	Claims []Claim

@@ -218,6 +218,10 @@ func TestLoad(t *testing.T) {
 			want: Load{Running: 5, Waiting: 7, KVUsage: 0.375, BlockSize: 16, NumGPUBlocks: 27306}},
 		{name: "old usage name", status: 200, body: metricsOld,
 			want: Load{Running: 1, Waiting: 4, KVUsage: 0.875}},
+		{name: "restart signals, as Python's client writes them", status: 200,
+			body: "# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{engine=\"0\"} 700\nvllm:prompt_tokens_total{engine=\"1\"} 300\n" +
+				"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\nvllm:num_requests_running 0\n",
+			want: Load{PromptTokens: 1000, StartTime: 1.7e9}},
 		{name: "untyped samples", status: 200, body: "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n",
 			want: Load{Running: 2, Waiting: 1}},
 		{name: "not vllm", status: 200, body: "# TYPE go_goroutines gauge\ngo_goroutines 12\n", wantErr: true},

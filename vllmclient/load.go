@@ -23,6 +23,10 @@ type Load struct {
 	// BlockSize and NumGPUBlocks come from vllm:cache_config_info's labels;
 	// 0 when absent.
 	BlockSize, NumGPUBlocks int
+	// PromptTokens is vllm:prompt_tokens_total, summed. A counter that goes
+	// down means a new engine process, and so does a new StartTime
+	// (process_start_time_seconds, 0 when absent).
+	PromptTokens, StartTime float64
 }
 
 // ErrNoLoadMetrics reports a /metrics answer without any of vLLM's load
@@ -35,6 +39,8 @@ const (
 	metricKVUsage    = "vllm:kv_cache_usage_perc"
 	metricKVUsageOld = "vllm:gpu_cache_usage_perc"
 	metricCacheInfo  = "vllm:cache_config_info"
+	metricPrompt     = "vllm:prompt_tokens_total"
+	metricStartTime  = "process_start_time_seconds"
 )
 
 func parseLoad(r io.Reader) (Load, error) {
@@ -51,6 +57,8 @@ func parseLoad(r io.Reader) (Load, error) {
 		return Load{}, ErrNoLoadMetrics
 	}
 	l.Running, l.Waiting, l.KVUsage = running, waiting, usage
+	l.PromptTokens, _ = sum(fams[metricPrompt])
+	l.StartTime, _ = sum(fams[metricStartTime])
 	if f := fams[metricCacheInfo]; f != nil {
 		for _, m := range f.GetMetric() {
 			for _, lp := range m.GetLabel() {

@@ -25,15 +25,15 @@ type admin struct {
 	reg   *prometheus.Registry
 	mesh  *gossip.Mesh
 	front *forward.Handler
+	cache *cacheState
 	log   zerolog.Logger
 
-	once     sync.Once
-	started  chan struct{} // closed when draining begins
-	drainErr error
+	mu       sync.Mutex
+	draining bool
 }
 
-func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, log zerolog.Logger) *admin {
-	return &admin{cfg: cfg, reg: reg, mesh: mesh, front: front, log: log, started: make(chan struct{})}
+func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, cache *cacheState, log zerolog.Logger) *admin {
+	return &admin{cfg: cfg, reg: reg, mesh: mesh, front: front, cache: cache, log: log}
 }
 
 func (a *admin) mux() *http.ServeMux {
@@ -43,27 +43,53 @@ func (a *admin) mux() *http.ServeMux {
 	m.HandleFunc("POST /debug/route", a.route)
 	m.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	m.HandleFunc("GET /readyz", a.ready)
-	// POST is the API; GET exists for Kubernetes preStop httpGet hooks.
+	// Draining changes state, so a plain GET only reports it. POST drains
+	// and POST /undrain takes it back; GET /drain/prestop is for Kubernetes
+	// preStop httpGet hooks, which can only GET, on a path nobody types to
+	// look around.
+	m.HandleFunc("GET /drain", a.drainStatus)
 	m.HandleFunc("POST /drain", a.drainHTTP)
-	m.HandleFunc("GET /drain", a.drainHTTP)
+	m.HandleFunc("GET /drain/prestop", a.drainHTTP)
+	m.HandleFunc("POST /undrain", a.undrainHTTP)
 	// Profiles, on the admin port only (never on the API port clients reach).
 	m.HandleFunc("GET /debug/pprof/", pprof.Index)
 	m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	return m
 }
 
+// peerJSON is one /debug/peers entry. Load is the peer's load as this
+// sidecar uses it: running and waiting are vLLM's scraped gauges, serving
+// is the count the peer's sidecar pushes, fronted says that every request
+// the peer serves passes a sidecar (so serving is exact and wins), and
+// in_flight is what this sidecar sent the peer that its report does not
+// count yet.
 type peerJSON struct {
 	ID          string     `json:"id"`
 	Addr        string     `json:"addr"`
 	Local       bool       `json:"local"`
+	Engine      string     `json:"engine"` // serving, starting, down: as the peer advertises it
 	Models      []string   `json:"models,omitempty"`
 	KeyScheme   int        `json:"key_scheme"`
-	HasDigest   bool       `json:"has_digest"`
+	HasDigest   bool       `json:"has_digest"` // a digest of the peer's current epoch is held
 	DigestAgeS  float64    `json:"digest_age_s"`
-	Load        route.Load `json:"load"`
+	Load        loadJSON   `json:"load"`
 	LoadAgeS    float64    `json:"load_age_s"`
 	LastFailure *time.Time `json:"last_failure,omitempty"`
 	Draining    bool       `json:"draining"`
+	// Local entry only: why the engine is in its state, and how far the
+	// local index can be trusted.
+	EngineReason string `json:"engine_reason,omitempty"`
+	Index        string `json:"index,omitempty"`
+	KVEvents     string `json:"kv_events,omitempty"`
+}
+
+type loadJSON struct {
+	Running  int     `json:"running"`
+	Waiting  int     `json:"waiting"`
+	KVUsage  float64 `json:"kv_usage"`
+	Serving  int     `json:"serving"`
+	Fronted  bool    `json:"fronted"`
+	InFlight int     `json:"in_flight"`
 }
 
 func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
@@ -71,8 +97,16 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	inflight := a.front.InFlight()
 	var out []peerJSON
 	for _, p := range a.mesh.Snapshot(now) {
-		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Models: p.Models, KeyScheme: p.KeyScheme,
-			HasDigest: p.Digest != nil, Load: p.Load, Draining: p.Draining}
+		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models,
+			KeyScheme: p.KeyScheme, HasDigest: p.Digest != nil, Draining: p.Draining,
+			Load: loadJSON{Running: p.Load.Running, Waiting: p.Load.Waiting, KVUsage: p.Load.KVUsage,
+				Serving: p.Load.Serving, Fronted: p.Load.Fronted}}
+		if p.Local {
+			var st route.Engine
+			st, j.EngineReason = a.cache.Engine()
+			j.Engine = st.String()
+			j.Index, j.KVEvents = a.cache.health()
+		}
 		if !p.DigestAt.IsZero() {
 			j.DigestAgeS = now.Sub(p.DigestAt).Seconds()
 		}
@@ -119,14 +153,33 @@ func (a *admin) route(w http.ResponseWriter, r *http.Request) {
 	writeJSONBody(w, http.StatusOK, map[string]any{"keys": nkeys, "decision": d, "table": d.Table()})
 }
 
+// ready answers 200 while this pod should get traffic: not draining and its
+// engine serving. A degraded cache view (load-only routing) is still ready;
+// its lines follow "ok" in the body.
 func (a *admin) ready(w http.ResponseWriter, _ *http.Request) {
-	select {
-	case <-a.started:
+	if a.isDraining() {
 		http.Error(w, "draining", http.StatusServiceUnavailable)
 		return
-	default:
+	}
+	if st, why := a.cache.Engine(); st != route.EngineServing {
+		http.Error(w, "engine "+st.String()+": "+why, http.StatusServiceUnavailable)
+		return
 	}
 	io.WriteString(w, "ok\n")
+	for _, d := range a.cache.degraded() {
+		io.WriteString(w, "degraded: "+d+"\n")
+	}
+}
+
+func (a *admin) isDraining() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.draining
+}
+
+func (a *admin) drainStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSONBody(w, http.StatusOK, map[string]any{"draining": a.isDraining(), "inflight": a.front.InFlight(),
+		"hint": "POST /drain to drain, POST /undrain to take it back"})
 }
 
 func (a *admin) drainHTTP(w http.ResponseWriter, r *http.Request) {
@@ -141,24 +194,41 @@ func (a *admin) drainHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSONBody(w, http.StatusOK, res)
 }
 
-// drain leaves the mesh, refuses new forwards and waits (up to the drain
-// timeout) for requests in flight. It runs once; later calls wait for the
-// first to finish.
+func (a *admin) undrainHTTP(w http.ResponseWriter, _ *http.Request) {
+	a.setDraining(false)
+	writeJSONBody(w, http.StatusOK, map[string]any{"draining": false})
+}
+
+// setDraining advertises the drain to peers (they stop choosing this node)
+// and makes the front refuse forwards and /readyz fail, or takes all that
+// back.
+func (a *admin) setDraining(d bool) {
+	a.mu.Lock()
+	changed := a.draining != d
+	a.draining = d
+	a.mu.Unlock()
+	if !changed {
+		return
+	}
+	a.front.SetDraining(d)
+	a.mesh.SetDraining(d)
+	if d {
+		a.log.Info().Msg("draining: refusing forwards, peers told")
+	} else {
+		a.log.Info().Msg("drain taken back: serving again")
+	}
+}
+
+// drain refuses new forwards and waits (up to the drain timeout) for the
+// requests in flight. Peers stop choosing this node when they see the
+// draining flag; the node leaves the mesh only when it stops.
 func (a *admin) drain(ctx context.Context) error {
-	a.once.Do(func() {
-		close(a.started)
-		a.log.Info().Msg("draining: refusing forwards, leaving the mesh")
-		a.front.SetDraining(true)
-		a.mesh.SetDraining(true)
-		if lerr := a.mesh.Leave(5 * time.Second); lerr != nil {
-			a.log.Warn().Err(lerr).Msg("leave mesh")
-		}
-		wctx, cancel := context.WithTimeout(ctx, a.cfg.DrainTimeout)
-		defer cancel()
-		a.drainErr = a.front.Wait(wctx)
-		a.log.Info().Err(a.drainErr).Msg("drain finished")
-	})
-	return a.drainErr
+	a.setDraining(true)
+	wctx, cancel := context.WithTimeout(ctx, a.cfg.DrainTimeout)
+	defer cancel()
+	err := a.front.Wait(wctx)
+	a.log.Info().Err(err).Msg("drain finished")
+	return err
 }
 
 func writeJSONBody(w http.ResponseWriter, status int, v any) {

@@ -2,54 +2,89 @@ package main
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/route"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
-// publisher is where digests go; *gossip.Mesh satisfies it.
-type publisher interface {
+// advertiser is how the mesh learns this pod's cache and engine;
+// *gossip.Mesh satisfies it.
+type advertiser interface {
 	PublishDigest(d *bloom.Digest) error
 	PublishDelta(x bloom.Delta) error
+	WithdrawDigest()
+	SetEngine(e route.Engine)
 }
 
+// localFront is the front's switch for serving from the local vLLM.
+type localFront interface{ SetLocalReady(ok bool) }
+
 // cacheState turns the local vLLM's event stream into the exact index and
-// the digest that peers test (DESIGN.md §3, cache-state flow). Its run loop
-// is the only writer of the index; readers use the index's own lock.
+// the digest that peers test (DESIGN.md §3, cache-state flow), and owns the
+// engine's state as the mesh sees it (D10): a digest is advertised only
+// while the engine serves, and an engine that comes back is a new epoch,
+// published empty, before it is advertised again. Its run loop is the only
+// writer of the index; readers use the index's own lock.
 type cacheState struct {
 	node    string
 	ix      *kvindex.Index
 	params  bloom.Params
-	pub     publisher
+	pub     advertiser
+	front   localFront
 	log     zerolog.Logger
 	metrics *sidecarMetrics
+	replay  bool // a replay endpoint is configured: missed roots are recovered
 
 	// rebuildEvery bounds how long removed keys stay in peers' views: a
 	// Bloom filter cannot delete, so removals need a full rebuild.
 	rebuildEvery time.Duration
 
-	version   uint64 // digest version last published
-	epoch     uint64 // digest epoch last published
-	pending   []blockkey.Key
-	removed   int
-	needFull  bool
-	lastFull  time.Time
-	published bool
+	version  uint64 // digest version last published
+	epoch    uint64 // digest epoch last published
+	pending  []blockkey.Key
+	removed  int
+	needFull bool
+	lastFull time.Time
+	streams  map[vllmclient.Stream]bool // streams seen since the last restart
+	silence  *engine.Silence
+	start    float64 // the engine's process start time, 0 when unknown
+	prompts  float64 // the engine's prompt-token counter at the last scrape
+	scraped1 bool    // a scrape has been taken
+
+	// What the admin endpoints show; written by run only.
+	state   atomic.Uint32 // route.Engine as advertised
+	reason  atomic.Value  // string: why the engine is in its state
+	silent  atomic.Bool   // the engine serves but no KV event ever arrived
+	partial atomic.Bool   // chains stored before we subscribed are unknown
 }
 
-func newCacheState(node string, ix *kvindex.Index, params bloom.Params, pub publisher, m *sidecarMetrics, log zerolog.Logger) *cacheState {
-	return &cacheState{node: node, ix: ix, params: params, pub: pub, metrics: m, log: log,
-		rebuildEvery: 2 * time.Second, needFull: true}
+func newCacheState(node string, ix *kvindex.Index, params bloom.Params, pub advertiser, front localFront,
+	silence *engine.Silence, replay bool, m *sidecarMetrics, log zerolog.Logger) *cacheState {
+	s := &cacheState{node: node, ix: ix, params: params, pub: pub, front: front, metrics: m, log: log,
+		rebuildEvery: 2 * time.Second, needFull: true, silence: silence, replay: replay,
+		streams: map[vllmclient.Stream]bool{}}
+	s.state.Store(uint32(route.EngineStarting))
+	s.reason.Store("waiting for the first healthy /health")
+	return s
 }
 
-// run applies items until they end or ctx is done, and publishes digest
-// changes every tick. It exits when ctx is done or items is closed.
-func (s *cacheState) run(ctx context.Context, items <-chan vllmclient.Item, tick time.Duration) {
+// Engine returns the engine state as advertised, and why.
+func (s *cacheState) Engine() (route.Engine, string) {
+	return route.Engine(s.state.Load()), s.reason.Load().(string)
+}
+
+// run applies events, engine transitions and load scrapes until ctx is done
+// or items is closed, and publishes digest changes every tick.
+func (s *cacheState) run(ctx context.Context, items <-chan vllmclient.Item, engineC <-chan engine.Transition,
+	scrapes <-chan vllmclient.Load, tick time.Duration) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
@@ -62,13 +97,111 @@ func (s *cacheState) run(ctx context.Context, items <-chan vllmclient.Item, tick
 				return
 			}
 			s.apply(it)
+		case tr, ok := <-engineC:
+			if !ok {
+				engineC = nil
+				continue
+			}
+			s.transition(tr)
+		case l := <-scrapes:
+			s.scraped(l, time.Now())
 		case now := <-t.C:
 			s.publish(now)
 		}
 	}
 }
 
+// transition carries out an engine state change. Down withdraws at once;
+// serving again starts a new, empty epoch and publishes it before the
+// engine is advertised, so no peer can match the old engine's blocks.
+func (s *cacheState) transition(tr engine.Transition) {
+	s.metrics.engineTransitions.WithLabelValues(tr.To.String()).Inc()
+	s.reason.Store(tr.Reason)
+	switch tr.To {
+	case route.EngineServing:
+		if tr.Restarted {
+			s.restart("the engine came back after being down")
+			s.partial.Store(true) // a resumed engine may still hold chains we no longer know
+		}
+		s.send(tr.At)
+		if s.needFull { // the publish failed; the mesh has no digest of ours
+			s.log.Error().Msg("engine serving but no digest published; peers route to this pod by load only")
+		}
+		s.state.Store(uint32(route.EngineServing))
+		s.pub.SetEngine(route.EngineServing)
+		s.front.SetLocalReady(true)
+		s.metrics.engineUp.Set(1)
+		s.log.Info().Str("from", tr.From.String()).Bool("new_epoch", tr.Restarted).Msg("engine serving")
+	default:
+		s.state.Store(uint32(tr.To))
+		s.front.SetLocalReady(false)
+		s.pub.SetEngine(tr.To)
+		s.pub.WithdrawDigest()
+		s.restart("the engine cannot serve")
+		s.metrics.engineUp.Set(0)
+		s.log.Warn().Str("state", tr.To.String()).Str("reason", tr.Reason).Msg("engine cannot serve: not ready, digest withdrawn")
+	}
+}
+
+// restart clears the index into a new epoch: the cache it described is gone.
+func (s *cacheState) restart(why string) {
+	s.ix.Restart()
+	s.needFull = true
+	s.pending, s.removed = s.pending[:0], 0
+	clear(s.streams)
+	s.silence.Reset()
+	s.silent.Store(false)
+	s.metrics.eventsSilent.Set(0)
+	s.log.Info().Str("why", why).Uint64("epoch", s.ix.Epoch()).Msg("index cleared: new epoch")
+}
+
+// scraped takes a /metrics scrape of the engine: a new process or a counter
+// that went down is a restart even if no probe saw the engine go (vLLM can
+// come back within a probe interval), and the prompt counter tells a silent
+// event path from a quiet one.
+func (s *cacheState) scraped(l vllmclient.Load, now time.Time) {
+	if !s.scraped1 {
+		s.scraped1 = true
+		if l.PromptTokens > 0 && !s.replay && s.ix.Len() == 0 {
+			// vLLM served before we followed its events, and nothing can
+			// replay them: what it cached then is unknown to us.
+			s.partial.Store(true)
+		}
+	}
+	if (s.start != 0 && l.StartTime != 0 && l.StartTime != s.start) || l.PromptTokens < s.prompts {
+		s.metrics.eventRestarts.Inc()
+		s.restart("the engine's counters restarted")
+		s.partial.Store(false)
+	}
+	s.start, s.prompts = l.StartTime, l.PromptTokens
+	if route.Engine(s.state.Load()) != route.EngineServing {
+		return
+	}
+	silent, changed := s.silence.Tokens(l.PromptTokens, now)
+	if !changed {
+		return
+	}
+	s.silent.Store(silent)
+	if silent {
+		s.metrics.eventsSilent.Set(1)
+		s.metrics.eventsSilentTotal.Inc()
+		s.log.Warn().Msg(silenceWarning)
+	}
+}
+
+// silenceWarning names the usual cause of an engine that serves while no
+// KV event arrives.
+const silenceWarning = "vLLM is serving but no KV event has arrived: routing is by load only. " +
+	"Exactly one side of the ZMQ pair must bind: vLLM binds for tcp://*:PORT and ipc:// endpoints " +
+	"and connects for a host address (tcp://HOST:PORT), so point --kv-events-endpoint at vLLM's " +
+	"bound endpoint, or pass --kv-events-bind when vLLM connects; also check --kv-events-topic"
+
 func (s *cacheState) apply(it vllmclient.Item) {
+	s.silence.Event()
+	if s.silent.Swap(false) {
+		s.metrics.eventsSilent.Set(0)
+		s.log.Info().Msg("kv events arriving")
+	}
 	switch it.Kind {
 	case vllmclient.KindGap:
 		s.metrics.eventGaps.Inc()
@@ -79,15 +212,23 @@ func (s *cacheState) apply(it vllmclient.Item) {
 		s.metrics.eventRestarts.Inc()
 		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("seq", it.Seq).Msg("vLLM restarted: its cache is gone")
 		// Clear now: the new publisher's first batches may come by replay.
-		s.ix.Restart()
-		s.needFull = true
-		s.pending = s.pending[:0]
+		s.restart("the event sequence restarted")
+		s.partial.Store(false)
+		s.streams[it.Stream] = true
 		return
 	case vllmclient.KindDecodeError:
 		s.metrics.eventErrors.Inc()
 		s.ix.SetUncertain(true)
 		s.log.Warn().Err(it.Err).Uint64("seq", it.Seq).Msg("undecodable kv event batch dropped")
 		return
+	}
+	if !s.streams[it.Stream] {
+		s.streams[it.Stream] = true
+		if it.Batch.Seq > 0 && !it.Replayed && !s.replay {
+			s.partial.Store(true)
+			s.log.Warn().Uint64("seq", it.Batch.Seq).Msg("joined the KV-event stream mid-way without replay: " +
+				"blocks vLLM stored before are unknown and not advertised (set --kv-events-replay-endpoint to recover them)")
+		}
 	}
 	var ch kvindex.Change
 	if it.Replayed {
@@ -107,10 +248,18 @@ func (s *cacheState) apply(it vllmclient.Item) {
 	s.removed += len(ch.Removed)
 }
 
-// publish sends what changed since the last tick: a delta of added keys, or
-// a full digest after an epoch change, a failed delta, or removals older
-// than rebuildEvery.
+// publish sends what changed since the last tick, while the engine serves:
+// nothing is advertised for an engine that cannot, and the transition to
+// serving sends the first digest itself.
 func (s *cacheState) publish(now time.Time) {
+	if route.Engine(s.state.Load()) == route.EngineServing {
+		s.send(now)
+	}
+}
+
+// send publishes a delta of added keys, or a full digest after an epoch
+// change, a failed delta, or removals older than rebuildEvery.
+func (s *cacheState) send(now time.Time) {
 	epoch := s.ix.Epoch()
 	full := s.needFull || epoch != s.epoch || (s.removed > 0 && now.Sub(s.lastFull) >= s.rebuildEvery)
 	if !full && len(s.pending) == 0 {
@@ -138,4 +287,36 @@ func (s *cacheState) publish(now time.Time) {
 	s.pending, s.removed, s.needFull, s.lastFull = s.pending[:0], 0, false, now
 	s.metrics.digestPublished.WithLabelValues("full").Inc()
 	s.metrics.digestBytes.Set(float64(d.Size()))
+}
+
+// health says how far the local index can be trusted and whether KV events
+// arrive, as /debug/peers shows them.
+func (s *cacheState) health() (index, events string) {
+	switch {
+	case s.ix.Uncertain():
+		index = "uncertain: KV events were lost; blocks may be missing or stale until they are evicted"
+	case s.partial.Load():
+		index = "partial: chains vLLM stored before this sidecar followed its events are unknown and not advertised"
+	default:
+		index = "complete"
+	}
+	events = "ok"
+	if s.silent.Load() {
+		events = "silent: " + silenceWarning
+	}
+	return index, events
+}
+
+// degraded lists what makes routing load-only or partial while the pod
+// is ready.
+func (s *cacheState) degraded() []string {
+	var out []string
+	index, events := s.health()
+	if index != "complete" {
+		out = append(out, "index "+index)
+	}
+	if events != "ok" {
+		out = append(out, "kv events "+events)
+	}
+	return out
 }

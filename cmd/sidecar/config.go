@@ -39,6 +39,11 @@ type config struct {
 	DrainTimeout   time.Duration
 	LoadInterval   time.Duration
 	DigestInterval time.Duration
+
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	HungAfter      int
+	SilenceWindow  time.Duration
 	LogLevel       string
 	LogFormat      string
 	Procs          int
@@ -68,8 +73,8 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.StringVar(&join, "join", "", "comma-separated seeds (host:port or DNS names, re-resolved periodically), e.g. the headless Service")
 	fs.StringVar(&c.SecretFile, "cluster-secret-file", "", "file holding the cluster secret; the gossip and hop-authentication keys derive from it (without it: unauthenticated, for local use only)")
 	fs.StringVar(&c.ClusterLabel, "cluster-label", "kvroute", "memberlist label; members with another label are rejected")
-	fs.StringVar(&c.EventsEndpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "vLLM's KV-event PUB endpoint")
-	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM configured to connect out)")
+	fs.StringVar(&c.EventsEndpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "vLLM's KV-event PUB endpoint. Exactly one side binds: vLLM binds for tcp://*:PORT and ipc:// endpoints (connect to it here) and connects for tcp://HOST:PORT (then pass --kv-events-bind)")
+	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM whose endpoint names a host, which makes it connect out)")
 	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to (vLLM's kv_events_config topic)")
 	fs.StringVar(&c.EventsReplayEndpoint, "kv-events-replay-endpoint", "", "vLLM's replay ROUTER endpoint; enables exact recovery after lost events")
 	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks; rank r publishes on port+r")
@@ -81,6 +86,10 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
+	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
+	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
+	fs.IntVar(&c.HungAfter, "health-hung-after", 2, "probe timeouts in a row after which the engine counts as hung (down)")
+	fs.DurationVar(&c.SilenceWindow, "kv-events-silence-window", 10*time.Second, "warn (log, metric, /readyz body) when vLLM serves this long with no KV event ever arriving")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
@@ -127,6 +136,8 @@ func (c config) validate() error {
 		return errors.New("--kv-events-dp-ranks must be at least 1")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
+	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1:
+		return errors.New("--health-interval and --health-timeout must be positive, --health-hung-after at least 1")
 	}
 	return nil
 }

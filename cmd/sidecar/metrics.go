@@ -21,6 +21,11 @@ type sidecarMetrics struct {
 	digestPublished *prometheus.CounterVec
 	digestBytes     prometheus.Gauge
 	loadErrors      prometheus.Counter
+
+	engineUp          prometheus.Gauge
+	engineTransitions *prometheus.CounterVec
+	eventsSilent      prometheus.Gauge
+	eventsSilentTotal prometheus.Counter
 }
 
 func newSidecarMetrics(reg *prometheus.Registry) *sidecarMetrics {
@@ -39,15 +44,24 @@ func newSidecarMetrics(reg *prometheus.Registry) *sidecarMetrics {
 			Help: "Wire size of the last full local digest."}),
 		loadErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Name: "vllm_scrape_errors_total",
 			Help: "Failed scrapes of the local vLLM's /metrics."}),
+		engineUp: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvroute", Name: "engine_up",
+			Help: "1 while the local vLLM serves (healthy, digest advertised), else 0: starting, dead or hung."}),
+		engineTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Name: "engine_transitions_total",
+			Help: "Changes of the local vLLM's state, by the state entered (serving, down)."}, []string{"state"}),
+		eventsSilent: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvroute", Name: "kv_events_silent",
+			Help: "1 while vLLM serves but no KV event has arrived within the silence window (a misconfigured event path)."}),
+		eventsSilentTotal: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Name: "kv_events_silent_total",
+			Help: "Times the KV-event path was found silent while vLLM served."}),
 	}
 	reg.MustRegister(m.events, m.eventGaps, m.eventRestarts, m.eventErrors, m.digestPublished, m.digestBytes, m.loadErrors,
+		m.engineUp, m.engineTransitions, m.eventsSilent, m.eventsSilentTotal,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // registerViews exports gauges read at scrape time from the index, the
 // subscriber and the mesh, so their owners keep plain counters.
-func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.Subscriber, mesh *gossip.Mesh) {
+func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.Subscriber, mesh *gossip.Mesh, cs *cacheState) {
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute", Name: name, Help: help}, f)
 	}
@@ -59,6 +73,12 @@ func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.
 		gauge("index_keys", "Routing keys in the local index.", func() float64 { return float64(ix.Len()) }),
 		gauge("index_uncertain", "1 when events were lost and the index may be wrong.", func() float64 {
 			if ix.Uncertain() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("index_partial", "1 when the sidecar joined vLLM's event stream mid-way without replay: chains stored before are unknown (never advertised).", func() float64 {
+			if cs.partial.Load() {
 				return 1
 			}
 			return 0

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/kvindex"
@@ -141,6 +142,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.Join, gcfg.SecretKey, gcfg.Label = cfg.Join, keys.Gossip, cfg.ClusterLabel
 	gcfg.APIAddr = net.JoinHostPort(advertise, strconv.Itoa(port))
 	gcfg.Models = []string{cfg.Model}
+	gcfg.Engine = route.EngineStarting // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
 	// Peers balance on the load they see: advertise it as often as it is
 	// scraped, or a sidecar acts on load up to a second older than that.
@@ -150,17 +152,25 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		return fmt.Errorf("join mesh: %w", err)
 	}
 	defer mesh.Shutdown()
-	registerViews(reg, ix, sub, mesh)
-
-	params := bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
-	cs := newCacheState(cfg.NodeName, ix, params, mesh, metrics, log.With().Str("component", "index").Logger())
-	go cs.run(runCtx, sub.Items(), cfg.DigestInterval) // exits when runCtx ends
+	watcher := engine.NewWatcher(engine.Config{ProbeInterval: cfg.HealthInterval, ProbeTimeout: cfg.HealthTimeout,
+		HungAfter: cfg.HungAfter}, vc, nil)
 
 	fcfg := forward.DefaultConfig()
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
+	fcfg.LocalFailed = watcher.Report
 	front := forward.New(fcfg, mesh, tokenizer{vc}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
-	go watchLocal(runCtx, vc, mesh, front, metrics, cfg.LoadInterval, log) // exits when runCtx ends
+	front.SetLocalReady(false) // until the engine is seen healthy
+
+	params := bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
+	silence := engine.NewSilence(cfg.SilenceWindow, cfg.BlockSize)
+	cs := newCacheState(cfg.NodeName, ix, params, mesh, front, silence, cfg.EventsReplayEndpoint != "",
+		metrics, log.With().Str("component", "index").Logger())
+	registerViews(reg, ix, sub, mesh, cs)
+	scrapes := make(chan vllmclient.Load, 1)
+	go watcher.Run(runCtx)                                                             // exits when runCtx ends
+	go cs.run(runCtx, sub.Items(), watcher.Transitions(), scrapes, cfg.DigestInterval) // exits when runCtx ends
+	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log)            // exits when runCtx ends
 
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
@@ -169,7 +179,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	engine.NoRoute(front.Passthrough)
 	api := &http.Server{Addr: cfg.Listen, Handler: engine, ReadHeaderTimeout: 10 * time.Second}
 
-	ad := newAdmin(cfg, reg, mesh, front, log)
+	ad := newAdmin(cfg, reg, mesh, front, cs, log)
 	adminSrv := &http.Server{Addr: cfg.AdminListen, Handler: ad.mux(), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 2)
@@ -189,6 +199,9 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		return fmt.Errorf("server stopped: %w", err)
 	}
 	ad.drain(context.Background())
+	if err := mesh.Leave(5 * time.Second); err != nil {
+		log.Warn().Err(err).Msg("leave mesh")
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	api.Shutdown(sctx)
@@ -208,9 +221,10 @@ func (t tokenizer) Tokenize(ctx context.Context, p forward.Prompt) ([]uint32, er
 	})
 }
 
-// watchLocal scrapes the local vLLM's load and health every interval and
-// advertises them; it exits when ctx is done.
-func watchLocal(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, front *forward.Handler, m *sidecarMetrics, every time.Duration, log zerolog.Logger) {
+// watchLoad scrapes the local vLLM's /metrics every interval, advertises
+// its load and hands the scrape to the cache state (restart and silence
+// signals); it exits when ctx is done. Health is the engine watcher's job.
+func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, scrapes chan vllmclient.Load, m *sidecarMetrics, every time.Duration, log zerolog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -219,11 +233,14 @@ func watchLocal(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, f
 		cancel()
 		if err != nil {
 			m.loadErrors.Inc()
-			front.SetLocalReady(false)
 			log.Debug().Err(err).Msg("local vLLM load scrape failed")
 		} else {
-			front.SetLocalReady(true)
 			mesh.SetLoad(route.Load{Running: int(l.Running), Waiting: int(l.Waiting), KVUsage: l.KVUsage})
+			select { // the newest scrape replaces one not yet taken
+			case <-scrapes:
+			default:
+			}
+			scrapes <- l
 		}
 		select {
 		case <-ctx.Done():

@@ -1,0 +1,42 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+)
+
+// KillSim SIGKILLs pod i's simulator only, as an OOM kill or a crash of the
+// vLLM container would: the sidecar keeps running and must notice.
+func (c *Cluster) KillSim(i int) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	if sim, _ := c.procs(i); sim != nil {
+		sim.kill()
+	}
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim killed\n", c.cfg.pod(i).Name)
+	return nil
+}
+
+// StartSim starts pod i's simulator again after KillSim, with an empty
+// cache, a new hash seed and event sequence numbers from 0, and waits until
+// it answers /health. The sidecar is left alone: the kubelet restarts only
+// the crashed container.
+func (c *Cluster) StartSim(ctx context.Context, i int) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	if sim, _ := c.procs(i); sim != nil && !sim.exited() {
+		return fmt.Errorf("%s sim: still running", c.cfg.pod(i).Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
+	defer cancel()
+	if err := c.startSim(i); err != nil {
+		return err
+	}
+	if err := c.waitSim(ctx, i); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim restarted\n", c.cfg.pod(i).Name)
+	return nil
+}

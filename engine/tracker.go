@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/route"
+)
+
+// Probe is the outcome of one look at the engine.
+type Probe uint8
+
+const (
+	// ProbeOK: /health answered 200.
+	ProbeOK Probe = iota
+	// ProbeFailed: refused, reset or a non-200 answer. vLLM answers /health
+	// only once its engine is loaded and 503 once it is dead, so one failure
+	// is proof enough.
+	ProbeFailed
+	// ProbeTimeout: no answer within the probe timeout. A hung engine looks
+	// like this, and so does a busy one for a moment: HungAfter of them in a
+	// row are needed.
+	ProbeTimeout
+)
+
+// Transition is a change of the engine's state that the caller must carry
+// out. Restarted is set when the engine comes back after being down: its
+// cache is gone (or, after a hang, unknown), so the caller starts a new
+// epoch with an empty index before it advertises the engine as serving.
+type Transition struct {
+	From, To  route.Engine
+	Restarted bool
+	Reason    string
+	At        time.Time
+}
+
+// Tracker is the engine state machine. It starts in route.EngineStarting.
+// It is not safe for concurrent use; Watcher owns one.
+type Tracker struct {
+	hungAfter int
+	state     route.Engine
+	timeouts  int       // consecutive probe timeouts
+	okAt      time.Time // last healthy probe
+}
+
+// NewTracker returns a tracker in route.EngineStarting. hungAfter is how
+// many probe timeouts in a row make the engine down (at least 1).
+func NewTracker(hungAfter int) *Tracker {
+	return &Tracker{hungAfter: max(hungAfter, 1), state: route.EngineStarting}
+}
+
+// State returns the current state.
+func (t *Tracker) State() route.Engine { return t.state }
+
+// Observe applies one probe outcome; reason says what was seen (an error
+// text). It reports the transition, if the state changed.
+func (t *Tracker) Observe(p Probe, reason string, now time.Time) (Transition, bool) {
+	switch p {
+	case ProbeOK:
+		t.timeouts, t.okAt = 0, now
+		return t.move(route.EngineServing, "healthy", now)
+	case ProbeTimeout:
+		t.timeouts++
+		if t.timeouts < t.hungAfter {
+			return Transition{}, false
+		}
+		return t.move(route.EngineDown, "hung: "+reason, now)
+	default:
+		t.timeouts = 0
+		if t.state == route.EngineStarting {
+			return Transition{}, false // still loading: vLLM listens only once ready
+		}
+		return t.move(route.EngineDown, reason, now)
+	}
+}
+
+// Failed applies a request to the engine, made at at, whose connection was
+// refused: a live engine would have taken it. The engine is down at once;
+// the next good probe brings it back. A failure older than the last good
+// probe is stale: the engine answered since.
+func (t *Tracker) Failed(reason string, at time.Time) (Transition, bool) {
+	if t.state != route.EngineServing || !at.After(t.okAt) {
+		return Transition{}, false
+	}
+	return t.move(route.EngineDown, reason, at)
+}
+
+func (t *Tracker) move(to route.Engine, reason string, now time.Time) (Transition, bool) {
+	if t.state == to {
+		return Transition{}, false
+	}
+	tr := Transition{From: t.state, To: to, Reason: reason, At: now,
+		Restarted: t.state == route.EngineDown && to == route.EngineServing}
+	t.state = to
+	return tr, true
+}
