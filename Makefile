@@ -84,7 +84,7 @@ IMAGE_TAG ?= v0.1.0
 IMAGES    := sidecar=ghcr.io/kvroute/sidecar:$(IMAGE_TAG) vllm-sim=ghcr.io/kvroute/vllm-sim:$(IMAGE_TAG) \
 	pause=kvroute.local/pause:v1
 .PHONY: images k8s-up k8s-down k8s-e2e
-images: deps
+images:
 	@[ "$$(id -u)" = 0 ] || { echo "make images needs root (debootstrap, chroot): sudo make images" >&2; exit 2; }
 	@command -v debootstrap >/dev/null || { echo "== installing debootstrap (apt-get)"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
@@ -100,5 +100,5 @@ k8s-down:
 	k8s/down.sh
 
 # Up, the end-to-end checks and faults, down; the result in out/k8s-e2e/result.json.
-k8s-e2e:
+k8s-e2e: images
 	k8s/e2e.sh

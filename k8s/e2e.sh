@@ -53,18 +53,18 @@ finish() {
     --argjson dropped "${dropped:-null}" --argjson down_s "$down_s" --argjson total $((SECONDS - t0)) \
     --argjson completed "$([[ -f $OUT/completed ]] && echo true || echo false)" \
     --arg version "$KUBE_VERSION" --arg commit "$(git rev-parse --short HEAD 2>/dev/null)" '
-    def brief: if . == null then null else {requests, success_rate, hit_rate, ttft_p50_s, ttft_p90_s, failed, lost, cut, per_pod, errors} end;
+    def brief: if . == null then null else {requests, success_rate, hit_rate, ttft_p50_s, ttft_p90_s, failed, lost, unrouted, cut, per_pod, errors} end;
     {kube_version: $version, commit: $commit, total_s: $total,
      completed: $completed, passed: ($completed and ($checks | all(.ok))),
      checks: $checks, up: $up, ready: $ready,
      hit_rate: {plain_service: ($service.hit_rate), kvroute_service: ($kvroute.hit_rate)},
      load: {plain_service: ($service | brief), kvroute_service: ($kvroute | brief)},
-     faults: (if $faults == null then null else ($faults.faults | map({kind, pod, at_s, requests, lost, cut})) end),
+     faults: (if $faults == null then null else ($faults.faults | map({kind, pod, at_s, requests, lost, unrouted, cut, errors})) end),
      fault_load: ($faults | brief),
      egress_dropped: $dropped, down_s: $down_s}' > "$OUT/result.json"
   step "result: $OUT/result.json"
   jq -r '"   passed: \(.passed)   hit rate plain Service \(.hit_rate.plain_service)  kvroute Service \(.hit_rate.kvroute_service)",
-    (.faults // [] | .[] | "   fault \(.kind) \(.pod): \(.requests) requests, \(.lost) lost, \(.cut) cut")' "$OUT/result.json"
+    (.faults // [] | .[] | "   fault \(.kind) \(.pod): \(.requests) requests, \(.lost) lost (\(.unrouted) never reached a pod), \(.cut) cut")' "$OUT/result.json"
   if [[ $(jq -r .passed "$OUT/result.json") != true ]]; then rc=1; fi
   exit $rc
 }
@@ -208,7 +208,7 @@ check "preStop drain (readyz 503 draining)" "$drain_seen" "during kubectl delete
 if [[ -f $OUT/load-faults.json ]]; then
   lost=$(jq .lost "$OUT/load-faults.json"); cut=$(jq .cut "$OUT/load-faults.json")
   check "no request lost that a live pod could serve" "$(jq -n "$lost == 0")" \
-    "lost $lost, streams cut on a killed pod $cut, of $(jq .requests "$OUT/load-faults.json")"
+    "lost $lost ($(jq .unrouted "$OUT/load-faults.json") never reached a pod), streams cut on a killed pod $cut, of $(jq .requests "$OUT/load-faults.json")"
   nf=$(jq '.faults | length' "$OUT/load-faults.json")
   check "all 4 faults injected" "$(jq -n "$nf == 4")" "$nf"
 else

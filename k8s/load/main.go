@@ -10,7 +10,9 @@
 //
 // A failed request counts as "cut" when its response had begun on a pod
 // that a fault took down (its stream broke: nothing could have saved it),
-// and as "lost" otherwise (a live pod could have served it).
+// and as "lost" otherwise (a live pod could have served it). Of the lost,
+// "unrouted" never reached a pod: the connection to the Service failed
+// (kube-proxy still sent it to a pod that was gone).
 package main
 
 import (
@@ -108,10 +110,12 @@ type Fault struct {
 // FaultResult counts the requests sent from a fault until the next one.
 type FaultResult struct {
 	Fault
-	AtS      float64 `json:"at_s"` // from the start of the run
-	Requests int     `json:"requests"`
-	Lost     int     `json:"lost"`
-	Cut      int     `json:"cut"`
+	AtS      float64        `json:"at_s"` // from the start of the run
+	Requests int            `json:"requests"`
+	Lost     int            `json:"lost"`
+	Unrouted int            `json:"unrouted"`
+	Cut      int            `json:"cut"`
+	Errors   map[string]int `json:"errors,omitempty"`
 }
 
 // Summary is the JSON the command writes.
@@ -121,6 +125,7 @@ type Summary struct {
 	Seed     uint64         `json:"seed"`
 	Failed   int            `json:"failed"`
 	Lost     int            `json:"lost"`
+	Unrouted int            `json:"unrouted"`
 	Cut      int            `json:"cut"`
 	PerPod   map[string]int `json:"per_pod"`
 	Errors   map[string]int `json:"errors,omitempty"`
@@ -219,18 +224,32 @@ func summarize(o options, samples []loadgen.Sample, faults []Fault, start time.T
 		}
 		sum.Failed++
 		sum.Errors[short(s.Err)]++
-		cut := brokenOn(s, faults, start)
-		if cut {
+		cut, unrouted := brokenOn(s, faults, start), s.Pod == "" && dialFailed(s.Err)
+		switch {
+		case cut:
 			sum.Cut++
-		} else {
+		case unrouted:
+			sum.Lost++
+			sum.Unrouted++
+		default:
 			sum.Lost++
 		}
-		if i >= 0 {
-			if cut {
-				sum.Faults[i].Cut++
-			} else {
-				sum.Faults[i].Lost++
-			}
+		if i < 0 {
+			continue
+		}
+		f := &sum.Faults[i]
+		if f.Errors == nil {
+			f.Errors = map[string]int{}
+		}
+		f.Errors[short(s.Err)]++
+		switch {
+		case cut:
+			f.Cut++
+		case unrouted:
+			f.Lost++
+			f.Unrouted++
+		default:
+			f.Lost++
 		}
 	}
 	return sum
@@ -250,6 +269,11 @@ func brokenOn(s loadgen.Sample, faults []Fault, start time.Time) bool {
 		}
 	}
 	return false
+}
+
+// dialFailed: the error of a connection that was never established.
+func dialFailed(err string) bool {
+	return strings.Contains(err, "dial tcp") || strings.Contains(err, "connection refused")
 }
 
 func short(s string) string {

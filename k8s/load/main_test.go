@@ -31,13 +31,13 @@ func TestSummarizeClassifiesFailures(t *testing.T) {
 		s(22*time.Second, "c", ""),
 	}
 	sum := summarize(options{name: "x", url: "u"}, samples, faults, start)
-	if sum.Failed != 6 || sum.Cut != 2 || sum.Lost != 4 {
-		t.Errorf("failed %d cut %d lost %d; want 6, 2, 4", sum.Failed, sum.Cut, sum.Lost)
+	if sum.Failed != 6 || sum.Cut != 2 || sum.Lost != 4 || sum.Unrouted != 1 {
+		t.Errorf("failed %d cut %d lost %d unrouted %d; want 6, 2, 4, 1", sum.Failed, sum.Cut, sum.Lost, sum.Unrouted)
 	}
 	if len(sum.Faults) != 2 {
 		t.Fatalf("%d fault results; want 2", len(sum.Faults))
 	}
-	if f := sum.Faults[0]; f.Requests != 4 || f.Cut != 1 || f.Lost != 3 || f.AtS != 10 {
+	if f := sum.Faults[0]; f.Requests != 4 || f.Cut != 1 || f.Lost != 3 || f.Unrouted != 0 || f.AtS != 10 || f.Errors["status 502: bad"] != 1 {
 		t.Errorf("delete-pod: %+v; want 4 requests, 1 cut, 3 lost at 10 s", f)
 	}
 	if f := sum.Faults[1]; f.Requests != 2 || f.Cut != 1 || f.Lost != 0 {
