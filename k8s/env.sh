@@ -33,8 +33,8 @@ COMPONENTS="etcd containerd kube-apiserver kube-controller-manager kube-schedule
 
 need_root() {
   if [[ $(id -u) != 0 ]]; then
-    echo "$1 needs root: it starts containerd, the kubelet and kube-proxy, and changes iptables," >&2
-    echo "routes and sysctls on this machine. Run it as root (sudo make $1)." >&2
+    echo "$1 needs root: the local cluster runs containerd, the kubelet and kube-proxy as root" >&2
+    echo "and changes iptables, routes and sysctls on this machine. Run it as root (sudo make $1)." >&2
     exit 2
   fi
 }
