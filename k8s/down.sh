@@ -79,6 +79,17 @@ for p in /proc/[0-9]*; do
   kill -KILL "${p#/proc/}" 2>/dev/null
 done
 
+# Containers whose shim died with containerd still run in the kubepods
+# cgroups: every process there is a pod's.
+for _ in 1 2 3 4 5; do
+  pids=$(cat /sys/fs/cgroup/*/kubepods/cgroup.procs /sys/fs/cgroup/*/kubepods/*/cgroup.procs \
+    /sys/fs/cgroup/*/kubepods/*/*/cgroup.procs /sys/fs/cgroup/*/kubepods/*/*/*/cgroup.procs 2>/dev/null | sort -u)
+  [[ -z $pids ]] && break
+  step "killing $(wc -w <<<"$pids") leftover container processes"
+  kill -KILL $pids 2>/dev/null
+  sleep 0.5
+done
+
 # 4. iptables: kube-proxy's chains, then the kubelet's, then the guard.
 if [[ -x $KBIN/kube-proxy ]]; then
   step "kube-proxy --cleanup"
