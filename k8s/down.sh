@@ -131,8 +131,8 @@ for v in $(ip -o link show master "$BRIDGE" 2>/dev/null | awk -F': ' '{print $2}
   ip link delete "$v" 2>/dev/null
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
-ip addr show dev lo | grep -q " $NODE_IP/32 " && ip addr del "$NODE_IP/32" dev lo
-ip route show "$SVC_CIDR" | grep -q . && ip route del "$SVC_CIDR"
+[[ -n $(ip -o addr show dev lo to "$NODE_IP/32") ]] && ip addr del "$NODE_IP/32" dev lo
+[[ -n $(ip route show "$SVC_CIDR") ]] && ip route del "$SVC_CIDR"
 
 # 6. Mounts (deepest first), then kubepods cgroups, then state.
 step "mounts, cgroups, state"
@@ -164,9 +164,9 @@ for ipt in iptables ip6tables; do
   [[ $n != 0 ]] && left+=("$n $ipt rules or chains")
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
-ip addr show dev lo | grep -q " $NODE_IP/" && left+=("address $NODE_IP on lo")
+[[ -n $(ip -o addr show dev lo to "$NODE_IP/32") ]] && left+=("address $NODE_IP on lo")
 ls /run/netns/cni-* >/dev/null 2>&1 && left+=("network namespaces")
-findmnt -rn -o TARGET | grep -qE '^(/var/lib/kubelet|/run/containerd|/run/netns/cni-)' && left+=("mounts")
+[[ -n $(findmnt -rn -o TARGET | grep -E '^(/var/lib/kubelet|/run/containerd|/run/netns/cni-)') ]] && left+=("mounts")
 ls -d /sys/fs/cgroup/*/kubepods >/dev/null 2>&1 && left+=("kubepods cgroups")
 if (( ${#left[@]} )); then
   printf 'k8s-down: left behind: %s\n' "${left[@]}" >&2

@@ -229,6 +229,15 @@ wait_for "peers after the faults" 60 peers_ok &&
   check "after the faults every /debug/peers lists every pod" true "" ||
   check "after the faults every /debug/peers lists every pod" false ""
 k get pods -o wide > "$OUT/pods-after.txt"
+
+# The overlay's requests let 8 pods fit on this 2-CPU node.
+step "scale to 8 replicas"
+k scale deploy/kvroute --replicas=8 >/dev/null
+if k rollout status deploy/kvroute --timeout=120s >/dev/null && wait_for "8 pods in every peer table" 60 peers_ok; then
+  check "8 replicas fit on 2 CPUs and find each other" true "$(k get deploy kvroute -o jsonpath='{.status.readyReplicas}') Ready"
+else
+  check "8 replicas fit on 2 CPUs and find each other" false "$(k get pods --no-headers | awk '{print $3}' | sort | uniq -c | tr '\n' ' ')"
+fi
 touch "$OUT/completed"
 }
 main "$@"

@@ -14,7 +14,7 @@ step() { printf '== [%3ds] %s\n' $((SECONDS - t_start)) "$*"; }
 pkgs="etcd-server containerd runc containernetworking-plugins iptables iproute2 conntrack"
 missing=
 for p in $pkgs; do
-  dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || missing+="$p "
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+="$p "
 done
 if [[ -n $missing ]]; then
   step "installing ${missing}(apt-get; no daemon is started)"
@@ -58,10 +58,10 @@ fi
 
 # --- networking: node address on lo, a local route for Service IPs, the guard.
 step "node address $NODE_IP/32 on lo, egress guard $GUARD"
-ip addr show dev lo | grep -q " $NODE_IP/32 " || ip addr add "$NODE_IP/32" dev lo
+[[ -n $(ip -o addr show dev lo to "$NODE_IP/32") ]] || ip addr add "$NODE_IP/32" dev lo
 # Host-originated packets to a ClusterIP are DNATed in OUTPUT; without this
 # route their first routing decision would pick the default route (eth0).
-ip route show "$SVC_CIDR" | grep -q . || ip route add "$SVC_CIDR" dev lo src "$NODE_IP"
+[[ -n $(ip route show "$SVC_CIDR") ]] || ip route add "$SVC_CIDR" dev lo src "$NODE_IP"
 if ! iptables -t mangle -S "$GUARD" >/dev/null 2>&1; then
   iptables -t mangle -N "$GUARD"
   iptables -t mangle -A "$GUARD" -o lo -j RETURN
@@ -262,7 +262,7 @@ start kube-proxy "$KBIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
 start coredns "$KBIN/coredns" -conf "$STATE/Corefile"
 
 wait_for "node $NODE_NAME Ready" 120 bash -c \
-  "'$KBIN/kubectl' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+  "'$KBIN/kubectl' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -x True"
 step "node $NODE_NAME Ready"
 wait_for "CoreDNS" 60 curl -fsS http://127.0.0.1:8181/ready
 echo "$((SECONDS - t_start))" > "$RUNDIR/up-seconds"
