@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -48,7 +48,7 @@ type Peers interface {
 // Tokenizer returns the token ids vLLM will use for a prompt (the local
 // vLLM's /tokenize renders chat templates exactly).
 type Tokenizer interface {
-	Tokenize(ctx context.Context, p Prompt) ([]uint32, error)
+	Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error)
 }
 
 // Config of the front. DefaultConfig documents the defaults.
@@ -58,8 +58,15 @@ type Config struct {
 	// VLLM is the local vLLM's base URL.
 	VLLM *url.URL
 	// Model is the base model name block keys are seeded with. A request
-	// naming another model is treated as a LoRA adapter of it.
+	// naming another model is treated as a LoRA adapter of it, unless
+	// IsAdapter says otherwise.
 	Model string
+	// IsAdapter reports whether a model name other than Model is a LoRA
+	// adapter, whose blocks vLLM hashes with its name; another name the
+	// base model is served under (--served-model-name) is not, and its
+	// requests are keyed as Model's. nil treats every other name as an
+	// adapter.
+	IsAdapter func(model string) bool
 	// Scheme is the routing key scheme (block size and stride).
 	Scheme blockkey.Scheme
 	// MaxBodyBytes bounds request bodies (413 above). Default 32 MiB.
@@ -301,8 +308,8 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
 			r.Header.Del(HopHeader)
 		}
-		p, perr := ParsePrompt(body, chat)
-		if errors.Is(perr, errBadJSON) {
+		p, perr := prompt.Parse(body, chat)
+		if errors.Is(perr, prompt.ErrBadJSON) {
 			h.metrics.badRequests.WithLabelValues("bad_json").Inc()
 			writeError(c, http.StatusBadRequest, perr.Error())
 			return
@@ -341,17 +348,17 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 
 // keys computes the request's routing keys; any failure returns nil keys and
 // the request is routed by load alone (DESIGN.md D6).
-func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Key, int) {
+func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int) {
 	if perr != nil {
 		return nil, 0
 	}
 	tokens := p.Tokens
 	if tokens == nil && h.tok != nil {
 		tctx, cancel := context.WithTimeout(ctx, h.cfg.TokenizeTimeout)
-		t0 := time.Now()
+		t0 := h.now()
 		ids, err := h.tok.Tokenize(tctx, p)
 		cancel()
-		h.metrics.tokenizeSeconds.Observe(time.Since(t0).Seconds())
+		h.metrics.tokenizeSeconds.Observe(h.now().Sub(t0).Seconds())
 		if err != nil {
 			h.metrics.tokenizeErrors.Inc()
 			h.log.Debug().Err(err).Msg("tokenize failed; routing by load")
@@ -362,11 +369,11 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 	if len(tokens) == 0 {
 		return nil, 0
 	}
-	lora := ""
-	if p.Model != "" && p.Model != h.cfg.Model {
-		lora = p.Model
+	model := p.Model
+	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
+		model = h.cfg.Model // another served name of the base model
 	}
-	return h.cfg.Scheme.Request(blockkey.Root(h.cfg.Model, lora, ""), tokens), len(tokens)
+	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens), len(tokens)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's
@@ -401,53 +408,28 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 		p.Load.InFlight = h.flights.since(p.ID, p.LoadAt)
 	}
 	d := h.policy.Choose(req, peers, now)
+	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
 	return d, peers
 }
 
-// targets turns a decision into the ordered attempts: the chosen peer, the
-// next best eligible peers, then the local vLLM. While the local engine
-// cannot serve, the local attempt gives its place to another peer, even
-// one over the load bound, and stays only when no peer is eligible: a
-// loaded pod serves, a dead engine does not.
+// targets turns the decision's attempts (route.Attempts: the failover
+// order) into where to send them.
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
-	localOK := h.localReady.Load()
-	addr := make(map[string]string, len(peers))
-	for _, pv := range peers {
-		addr[pv.ID] = pv.Addr
-	}
 	var out []target
-	switch a := addr[d.Target]; {
-	case d.Local && localOK:
-		// Served here; if the engine dies with the request in hand, the
-		// next peers take it (and the local attempt is not repeated).
-		out = append(out, target{URL: h.cfg.VLLM})
-		localOK = false
-	case a != "" && !d.Local:
-		out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
-	}
-	var next []route.Candidate
-	for _, cd := range d.Candidates {
-		if cd.Eligible && !cd.Local && !cd.Chosen && (!cd.Over || !localOK) && addr[cd.ID] != "" {
-			next = append(next, cd)
-		}
-	}
-	sort.SliceStable(next, func(i, j int) bool {
-		if next[i].Over != next[j].Over {
-			return !next[i].Over
-		}
-		return next[i].Load < next[j].Load
-	})
-	room := h.cfg.Retry.MaxAttempts
-	if localOK {
-		room-- // the last attempt is local's
-	}
-	for _, cd := range next {
-		if len(out) >= room {
+	for _, id := range d.Attempts {
+		for _, pv := range peers {
+			switch {
+			case pv.ID != id:
+				continue
+			case pv.Local:
+				out = append(out, target{URL: h.cfg.VLLM})
+			case pv.Addr != "":
+				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
+			}
 			break
 		}
-		out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
 	}
-	if localOK || len(out) == 0 {
+	if len(out) == 0 { // no candidates at all (an empty peer table)
 		out = append(out, target{URL: h.cfg.VLLM})
 	}
 	return out
@@ -566,8 +548,8 @@ func hopReason(err error) string {
 // Explain returns the decision the front would make for a request body,
 // without serving it (the admin /debug/route endpoint).
 func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.Decision, int, error) {
-	p, perr := ParsePrompt(body, chat)
-	if errors.Is(perr, errBadJSON) {
+	p, perr := prompt.Parse(body, chat)
+	if errors.Is(perr, prompt.ErrBadJSON) {
 		return route.Decision{}, 0, perr
 	}
 	keys, tokens := h.keys(ctx, p, perr)
