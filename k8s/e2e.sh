@@ -5,8 +5,8 @@
 # Exits 0 only when every check passed and k8s-down left nothing.
 #
 # KEEP=1 leaves the cluster up afterwards; RATE, LOAD_S and FAULT_LOAD_S
-# size the load (defaults 4 req/s, 60 s and 160 s); HANG_S how long the
-# engine stays frozen (15 s).
+# size the load (defaults 4 req/s, 60 s and 190 s); HANG_S how long the
+# engine stays frozen and the pod cut off (15 s each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . k8s/env.sh
@@ -15,7 +15,7 @@ OUT=${OUT:-out/k8s-e2e}
 NS=kvroute-e2e
 RATE=${RATE:-4}
 LOAD_S=${LOAD_S:-60}
-FAULT_LOAD_S=${FAULT_LOAD_S:-160}
+FAULT_LOAD_S=${FAULT_LOAD_S:-190}
 REPLICAS=4
 rm -rf "$OUT" && mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
@@ -188,16 +188,20 @@ export NS FAULTS=$OUT/faults.jsonl
 load_pid=$!
 drain_seen=false
 sleep 10
-# The issue's four faults, then a frozen engine (informational: a hung
-# engine is detected by the sidecar's health probe, so requests it already
-# took wait for that).
-for f in delete-pod force-delete kill-engine rollout-restart hang-engine; do
+# The issue's four faults, then two informational ones: a frozen engine
+# (detected by the sidecar's health probe, so requests it already took
+# wait for that) and a pod cut off from its peers (clients still reach it).
+for f in delete-pod force-delete kill-engine rollout-restart hang-engine partition; do
   kill -0 $load_pid 2>/dev/null || break
   victim=$(k8s/fault.sh "$f" | jq -r .pod)
   printf '   %-16s %s\n' "$f" "$victim"
   if [[ $f == hang-engine ]]; then
     sleep "${HANG_S:-15}"
     k8s/fault.sh resume-engine "$victim" >/dev/null
+  fi
+  if [[ $f == partition ]]; then
+    sleep "${HANG_S:-15}"
+    k8s/fault.sh heal "$victim" >/dev/null
   fi
   if [[ $f == delete-pod ]]; then
     # The preStop hook calls the sidecar's /drain: its /readyz turns 503 while it terminates.
@@ -215,8 +219,8 @@ wait $load_pid
 check "preStop drain (readyz 503 draining)" "$drain_seen" "during kubectl delete pod"
 if [[ -f $OUT/load-faults.json ]]; then
   # Lost before the first fault or in the window of one of the four.
-  lost=$(jq '.lost - ([.faults[] | select(.kind | IN("hang-engine", "resume-engine")) | .lost] | add // 0)' "$OUT/load-faults.json")
-  cut=$(jq '[.faults[] | select(.kind | IN("hang-engine", "resume-engine") | not) | .cut] | add // 0' "$OUT/load-faults.json")
+  lost=$(jq '.lost - ([.faults[] | select(.kind | IN("hang-engine", "resume-engine", "partition", "heal")) | .lost] | add // 0)' "$OUT/load-faults.json")
+  cut=$(jq '[.faults[] | select(.kind | IN("hang-engine", "resume-engine", "partition", "heal") | not) | .cut] | add // 0' "$OUT/load-faults.json")
   check "no request lost that a live pod could serve" "$(jq -n "$lost == 0")" \
     "delete, forced delete, engine kill, rollout restart: lost $lost, streams cut on a killed pod $cut"
   nf=$(jq '[.faults[] | select(.kind | IN("delete-pod", "force-delete", "kill-engine", "rollout-restart"))] | length' "$OUT/load-faults.json")

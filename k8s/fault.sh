@@ -12,6 +12,8 @@
 #   kill-engine      SIGKILL the pod's vllm container only; the kubelet restarts it
 #   hang-engine      freeze the vllm container (cgroup freezer): a hung engine
 #   resume-engine    thaw it
+#   partition        cut the pod off from the other pods (clients, probes and DNS still reach it)
+#   heal             undo partition
 #   rollout-restart  kubectl rollout restart deploy/kvroute (pod is empty)
 #   ready            wait until every replica is Ready again (no JSON line)
 #
@@ -26,7 +28,7 @@ DEPLOY=${DEPLOY:-kvroute}
 export KUBECONFIG=${KUBECONFIG:-$KUBECONFIG_ADMIN}
 k() { "$KBIN/kubectl" -n "$NS" "$@"; }
 
-usage() { sed -n '2,21p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$self"; }
 kind=${1:-}
 case $kind in -h|--help|"") usage; [[ -n $kind ]]; exit $? ;; esac
 
@@ -46,6 +48,28 @@ container_id() {
 }
 
 ctr_() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
+
+# in_pod_net POD COMMAND...: runs COMMAND in the pod's network namespace.
+in_pod_net() {
+  local id pid
+  id=$(container_id "$1" vllm)
+  pid=$(ctr_ tasks ls | awk -v id="$id" '$1 == id {print $2}')
+  [[ -n $pid ]] || { echo "fault: no task for $1's vllm container" >&2; return 1; }
+  shift
+  nsenter -t "$pid" -n "$@"
+}
+
+# Packets from and to other pods are dropped; the gateway (node, kubelet
+# probes, clients through kube-proxy from the host) stays reachable.
+partition_rules() {
+  local op=$1 pod=$2 c=(-m comment --comment kvroute-partition) pos=()
+  [[ $op == -I ]] && pos=(1)
+  # Inserted at 1 in this order, the ACCEPT ends up before the DROP.
+  in_pod_net "$pod" iptables -w "$op" INPUT "${pos[@]}" -s "$NODE_POD_CIDR" "${c[@]}" -j DROP &&
+    in_pod_net "$pod" iptables -w "$op" INPUT "${pos[@]}" -s "$POD_GW" "${c[@]}" -j ACCEPT &&
+    in_pod_net "$pod" iptables -w "$op" OUTPUT "${pos[@]}" -d "$NODE_POD_CIDR" "${c[@]}" -j DROP &&
+    in_pod_net "$pod" iptables -w "$op" OUTPUT "${pos[@]}" -d "$POD_GW" "${c[@]}" -j ACCEPT
+}
 
 emit() {
   local line
@@ -87,6 +111,10 @@ case $kind in
     t=$(now_ms); ctr_ tasks resume "$id" ;;
   rollout-restart)
     t=$(now_ms); k rollout restart deploy/"$DEPLOY" >/dev/null ;;
+  partition)
+    t=$(now_ms); partition_rules -I "$pod" ;;
+  heal)
+    t=$(now_ms); partition_rules -D "$pod" ;;
   *)
     echo "fault: unknown kind $kind" >&2; usage >&2; exit 2 ;;
 esac
