@@ -148,3 +148,29 @@ chaos-deps:
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	      --no-install-recommends iproute2 iptables; } >out/apt.log 2>&1 \
 	    || { tail -n 20 out/apt.log; echo "chaos-deps: apt-get failed (run as root or with sudo)"; exit 1; }; }
+
+# --- Kubernetes (issue 12). All four need root; see README "Kubernetes".
+# The images of images/Dockerfile as docker-save archives in out/images,
+# built offline (a debootstrapped Debian instead of pulled base images).
+IMAGE_TAG ?= v0.1.0
+IMAGES    := sidecar=ghcr.io/kvroute/sidecar:$(IMAGE_TAG) vllm-sim=ghcr.io/kvroute/vllm-sim:$(IMAGE_TAG) \
+	pause=kvroute.local/pause:v1
+.PHONY: images k8s-up k8s-down k8s-e2e
+images:
+	@[ "$$(id -u)" = 0 ] || { echo "make images needs root (debootstrap, chroot): sudo make images" >&2; exit 2; }
+	@command -v debootstrap >/dev/null || { echo "== installing debootstrap (apt-get)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
+	$(GO) run ./images/build --out out/images $(IMAGES)
+
+# A single-node cluster on this machine (kube binaries cached in
+# /var/cache/kvroute/k8s/<version>); prints how to use it.
+k8s-up:
+	@[ -f out/images/sidecar.tar ] || $(MAKE) images
+	k8s/up.sh
+
+k8s-down:
+	k8s/down.sh
+
+# Up, the end-to-end checks and faults, down; the result in out/k8s-e2e/result.json.
+k8s-e2e: images
+	k8s/e2e.sh
