@@ -11,6 +11,14 @@ type Config struct {
 	// recovered pod's cache back sooner. 0 ignores failures.
 	FailFor time.Duration
 
+	// SilentFor keeps a Fronted peer (one whose sidecar pushes its load,
+	// at least every second) out of every choice once its last push is this
+	// old: a pod that died whole, sidecar and engine, goes silent at once,
+	// while memberlist's failure detection takes 5-10 s to remove it. A
+	// push brings the peer back. Default 3 s, three missed refreshes. 0
+	// ignores silence.
+	SilentFor time.Duration
+
 	// LoadTTL is how long a peer's reported load is trusted. Older reports
 	// count as unknown and only InFlight is used. Default 5s, a few gossip
 	// rounds. 0 trusts every report.
@@ -100,6 +108,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		FailFor:              10 * time.Second,
+		SilentFor:            3 * time.Second,
 		LoadTTL:              5 * time.Second,
 		Slack:                1,
 		MinHeadroom:          4,

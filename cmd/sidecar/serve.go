@@ -146,9 +146,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.Models = []string{cfg.Model}
 	gcfg.Engine = route.EngineStarting // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
-	// Peers balance on the load they see: advertise it as often as it is
-	// scraped, or a sidecar acts on load up to a second older than that.
-	gcfg.MetaInterval = cfg.LoadInterval
+	// The meta keeps gossip's default interval (1 s): load, engine state
+	// and digest epoch reach peers by the direct push, and a meta update
+	// every scrape (250 ms) outran memberlist's broadcast of the last one
+	// ("timeout waiting for update broadcast", 2.4 a second per pod).
 	mesh, err := gossip.Join(runCtx, gcfg)
 	if err != nil {
 		return fmt.Errorf("join mesh: %w", err)
