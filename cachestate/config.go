@@ -1,5 +1,5 @@
 // Package cachestate is the local cache's state as the mesh sees it
-// (DESIGN.md §3 and D10): it applies the local vLLM's KV events to the exact
+// (docs/design.md §2 and D10): it applies the local vLLM's KV events to the exact
 // index, publishes the digest peers test (deltas of added keys, a full
 // digest after an epoch change or removals), and owns the engine's state as
 // advertised: a digest only while the engine serves, withdrawn at once when

@@ -238,7 +238,7 @@ func (h *Handler) SetDraining(d bool) { h.draining.Store(d) }
 // SetLocalReady tells the front whether the local vLLM can take work. When
 // it cannot, routing chooses among peers only, and a forwarded request is
 // refused (503 with RefusedHeader) so that its sender tries another pod
-// (DESIGN.md D6).
+// (docs/design.md D6).
 func (h *Handler) SetLocalReady(ok bool) { h.localReady.Store(ok) }
 
 // Wait blocks until every request in flight has finished or ctx is done.
@@ -354,7 +354,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 }
 
 // keys computes the request's routing keys; any failure returns nil keys and
-// the request is routed by load alone (DESIGN.md D6).
+// the request is routed by load alone (docs/design.md D6).
 func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int) {
 	if perr != nil {
 		return nil, 0

@@ -32,7 +32,7 @@ func (d delegate) NotifyMsg(b []byte) {
 }
 
 // GetBroadcasts returns nothing: digests never ride memberlist's broadcast
-// queue, whose receivers do not relay (libraries.md §1.3).
+// queue, whose receivers do not relay (docs/reference/libraries.md §1.3).
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 
 // LocalState carries nothing. The node meta already carries each node's

@@ -1,5 +1,5 @@
 // Package gossip is the sidecars' membership and their view of each other
-// (DESIGN.md D3): who is alive, where to forward, what each peer serves, how
+// (docs/design.md D3): who is alive, where to forward, what each peer serves, how
 // loaded it is, and which blocks its vLLM holds.
 //
 // Two channels carry this, for different reasons:

@@ -16,7 +16,7 @@ const (
 // joiner joins the seeds: once at start, then with backoff until it reaches
 // someone, then every RejoinInterval, each time only the seed addresses that
 // are not live members. memberlist never heals a partition by itself
-// (libraries.md §1.9); this does.
+// (docs/reference/libraries.md §1.9); this does.
 type joiner struct {
 	m        *Mesh
 	seeds    []string

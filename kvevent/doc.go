@@ -1,6 +1,6 @@
 // Package kvevent holds vLLM's KV-cache event values and their wire codec:
 // bytes in, values out. It has no sockets, so the core packages and the
-// simulator's encoder never link libzmq (see vllm-interface.md §1–§2).
+// simulator's encoder never link libzmq (see docs/reference/vllm-interface.md §1–§2).
 //
 // # Messages
 //

@@ -5,7 +5,7 @@ import (
 	"iter"
 )
 
-// kinds is the one description of vLLM's event classes (vllm-interface.md
+// kinds is the one description of vLLM's event classes (docs/reference/vllm-interface.md
 // §2.2–§2.3; KVCacheEvent in vllm/distributed/kv_events.py) that the
 // decoder, the encoder and Event.Fields all read. A class's fields are in
 // msgspec declaration order, which is also the positional order of the

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// Attempts returns the failover order of d (DESIGN.md D5): the IDs of the
+// Attempts returns the failover order of d (docs/design.md D5): the IDs of the
 // candidates to try, first to last, at most max of them. A request is
 // retried only before its first response byte, so the order matters only
 // when a try fails; it is part of the Decision so that /debug/route shows

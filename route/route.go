@@ -40,7 +40,7 @@ type Load struct {
 	QueuedPrefillTokens int `json:"queued_prefill_tokens"`
 }
 
-// Engine is a pod's vLLM as its sidecar sees it (DESIGN.md D10). The zero
+// Engine is a pod's vLLM as its sidecar sees it (docs/design.md D10). The zero
 // value is EngineServing, so a peer that advertises nothing (a baseline's
 // pod, a sidecar of an earlier version) is taken as serving.
 type Engine uint8
