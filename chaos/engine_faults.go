@@ -5,19 +5,6 @@ import (
 	"fmt"
 )
 
-// KillSim SIGKILLs pod i's simulator only, as an OOM kill or a crash of the
-// vLLM container would: the sidecar keeps running and must notice.
-func (c *Cluster) KillSim(i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if sim, _ := c.procs(i); sim != nil {
-		sim.kill()
-	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim killed\n", c.Pod(i).Name)
-	return nil
-}
-
 // StartSim starts pod i's simulator again after KillSim, with an empty
 // cache, a new hash seed and event sequence numbers from 0, and waits until
 // it answers /health. The sidecar is left alone: the kubelet restarts only

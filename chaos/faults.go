@@ -17,30 +17,28 @@ import (
 
 // Kill SIGKILLs pod i's simulator and sidecar, as a node failure or an
 // OOM kill of the pod would. Killing a dead pod is not an error.
-func (c *Cluster) Kill(i int) error {
+func (c *Cluster) Kill(i int) error { return c.kill(i, true, true, "") }
+
+// KillSidecar SIGKILLs pod i's sidecar only: its vLLM keeps serving, the
+// mesh must notice the member is gone.
+func (c *Cluster) KillSidecar(i int) error { return c.kill(i, false, true, " sidecar") }
+
+// KillSim SIGKILLs pod i's simulator only, as an OOM kill or a crash of the
+// vLLM container would: the sidecar keeps running and must notice.
+func (c *Cluster) KillSim(i int) error { return c.kill(i, true, false, " sim") }
+
+func (c *Cluster) kill(i int, simToo, sidecarToo bool, what string) error {
 	if err := c.check(i); err != nil {
 		return err
 	}
 	sim, sc := c.procs(i)
-	for _, pr := range []*proc{sc, sim} {
-		if pr != nil {
-			pr.kill()
-		}
-	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s killed\n", c.Pod(i).Name)
-	return nil
-}
-
-// KillSidecar SIGKILLs pod i's sidecar only: its vLLM keeps serving, the
-// mesh must notice the member is gone.
-func (c *Cluster) KillSidecar(i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if _, sc := c.procs(i); sc != nil {
+	if sc != nil && sidecarToo {
 		sc.kill()
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sidecar killed\n", c.Pod(i).Name)
+	if sim != nil && simToo {
+		sim.kill()
+	}
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s%s killed\n", c.Pod(i).Name, what)
 	return nil
 }
 
