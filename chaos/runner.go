@@ -50,9 +50,6 @@ type RunConfig struct {
 	// PollEvery is how often every sidecar's /debug/peers is read for
 	// detection (default 250ms).
 	PollEvery time.Duration
-	// FailFor is the sidecars' route FailFor (default 10s, route's): a
-	// peer with a failed forward less than this ago is not chosen.
-	FailFor time.Duration
 	// Drain bounds how long answers are awaited after the last arrival
 	// (default 30s).
 	Drain time.Duration
@@ -103,9 +100,6 @@ func (c RunConfig) withDefaults() RunConfig {
 	if c.PollEvery <= 0 {
 		c.PollEvery = 250 * time.Millisecond
 	}
-	if c.FailFor <= 0 {
-		c.FailFor = 10 * time.Second
-	}
 	if c.Drain <= 0 {
 		c.Drain = 30 * time.Second
 	}
@@ -140,36 +134,32 @@ type FaultRecord struct {
 type Poll struct {
 	AtS      float64
 	Observer string
-	// Choosable are the peers the observer may route to: listed, not
-	// draining, engine serving (or not reported).
+	// Choosable are the peers the observer may route to: listed in its
+	// /debug/peers and not excluded there.
 	Choosable []string
 }
 
 // peerEntry is the part of /debug/peers the detection reads.
 type peerEntry struct {
-	ID          string     `json:"id"`
-	Local       bool       `json:"local"`
-	Draining    bool       `json:"draining"`
-	Engine      string     `json:"engine"`
-	LastFailure *time.Time `json:"last_failure"`
+	ID       string `json:"id"`
+	Local    bool   `json:"local"`
+	Excluded string `json:"excluded"`
 }
 
-// choosable reads a /debug/peers body read at now: the remote peers the
-// observer may choose. A peer whose engine is not serving is never
-// chosen, nor one a forward failed to less than failFor ago (route's
-// FailFor).
-func choosable(body []byte, now time.Time, failFor time.Duration) ([]string, error) {
+// choosable reads a /debug/peers body: the remote peers the observer may
+// choose, those its sidecar does not exclude (route's rules, which the
+// sidecar applies and reports: engine down, draining, silent, a failed
+// forward).
+func choosable(body []byte) ([]string, error) {
 	var ps []peerEntry
 	if err := json.Unmarshal(body, &ps); err != nil {
 		return nil, fmt.Errorf("debug/peers: %w", err)
 	}
 	var out []string
 	for _, p := range ps {
-		if p.Local || p.Draining || (p.Engine != "" && p.Engine != "serving") ||
-			(p.LastFailure != nil && now.Sub(*p.LastFailure) < failFor) {
-			continue
+		if !p.Local && p.Excluded == "" {
+			out = append(out, p.ID)
 		}
-		out = append(out, p.ID)
 	}
 	return out, nil
 }
@@ -396,7 +386,7 @@ func (r *runState) observe(ctx context.Context) {
 				if err != nil || resp.StatusCode != http.StatusOK {
 					return
 				}
-				ids, err := choosable(body, time.Now(), r.cfg.FailFor)
+				ids, err := choosable(body)
 				if err != nil {
 					return
 				}

@@ -99,23 +99,20 @@ func TestParseGuardHits(t *testing.T) {
 }
 
 func TestChoosable(t *testing.T) {
-	body := `[{"id":"pod1","local":true,"engine":"serving"},
+	body := `[{"id":"pod1","local":true},
 		{"id":"pod2","engine":"serving"},
-		{"id":"pod3","engine":"down"},
-		{"id":"pod4","engine":"starting"},
-		{"id":"pod5","draining":true,"engine":"serving"},
-		{"id":"pod6"},
-		{"id":"pod7","engine":"serving","last_failure":"2026-12-01T10:00:05Z"},
-		{"id":"pod8","engine":"serving","last_failure":"2026-12-01T09:59:00Z"}]`
-	now := time.Date(2026, 12, 1, 10, 0, 10, 0, time.UTC)
-	got, err := choosable([]byte(body), now, 10*time.Second)
+		{"id":"pod3","engine":"down","excluded":"engine down"},
+		{"id":"pod4","excluded":"silent 3.2s"},
+		{"id":"pod5","draining":true,"excluded":"draining"},
+		{"id":"pod6"}]`
+	got, err := choosable([]byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff([]string{"pod2", "pod6", "pod8"}, got); d != "" {
+	if d := cmp.Diff([]string{"pod2", "pod6"}, got); d != "" {
 		t.Errorf("choosable mismatch (-want +got):\n%s", d)
 	}
-	if _, err := choosable([]byte(`{"not":"a list"}`), now, time.Second); err == nil {
+	if _, err := choosable([]byte(`{"not":"a list"}`)); err == nil {
 		t.Error("choosable accepted an object")
 	}
 }

@@ -568,6 +568,12 @@ func hopReason(err error) string {
 	return "malformed"
 }
 
+// Excluded returns why the front would choose p for no request now, or ""
+// (route.Excluded with the front's routing config).
+func (h *Handler) Excluded(p route.PeerView, now time.Time) string {
+	return route.Excluded(h.cfg.Route, p, now)
+}
+
 // Explain returns the decision the front would make for a request body,
 // without serving it (the admin /debug/route endpoint).
 func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.Decision, int, error) {

@@ -73,6 +73,12 @@ func (a *assessment) inBound(i int) bool {
 	return c.Eligible && (!c.Over || a.allOver)
 }
 
+// Excluded returns why p may serve no request at all now (its engine down,
+// draining, silent, a failed forward), or "": what /debug/peers shows.
+func Excluded(cfg Config, p PeerView, now time.Time) string {
+	return excluded(cfg, p, Request{}, now)
+}
+
 // excluded returns why p may not serve req, or "".
 func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
 	switch {
