@@ -340,8 +340,13 @@ func (p *peer) load() route.Load {
 	return loadOf(p.meta)
 }
 
+// loadOf is the load a meta carries. It is Fronted like a pushed one: every
+// member is a sidecar that fronts its pod, and one that has not pushed for
+// route.Config.SilentFor (a pod that died before it ever pushed to us) is
+// out of the choice until it does.
 func loadOf(m Meta) route.Load {
 	return route.Load{
+		Fronted:             true,
 		Running:             m.Running,
 		Waiting:             m.Waiting,
 		KVUsage:             float64(m.KVUsageMilli) / 1000,

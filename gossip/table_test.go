@@ -243,9 +243,9 @@ func TestTableViewsAndFailures(t *testing.T) {
 	tb.markFailed("nobody", t0)
 
 	want := []route.PeerView{
-		{ID: "a", Addr: "a:8000", LoadAt: t0.Add(time.Second)},
+		{ID: "a", Addr: "a:8000", Load: route.Load{Fronted: true}, LoadAt: t0.Add(time.Second)},
 		{ID: "b", Addr: "b:8000", Models: []string{"m"}, KeyScheme: 1, Draining: true,
-			Load:   route.Load{Running: 2, Waiting: 1, KVUsage: 0.5, Serving: 3, QueuedPrefillTokens: 40},
+			Load:   route.Load{Running: 2, Waiting: 1, KVUsage: 0.5, Serving: 3, Fronted: true, QueuedPrefillTokens: 40},
 			LoadAt: t0, LastFailure: t0.Add(5 * time.Second)},
 	}
 	if diff := cmp.Diff(want, tb.views(), cmpopts.EquateEmpty()); diff != "" {
@@ -288,7 +288,7 @@ func TestTableApplyLoad(t *testing.T) {
 		want outcome
 		load route.Load
 	}{
-		{loadReport{Node: "b", Seq: 1, Load: l(1)}, 1, unknown, route.Load{Running: 9, Serving: 9}},
+		{loadReport{Node: "b", Seq: 1, Load: l(1)}, 1, unknown, route.Load{Running: 9, Serving: 9, Fronted: true}},
 		{loadReport{Node: "a", Seq: 10, Load: l(3)}, 2, applied, l(3)},
 		{loadReport{Node: "a", Seq: 9, Load: l(2)}, 3, stale, l(3)}, // reordered UDP
 		{loadReport{Node: "a", Seq: 10, Load: l(2)}, 4, stale, l(3)},
