@@ -38,6 +38,9 @@ type options struct {
 	RestartDown    time.Duration
 	ShutdownWait   time.Duration
 	BodyLimitBytes int64
+	// Tokenization charge (vllmsim.TokenizeCost): us per token, workers.
+	TokenizeUS      float64
+	TokenizeWorkers int
 }
 
 // kvEventsConfig is vLLM's --kv-events-config JSON (vllm-interface.md §1.1).
@@ -172,6 +175,8 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.DurationVar(&o.RestartDown, "sim-restart-downtime", 2*time.Second, "how long /health is 503 after /sim/restart")
 	fs.DurationVar(&o.ShutdownWait, "sim-shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
 	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
+	fs.Float64Var(&o.TokenizeUS, "sim-tokenize-us-per-token", float64(vllmsim.DefaultTokenizeCost)/1e3, "wall time charged per prompt token tokenized (/tokenize, render, text prompts); 0: free")
+	fs.IntVar(&o.TokenizeWorkers, "sim-tokenize-workers", vllmsim.DefaultTokenizeWorkers, "tokenizations that run at once (vLLM: one thread per API server)")
 	if err := fs.Parse(expandMulti(args)); err != nil {
 		return o, err
 	}
@@ -210,6 +215,9 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	}
 	if o.TimeScale <= 0 {
 		return o, fmt.Errorf("--sim-time-scale %v must be positive", o.TimeScale)
+	}
+	if o.TokenizeUS < 0 || o.TokenizeUS != o.TokenizeUS || o.TokenizeWorkers <= 0 {
+		return o, fmt.Errorf("--sim-tokenize-us-per-token %v must be >= 0 and --sim-tokenize-workers %d positive", o.TokenizeUS, o.TokenizeWorkers)
 	}
 	if o.BlockSize <= 0 {
 		return o, fmt.Errorf("--block-size %d must be positive", o.BlockSize)
