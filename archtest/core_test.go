@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids"}
+var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids", "textprefix"}
 
 var forbidden = []string{
 	"net/http",
