@@ -105,6 +105,7 @@ type Handler struct {
 	cfg     Config
 	peers   Peers
 	tok     Tokenizer
+	text    TextPrefixes // nil: chat prompts are tokenized on the request path
 	log     zerolog.Logger
 	metrics *Metrics
 	proxy   *httputil.ReverseProxy
@@ -307,7 +308,8 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			writeError(c, http.StatusBadRequest, perr.Error())
 			return
 		}
-		keys, tokens := h.keys(r.Context(), p, perr)
+		keys, tokens, after := h.routeKeys(r.Context(), p, perr)
+		defer after()
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, keys, tokens)
 		targets := h.targets(st.decision, peers)

@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/textroute"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
@@ -161,6 +162,11 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.LocalFailed = watcher.Report
 	front := forward.New(fcfg, mesh, tokenizer{vc}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
+	if cfg.TextPrefixKeys > 0 {
+		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tokenizer{vc}, reg)
+		front.SetTextPrefixes(text)
+		go text.Run(runCtx) // exits when runCtx ends
+	}
 
 	params := bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
 	silence := engine.NewSilence(cfg.SilenceWindow, cfg.BlockSize)
