@@ -69,6 +69,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			if _, err := postChat(ctx, hc, f.c.Pod(0).SimAddr, chatBody(sys, words(rng, 30))); err != nil {
 				b.Fatal(err)
 			}
+			f.waitRoute(b, 1, chatBody(sys, words(rng, 30)), f.c.Pod(0).Name, size/blockSize/2)
 			deadline := time.Now().Add(15 * time.Second)
 			for {
 				r, err := postChat(ctx, hc, f.c.Pod(1).API, chatBody(sys, words(rng, 30)))

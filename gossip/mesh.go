@@ -36,6 +36,8 @@ type Mesh struct {
 	stats   counters
 	now     func() time.Time
 	dropOut func(peer string, b []byte) bool // tests: lose chosen messages
+	// textPrefix receives shared text prefixes (OnTextPrefix).
+	textPrefix atomic.Pointer[func(TextPrefix)]
 
 	mu        sync.Mutex
 	closed    bool
@@ -165,6 +167,10 @@ func (m *Mesh) run() {
 func (m *Mesh) handle(b []byte) {
 	if len(b) > 0 {
 		m.stats.recv.count(b)
+	}
+	if len(b) > 0 && b[0] == kindTextPrefix {
+		m.handleTextPrefix(b)
+		return
 	}
 	msg, err := decodeMsg(b)
 	if err != nil {

@@ -9,8 +9,11 @@ package textroute
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +56,11 @@ type Router struct {
 	jobs chan job
 	m    metrics
 
+	// tag goes first in every hash: entries shared between sidecars
+	// match only under the same key scheme and base model.
+	tag   []byte
+	share atomic.Pointer[func(textprefix.Hash, textprefix.Entry)]
+
 	mu       sync.Mutex
 	store    *textprefix.Store
 	learning map[textprefix.Hash]bool
@@ -87,8 +95,32 @@ func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
 		cfg.TokenizeTimeout = d.TokenizeTimeout
 	}
 	r := &Router{cfg: cfg, tok: tok, jobs: make(chan job, cfg.Queue), m: newMetrics(reg),
-		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{}}
+		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{},
+		tag: fmt.Appendf(nil, "%d/%d/%d/%d:%s", blockkey.Version, cfg.Scheme.BlockSize, cfg.Scheme.Stride, len(cfg.Model), cfg.Model)}
 	return r
+}
+
+// SetShare makes every prefix this router learns go to f as well (the
+// mesh, so that the sidecar a conversation's next turn enters has it).
+// f must not block.
+func (r *Router) SetShare(f func(textprefix.Hash, textprefix.Entry)) { r.share.Store(&f) }
+
+// Accept stores a prefix another sidecar learned, unless one is held:
+// like any entry, it is checked when a request routed on it is learned.
+func (r *Router) Accept(h textprefix.Hash, e textprefix.Entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.store.Has(h) {
+		return
+	}
+	r.store.Put(h, e)
+	r.m.learned.WithLabelValues("shared").Inc()
+	r.m.entries.Set(float64(r.store.Len()))
+}
+
+// context is the bytes every prefix hash of p starts from.
+func (r *Router) context(p forward.Prompt) []byte {
+	return append(slices.Clip(r.tag), renderContext(p)...)
 }
 
 // Run learns queued prefixes, one /tokenize call at a time (vLLM
@@ -107,7 +139,7 @@ func (r *Router) Run(ctx context.Context) {
 
 // Keys implements forward.TextPrefixes.
 func (r *Router) Keys(ctx context.Context, p forward.Prompt, msgs []textprefix.Message) ([]blockkey.Key, int, func()) {
-	hs := textprefix.Chain(renderContext(p), msgs)
+	hs := textprefix.Chain(r.context(p), msgs)
 	r.mu.Lock()
 	plan := r.store.Plan(hs, msgs)
 	r.mu.Unlock()
@@ -198,6 +230,9 @@ func (r *Router) learn(ctx context.Context, j job) {
 	r.store.Put(h, e)
 	r.m.learned.WithLabelValues("stored").Inc()
 	r.m.entries.Set(float64(r.store.Len()))
+	if f := r.share.Load(); f != nil {
+		(*f)(h, e)
+	}
 }
 
 func (r *Router) check(ok bool) bool {
@@ -273,7 +308,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}, []string{"path"}),
 		learned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "learned_total",
-			Help: "Conversation prefixes tokenized after a request: stored, failed (tokenize error) or dropped (learning backlog full).",
+			Help: "Conversation prefixes learned: stored (tokenized here after a request), shared (from a peer), failed (tokenize error) or dropped (learning backlog full).",
 		}, []string{"result"}),
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "checks_total",

@@ -205,8 +205,8 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 	_, _, after := e.r.Keys(context.Background(), p, msgs)
 	after()
 	e.waitLearned(t, 12)
-	if e.path("prefix") != 1 || wrong() != 6 || e.r.store.Has(textprefix.Chain(renderContext(p), msgs)[1]) {
-		t.Fatalf("follow-up: prefix %v wrong %v, wrong entry kept %v", e.path("prefix"), wrong(), e.r.store.Has(textprefix.Chain(renderContext(p), msgs)[1]))
+	if e.path("prefix") != 1 || wrong() != 6 || e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]) {
+		t.Fatalf("follow-up: prefix %v wrong %v, wrong entry kept %v", e.path("prefix"), wrong(), e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]))
 	}
 }
 
@@ -262,5 +262,35 @@ func TestRenderContext(t *testing.T) {
 	gen.AddGenerationPrompt = &no
 	if string(renderContext(gen)) != string(renderContext(base)) {
 		t.Error("the generation-prompt flag changed a prefix's context")
+	}
+}
+
+// Two sidecars: what one learns, the other routes on (the mesh between
+// them is a function call here).
+func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
+	a := newEnv(t, &simTokenizer{tok: vllmsim.NewTokenizer()}, Config{})
+	b := newEnv(t, &simTokenizer{tok: vllmsim.NewTokenizer()}, Config{})
+	a.r.SetShare(b.r.Accept)
+	p, msgs := chat(t, sys, "What is a prefix cache?")
+	_, _, after := a.r.Keys(context.Background(), p, msgs)
+	after()
+	a.waitLearned(t, 2)
+	deadline := time.Now().Add(5 * time.Second)
+	for value(b.r.m.learned.WithLabelValues("shared")) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("b never got a's prefixes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p2, msgs2 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?")
+	keys, _, _ := b.r.Keys(context.Background(), p2, msgs2)
+	if b.tok.count() != 0 || b.path("prefix") != 1 || len(keys) == 0 {
+		t.Fatalf("b: %d tokenize calls, prefix %v, %d keys", b.tok.count(), b.path("prefix"), len(keys))
+	}
+	// A held entry is not replaced by a shared one.
+	h := textprefix.Chain(b.r.context(p2), msgs2)[1]
+	b.r.Accept(h, textprefix.Entry{Tokens: 1})
+	if e, _ := b.r.store.Get(h); e.Tokens == 1 {
+		t.Fatal("a shared entry replaced a held one")
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/textprefix"
 	"github.com/kvroute/kvroute/textroute"
 	"github.com/kvroute/kvroute/vllmclient"
 )
@@ -165,6 +166,16 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	if cfg.TextPrefixKeys > 0 {
 		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tokenizer{vc}, reg)
 		front.SetTextPrefixes(text)
+		// Learned prefixes go to every peer, and theirs come here: a
+		// conversation's next turn enters a random sidecar.
+		mesh.OnTextPrefix(func(p gossip.TextPrefix) {
+			text.Accept(textprefix.Hash(p.Hash), textprefix.Entry{Keys: p.Keys, Tokens: p.Tokens, Bytes: p.Bytes})
+		})
+		text.SetShare(func(h textprefix.Hash, e textprefix.Entry) {
+			if err := mesh.ShareTextPrefix(gossip.TextPrefix{Hash: uint64(h), Tokens: e.Tokens, Bytes: e.Bytes, Keys: e.Keys}); err != nil {
+				log.Debug().Err(err).Msg("text prefix not shared")
+			}
+		})
 		go text.Run(runCtx) // exits when runCtx ends
 	}
 
