@@ -11,7 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvroute/kvroute/blockkey"
-	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -365,7 +365,7 @@ func TestRequestFrom(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := forward.ParsePrompt([]byte(tt.body), tt.chat)
+			p, err := prompt.Parse([]byte(tt.body), tt.chat)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -384,7 +384,7 @@ func FuzzRequestFrom(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`), true)
 	f.Add([]byte(`{"messages":[{"role":"user","content":7}]}`), true)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
-		p, err := forward.ParsePrompt(body, chat)
+		p, err := prompt.Parse(body, chat)
 		if err != nil {
 			return
 		}

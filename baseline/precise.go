@@ -69,13 +69,7 @@ func (p *Precise) Keys(req Request) []blockkey.Key {
 	if len(req.Tokens) == 0 {
 		return nil
 	}
-	lora := ""
-	if req.Model != "" && req.Model != p.cfg.Model {
-		lora = req.Model
-	}
-	// The index keys events without cache_salt (vLLM does not send it), so
-	// the request side must not salt either.
-	return p.cfg.Scheme.Request(blockkey.Root(p.cfg.Model, lora, ""), req.Tokens)
+	return p.cfg.Scheme.Request(blockkey.ModelRoot(p.cfg.Model, req.Model), req.Tokens)
 }
 
 // Decide returns the route.Decision for the request, without recording it.

@@ -15,15 +15,16 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
-	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
 // ServedByHeader names the pod that served a request, as the sidecars'
-// forward.ServedByHeader does.
-const ServedByHeader = forward.ServedByHeader
+// forward.ServedByHeader does (a test holds the two equal; importing
+// forward would pull its HTTP front into every baseline).
+const ServedByHeader = "X-Kvroute-Served-By"
 
 // Backend is one simulated pod behind the proxy.
 type Backend struct {
@@ -223,7 +224,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.ContentLength = int64(len(body))
 		// A body routing cannot read is still served (the pod answers the
 		// client's error), chosen by load alone.
-		if prompt, err := forward.ParsePrompt(body, chat); err == nil {
+		if prompt, err := prompt.Parse(body, chat); err == nil {
 			req = requestFrom(prompt)
 			if p.indexes != nil && req.Tokens == nil {
 				req.Tokens = p.tokenize(r.Context(), prompt)
@@ -238,23 +239,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // tokenize asks one simulator, in turn, for the prompt's token ids; nil on
 // failure (the policy then routes by load).
-func (p *Proxy) tokenize(ctx context.Context, pr forward.Prompt) []uint32 {
+func (p *Proxy) tokenize(ctx context.Context, pr prompt.Prompt) []uint32 {
 	p.mu.Lock()
 	c := p.clients[p.tok%len(p.clients)]
 	p.tok++
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.TokenizeTimeout)
 	defer cancel()
-	tr := vllmclient.TokenizeRequest{
-		Model: pr.Model, Prompt: pr.Text, AddSpecialTokens: pr.AddSpecialTokens,
-	}
-	if pr.Chat {
-		tr = vllmclient.TokenizeRequest{
-			Model: pr.Model, Messages: pr.Messages, Tools: pr.Tools, ChatTemplateKwargs: pr.ChatTemplateKwargs,
-			AddGenerationPrompt: pr.AddGenerationPrompt, ContinueFinalMessage: pr.ContinueFinalMessage,
-		}
-	}
-	ids, err := c.Tokenize(ctx, tr)
+	ids, err := c.Tokenize(ctx, vllmclient.TokenizeRequestFor(pr))
 	if err != nil {
 		return nil
 	}
@@ -331,7 +323,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 			return fmt.Errorf("proxy: subscribe %s: %w", b.Name, err)
 		}
 		wg.Go(func() {
-			applyEvents(sub, p.indexes[i])
+			applyEvents(sub.Items(), p.indexes[i])
 			if err := sub.Err(); err != nil {
 				errc <- fmt.Errorf("proxy: events of %s: %w", b.Name, err)
 				cancel()
@@ -354,24 +346,12 @@ func subscriberConfig(b Backend) vllmclient.Config {
 	return c
 }
 
-// applyEvents feeds a pod's index until the subscriber closes its Items.
-func applyEvents(sub *vllmclient.Subscriber, ix *kvindex.Index) {
-	for it := range sub.Items() {
-		switch it.Kind {
-		case vllmclient.KindBatch:
-			if it.Replayed {
-				ix.ApplyReplayed(it.Batch)
-			} else if ch := ix.Apply(it.Batch); ch.Gap != nil {
-				ix.SetUncertain(true)
-			}
-		case vllmclient.KindGap, vllmclient.KindDecodeError:
-			// Lost events: the index may claim blocks the pod evicted until
-			// they are stored or removed again; a central router has no
-			// better source.
-			ix.SetUncertain(true)
-		case vllmclient.KindRestart:
-			// The next batch's lower seq makes Apply clear the index.
-		}
+// applyEvents feeds a pod's index until items closes. Lost events leave the
+// index uncertain: it may claim blocks the pod evicted until they are
+// stored or removed again; a central router has no better source.
+func applyEvents(items <-chan vllmclient.Item, ix *kvindex.Index) {
+	for it := range items {
+		vllmclient.ApplyItem(ix, it)
 	}
 }
 

@@ -1,6 +1,8 @@
 package baseline
 
 import (
+	"github.com/kvroute/kvroute/forward"
+
 	"bufio"
 	"context"
 	"errors"
@@ -192,5 +194,11 @@ func TestProxyHealth(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("/health = %d; want 200 from the proxy itself", resp.StatusCode)
+	}
+}
+
+func TestServedByHeaderMatchesForward(t *testing.T) {
+	if ServedByHeader != forward.ServedByHeader {
+		t.Errorf("baseline.ServedByHeader %q; forward's is %q", ServedByHeader, forward.ServedByHeader)
 	}
 }

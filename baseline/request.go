@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/prompt"
 )
 
 // Request is what the policies read from one OpenAI request.
@@ -29,7 +29,7 @@ type Request struct {
 }
 
 // requestFrom derives the policy inputs from a parsed body.
-func requestFrom(p forward.Prompt) Request {
+func requestFrom(p prompt.Prompt) Request {
 	r := Request{Model: p.Model, Tokens: p.Tokens, Salt: p.CacheSalt}
 	switch {
 	case p.Chat:

@@ -19,6 +19,19 @@ func Root(model, lora, salt string) Key {
 	return Key(xxh64(b, 0))
 }
 
+// ModelRoot is the chain root of the blocks that an engine serving base
+// computes for a request or event naming model. It is the one rule both
+// sides key by (DESIGN.md D1): the base model, or no name, roots at base;
+// any other name is a LoRA adapter of it. No cache_salt: vLLM's KV events
+// do not carry one, so salted requests match as unsalted.
+func ModelRoot(base, model string) Key {
+	lora := ""
+	if model != "" && model != base {
+		lora = model
+	}
+	return Root(base, lora, "")
+}
+
 // Next returns the key of block given the key of the block before it (or
 // the Root for the first block). Any block length is accepted; callers pass
 // full blocks.

@@ -198,3 +198,22 @@ func BenchmarkNext(b *testing.B) {
 		k = Next(k, toks)
 	}
 }
+
+func TestModelRoot(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		base, model string
+		want        Key
+	}{
+		{"no model named", "m", "", Root("m", "", "")},
+		{"the base model", "m", "m", Root("m", "", "")},
+		{"an adapter", "m", "alice", Root("m", "alice", "")},
+	} {
+		if got := ModelRoot(tt.base, tt.model); got != tt.want {
+			t.Errorf("%s: ModelRoot(%q, %q) = %x; want %x", tt.name, tt.base, tt.model, got, tt.want)
+		}
+	}
+	if ModelRoot("m", "alice") == ModelRoot("m", "bob") || ModelRoot("m", "alice") == ModelRoot("m", "") {
+		t.Errorf("adapters share a root with each other or the base")
+	}
+}

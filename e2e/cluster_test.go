@@ -5,9 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/hkdf"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"flag"
@@ -23,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/chaos"
+	"github.com/kvroute/kvroute/clusterkey"
 )
 
 const (
@@ -94,6 +93,7 @@ type clusterSpec struct {
 	secret    bool
 	timeScale float64
 	args      []string
+	simArgs   []string // appended to every simulator's command line
 	cpus      string   // chaos.ClusterConfig.SidecarCPUs
 	env       []string // chaos.ClusterConfig.SidecarEnv
 	progress  io.Writer
@@ -118,6 +118,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Sim.NumGPUBlocks = 16384
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.TimeScale = s.timeScale
+	cfg.Sim.ExtraArgs = s.simArgs
 	cfg.Progress = s.progress
 	cfg.SidecarCPUs = s.cpus
 	cfg.SidecarEnv = s.env
@@ -190,15 +191,15 @@ func (p testProgress) Write(b []byte) (int, error) {
 }
 
 // hopKey derives the hop-header key from the cluster secret as the sidecar
-// does (cmd/sidecar/secret.go): HKDF-SHA256, info "kvroute hop v1". It lets
-// a test sign a header a peer would send, as a positive control.
+// does (clusterkey). It lets a test sign a header a peer would send, as a
+// positive control.
 func (f *fixture) hopKey(t *testing.T) []byte {
 	t.Helper()
-	k, err := hkdf.Key(sha256.New, f.secret, nil, "kvroute hop v1", 32)
+	k, err := clusterkey.Derive(f.secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return k
+	return k.Hop
 }
 
 // index returns the pod index of a sidecar node name, -1 if unknown.
@@ -304,17 +305,17 @@ func (f *fixture) complete(t *testing.T, i int, b []byte, hdr http.Header) reply
 }
 
 // decision is the part of route.Decision that /debug/route reports and the
-// tests read (route's types have no JSON tags: Go field names).
+// tests read, by the snake_case names the endpoint prints.
 type decision struct {
-	Target     string
-	Local      bool
-	Reason     string
+	Target     string `json:"target"`
+	Local      bool   `json:"local"`
+	Reason     string `json:"reason"`
 	Candidates []struct {
-		ID          string
-		MatchedKeys int
-		Eligible    bool
-		Excluded    string
-	}
+		ID          string `json:"id"`
+		MatchedKeys int    `json:"matched_keys"`
+		Eligible    bool   `json:"eligible"`
+		Excluded    string `json:"excluded"`
+	} `json:"candidates"`
 }
 
 func (d decision) matched(id string) int {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -73,7 +74,7 @@ func BenchmarkParsePrompt1032(b *testing.B) {
 	}
 	body := []byte(`{"model":"m","max_tokens":4,"prompt":[` + strings.Join(ids, ",") + `]}`)
 	for b.Loop() {
-		if p, err := ParsePrompt(body, false); err != nil || len(p.Tokens) != 1032 {
+		if p, err := prompt.Parse(body, false); err != nil || len(p.Tokens) != 1032 {
 			b.Fatal(err, len(p.Tokens))
 		}
 	}

@@ -60,13 +60,13 @@ func TestHopToDownEngineIsRefused(t *testing.T) {
 			}
 			// The hop itself is refused with the header...
 			valid := NewHop([]byte("k"), time.Minute).Sign("a", "b", time.Now())
-			hop := post(t, b.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, map[string]string{HopHeader: valid})
+			hop := post(t, b.srv.URL+"/v1/completions", `{"prompt":"`+testPrompt+`"}`, map[string]string{HopHeader: valid})
 			if hop.StatusCode != 503 || hop.Header.Get(RefusedHeader) == "" {
 				t.Fatalf("hop to b: status %d refused %q; want 503 with %s", hop.StatusCode, hop.Header.Get(RefusedHeader), RefusedHeader)
 			}
 			apiError503(t, hop)
 			// ...and a client request through a is served by the next pod.
-			resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, nil)
+			resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+testPrompt+`"}`, nil)
 			if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "c" {
 				t.Fatalf("client: status %d pod %q; want 200 from c (b refused, c is next)", resp.StatusCode, resp.Header.Get("X-Pod"))
 			}
@@ -97,7 +97,7 @@ func TestLocalEngineDownRoutesToPeers(t *testing.T) {
 	a.h.SetLocalReady(false)
 	a.vllm.Close()
 	b.h.SetLocalReady(false) // the holder too: only c can serve
-	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, nil)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+testPrompt+`"}`, nil)
 	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "c" {
 		t.Fatalf("status %d pod %q; want 200 from c", resp.StatusCode, resp.Header.Get("X-Pod"))
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -48,7 +49,7 @@ type Peers interface {
 // Tokenizer returns the token ids vLLM will use for a prompt (the local
 // vLLM's /tokenize renders chat templates exactly).
 type Tokenizer interface {
-	Tokenize(ctx context.Context, p Prompt) ([]uint32, error)
+	Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error)
 }
 
 // Config of the front. DefaultConfig documents the defaults.
@@ -58,8 +59,15 @@ type Config struct {
 	// VLLM is the local vLLM's base URL.
 	VLLM *url.URL
 	// Model is the base model name block keys are seeded with. A request
-	// naming another model is treated as a LoRA adapter of it.
+	// naming another model is treated as a LoRA adapter of it, unless
+	// IsAdapter says otherwise.
 	Model string
+	// IsAdapter reports whether a model name other than Model is a LoRA
+	// adapter, whose blocks vLLM hashes with its name; another name the
+	// base model is served under (--served-model-name) is not, and its
+	// requests are keyed as Model's. nil treats every other name as an
+	// adapter.
+	IsAdapter func(model string) bool
 	// Scheme is the routing key scheme (block size and stride).
 	Scheme blockkey.Scheme
 	// MaxBodyBytes bounds request bodies (413 above). Default 32 MiB.
@@ -302,8 +310,8 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
 			r.Header.Del(HopHeader)
 		}
-		p, perr := ParsePrompt(body, chat)
-		if errors.Is(perr, errBadJSON) {
+		p, perr := prompt.Parse(body, chat)
+		if errors.Is(perr, prompt.ErrBadJSON) {
 			h.metrics.badRequests.WithLabelValues("bad_json").Inc()
 			writeError(c, http.StatusBadRequest, perr.Error())
 			return
@@ -343,17 +351,17 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 
 // keys computes the request's routing keys; any failure returns nil keys and
 // the request is routed by load alone (DESIGN.md D6).
-func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Key, int) {
+func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int) {
 	if perr != nil {
 		return nil, 0
 	}
 	tokens := p.Tokens
 	if tokens == nil && h.tok != nil {
 		tctx, cancel := context.WithTimeout(ctx, h.cfg.TokenizeTimeout)
-		t0 := time.Now()
+		t0 := h.now()
 		ids, err := h.tok.Tokenize(tctx, p)
 		cancel()
-		h.metrics.tokenizeSeconds.Observe(time.Since(t0).Seconds())
+		h.metrics.tokenizeSeconds.Observe(h.now().Sub(t0).Seconds())
 		if err != nil {
 			h.metrics.tokenizeErrors.Inc()
 			h.log.Debug().Err(err).Msg("tokenize failed; routing by load")
@@ -364,11 +372,17 @@ func (h *Handler) keys(ctx context.Context, p Prompt, perr error) ([]blockkey.Ke
 	if len(tokens) == 0 {
 		return nil, 0
 	}
-	lora := ""
-	if p.Model != "" && p.Model != h.cfg.Model {
-		lora = p.Model
+	return h.keysOf(p, tokens), len(tokens)
+}
+
+// keysOf is the request-to-keys rule: p's model root, tokens cut by the
+// scheme.
+func (h *Handler) keysOf(p prompt.Prompt, tokens []uint32) []blockkey.Key {
+	model := p.Model
+	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
+		model = h.cfg.Model // another served name of the base model
 	}
-	return h.cfg.Scheme.Request(blockkey.Root(h.cfg.Model, lora, ""), tokens), len(tokens)
+	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's
@@ -568,8 +582,8 @@ func hopReason(err error) string {
 // Explain returns the decision the front would make for a request body,
 // without serving it (the admin /debug/route endpoint).
 func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.Decision, int, error) {
-	p, perr := ParsePrompt(body, chat)
-	if errors.Is(perr, errBadJSON) {
+	p, perr := prompt.Parse(body, chat)
+	if errors.Is(perr, prompt.ErrBadJSON) {
 		return route.Decision{}, 0, perr
 	}
 	keys, tokens := h.keys(ctx, p, perr)

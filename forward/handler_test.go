@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -72,7 +73,7 @@ func (f *fakePeers) MarkFailed(p string, _ time.Time) {
 // tokTokenizer tokenizes a completion text as one token per byte.
 type byteTokenizer struct{}
 
-func (byteTokenizer) Tokenize(_ context.Context, p Prompt) ([]uint32, error) {
+func (byteTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, error) {
 	out := make([]uint32, len(p.Text))
 	for i := range p.Text {
 		out[i] = uint32(p.Text[i])
@@ -142,10 +143,10 @@ func post(t *testing.T, url, body string, hdr map[string]string) *http.Response 
 // perBlock keys every 16-token block, so the short test prompt has 4 keys.
 var perBlock = blockkey.Scheme{BlockSize: 16, Stride: 1}
 
-const prompt = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdefZ" // 4 blocks + 1
+const testPrompt = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdefZ" // 4 blocks + 1
 
 func promptKeys() []blockkey.Key {
-	toks, _ := byteTokenizer{}.Tokenize(context.Background(), Prompt{Text: prompt})
+	toks, _ := byteTokenizer{}.Tokenize(context.Background(), prompt.Prompt{Text: testPrompt})
 	return perBlock.Request(blockkey.Root("m", "", ""), toks)
 }
 
@@ -167,7 +168,7 @@ func holderPair(t *testing.T) (a, b *node) {
 
 func TestRoutesToHolder(t *testing.T) {
 	a, b := holderPair(t)
-	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`, nil)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil)
 	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "b" || resp.Header.Get(ServedByHeader) != "b" {
 		t.Fatalf("status %d pod %q served-by %q; want 200 from b", resp.StatusCode, resp.Header.Get("X-Pod"), resp.Header.Get(ServedByHeader))
 	}
@@ -196,7 +197,7 @@ func TestDeadPeerFallsBackToLocal(t *testing.T) {
 		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
 		{ID: "dead", Addr: dead, KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
 	}
-	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, nil)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+testPrompt+`"}`, nil)
 	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "a" {
 		t.Fatalf("status %d pod %q; want 200 from a", resp.StatusCode, resp.Header.Get("X-Pod"))
 	}
@@ -212,12 +213,12 @@ func TestForgedHopIsRouted(t *testing.T) {
 	a, _ := holderPair(t)
 	now := time.Now()
 	forged := NewHop([]byte("not the key"), time.Minute).Sign("b", "a", now)
-	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, map[string]string{HopHeader: forged})
+	resp := post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+testPrompt+`"}`, map[string]string{HopHeader: forged})
 	if resp.Header.Get("X-Pod") != "b" {
 		t.Fatalf("forged hop header was trusted: served by %q; want b", resp.Header.Get("X-Pod"))
 	}
 	valid := NewHop([]byte("k"), time.Minute).Sign("b", "a", now)
-	resp = post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+prompt+`"}`, map[string]string{HopHeader: valid})
+	resp = post(t, a.srv.URL+"/v1/completions", `{"prompt":"`+testPrompt+`"}`, map[string]string{HopHeader: valid})
 	if resp.Header.Get("X-Pod") != "a" || resp.Header.Get(DecisionHeader) != "hop" {
 		t.Fatalf("valid hop: served by %q decision %q; want a, hop", resp.Header.Get("X-Pod"), resp.Header.Get(DecisionHeader))
 	}
@@ -302,7 +303,7 @@ func TestUsageTap(t *testing.T) {
 // not at the sidecar that forwarded it.
 func TestReportsServing(t *testing.T) {
 	a, b := holderPair(t)
-	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`, nil)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.Header.Get(ServedByHeader) != "b" {
@@ -366,5 +367,34 @@ func TestReadBody(t *testing.T) {
 				t.Fatalf("read %d bytes; want %d", len(got), len(tc.body))
 			}
 		})
+	}
+}
+
+// An adapter's request is keyed with its name, as vLLM hashes its blocks;
+// another name of the base model (--served-model-name) is keyed as the
+// base model, and without IsAdapter every other name is an adapter.
+func TestKeysSeedAdaptersNotAliases(t *testing.T) {
+	toks, _ := byteTokenizer{}.Tokenize(context.Background(), prompt.Prompt{Text: testPrompt})
+	root := func(lora string) []blockkey.Key { return perBlock.Request(blockkey.Root("m", lora, ""), toks) }
+	isAdapter := func(m string) bool { return m != "alias" }
+	tests := []struct {
+		model     string
+		isAdapter func(string) bool
+		want      []blockkey.Key
+	}{
+		{"", isAdapter, root("")},
+		{"m", isAdapter, root("")},
+		{"alias", isAdapter, root("")},
+		{"alice", isAdapter, root("alice")},
+		{"alias", nil, root("alias")},
+	}
+	for _, tt := range tests {
+		cfg := DefaultConfig()
+		cfg.Model, cfg.Scheme, cfg.IsAdapter = "m", perBlock, tt.isAdapter
+		h := New(cfg, nil, byteTokenizer{}, nil, zerolog.Nop())
+		got, _ := h.keys(context.Background(), prompt.Prompt{Model: tt.model, Text: testPrompt}, nil)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("keys(model %q, IsAdapter set %v) differ from the expected seed", tt.model, tt.isAdapter != nil)
+		}
 	}
 }

@@ -87,7 +87,7 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 				a.localFailed(err)
 			}
 		}
-		if !retryable(err, false, i, a.retry) {
+		if !retryable(err, i, a.retry) {
 			return nil, err
 		}
 	}

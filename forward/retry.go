@@ -30,13 +30,14 @@ func (e *UpstreamStatusError) Error() string {
 }
 
 // retryable reports whether a failed attempt may be tried again on the next
-// candidate. It is safe only while nothing has reached the client, and only
+// candidate. It is called only before anything has reached the client
+// (ReverseProxy writes nothing until RoundTrip returns), and says yes only
 // for failures where the upstream cannot have started serving the request:
 // the connection was never made (dial), was refused, reset or closed before
 // a response, or the upstream refused the work (503). A client that went
 // away is never retried.
-func retryable(err error, wroteFirstByte bool, attempt int, c RetryConfig) bool {
-	if err == nil || wroteFirstByte || attempt+1 >= c.MaxAttempts {
+func retryable(err error, attempt int, c RetryConfig) bool {
+	if err == nil || attempt+1 >= c.MaxAttempts {
 		return false
 	}
 	if errors.Is(err, context.Canceled) {

@@ -18,28 +18,26 @@ func TestRetryable(t *testing.T) {
 	tests := []struct {
 		name    string
 		err     error
-		wrote   bool
 		attempt int
 		want    bool
 	}{
-		{"nil", nil, false, 0, false},
-		{"dial refused", dial, false, 0, true},
-		{"wrapped dial", fmt.Errorf("forward: %w", dial), false, 1, true},
-		{"reset before response", reset, false, 0, true},
-		{"closed before response", fmt.Errorf("read: %w", io.EOF), false, 0, true},
-		{"cut before response", io.ErrUnexpectedEOF, false, 1, true},
-		{"after first byte", dial, true, 0, false},
-		{"attempts exhausted", dial, false, 2, false},
-		{"peer 503", &UpstreamStatusError{Peer: "p", Status: 503}, false, 0, true},
-		{"peer 500", &UpstreamStatusError{Peer: "p", Status: 500}, false, 0, false},
-		{"client canceled", context.Canceled, false, 0, false},
-		{"wrapped cancel", fmt.Errorf("x: %w", context.Canceled), false, 0, false},
-		{"timeout reading", errors.New("some read error"), false, 0, false},
+		{"nil", nil, 0, false},
+		{"dial refused", dial, 0, true},
+		{"wrapped dial", fmt.Errorf("forward: %w", dial), 1, true},
+		{"reset before response", reset, 0, true},
+		{"closed before response", fmt.Errorf("read: %w", io.EOF), 0, true},
+		{"cut before response", io.ErrUnexpectedEOF, 1, true},
+		{"attempts exhausted", dial, 2, false},
+		{"peer 503", &UpstreamStatusError{Peer: "p", Status: 503}, 0, true},
+		{"peer 500", &UpstreamStatusError{Peer: "p", Status: 500}, 0, false},
+		{"client canceled", context.Canceled, 0, false},
+		{"wrapped cancel", fmt.Errorf("x: %w", context.Canceled), 0, false},
+		{"timeout reading", errors.New("some read error"), 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := retryable(tt.err, tt.wrote, tt.attempt, c); got != tt.want {
-				t.Errorf("retryable(%v, %v, %d) = %v; want %v", tt.err, tt.wrote, tt.attempt, got, tt.want)
+			if got := retryable(tt.err, tt.attempt, c); got != tt.want {
+				t.Errorf("retryable(%v, %d) = %v; want %v", tt.err, tt.attempt, got, tt.want)
 			}
 		})
 	}

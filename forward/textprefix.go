@@ -3,8 +3,10 @@ package forward
 import (
 	"bytes"
 	"context"
+	"errors"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/textprefix"
 )
 
@@ -14,9 +16,10 @@ import (
 // satisfies it.
 type TextPrefixes interface {
 	// Keys returns the routing keys and prompt tokens of a chat prompt,
-	// given split into its messages (nil keys: route by load). after is
-	// called once the request has been served; it must not block.
-	Keys(ctx context.Context, p Prompt, msgs []textprefix.Message) (keys []blockkey.Key, tokens int, after func())
+	// given split into its messages (nil keys: route by load); keysOf is
+	// the front's rule from p's token ids to its keys. after is called
+	// once the request has been served; it must not block.
+	Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) (keys []blockkey.Key, tokens int, after func())
 }
 
 // SetTextPrefixes routes chat prompts through t (call before serving).
@@ -24,10 +27,10 @@ func (h *Handler) SetTextPrefixes(t TextPrefixes) { h.text = t }
 
 // routeKeys is keys, with chat prompts going through the text prefixes
 // when they are set.
-func (h *Handler) routeKeys(ctx context.Context, p Prompt, perr error) ([]blockkey.Key, int, func()) {
+func (h *Handler) routeKeys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int, func()) {
 	if perr == nil && p.Chat && h.text != nil {
 		if msgs, err := splitMessages(p.Messages); err == nil && len(msgs) > 0 {
-			return h.text.Keys(ctx, p, msgs)
+			return h.text.Keys(ctx, p, msgs, func(ids []uint32) []blockkey.Key { return h.keysOf(p, ids) })
 		}
 	}
 	keys, tokens := h.keys(ctx, p, perr)
@@ -42,10 +45,9 @@ func (h *Handler) routeKeys(ctx context.Context, p Prompt, perr error) ([]blockk
 // 160 KB conversation). On invalid input it returns an error or
 // meaningless elements, never panics.
 func splitMessages(raw []byte) ([]textprefix.Message, error) {
-	s := scanner{b: raw}
-	i := s.space(0)
+	i := space(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
-		return nil, s.fail(i, "want an array")
+		return nil, errors.New("messages: want an array")
 	}
 	var out []textprefix.Message
 	depth, start := 1, -1
@@ -96,8 +98,8 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 			}
 			depth--
 			if depth == 0 {
-				if err := s.end(i + 1); err != nil {
-					return nil, err
+				if space(raw, i+1) != len(raw) {
+					return nil, errors.New("messages: data after the array")
 				}
 				return out, nil
 			}
@@ -118,7 +120,7 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 			}
 		}
 	}
-	return nil, s.fail(i, "unterminated messages array")
+	return nil, errors.New("messages: unterminated array")
 }
 
 // stringEnd returns the index after the string that starts at raw[i].
@@ -126,7 +128,7 @@ func stringEnd(raw []byte, i int) (int, error) {
 	for j := i + 1; ; {
 		k := bytes.IndexByte(raw[j:], '"')
 		if k < 0 {
-			return 0, scanner{b: raw}.fail(len(raw), "unterminated string")
+			return 0, errors.New("messages: unterminated string")
 		}
 		q := j + k
 		n := 0
@@ -140,10 +142,10 @@ func stringEnd(raw []byte, i int) (int, error) {
 	}
 }
 
-// end fails unless only space follows i.
-func (s scanner) end(i int) error {
-	if i = s.space(i); i != len(s.b) {
-		return s.fail(i, "data after the messages")
+// space returns the index of the first non-space byte at or after i.
+func space(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
 	}
-	return nil
+	return i
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/textprefix"
 )
 
@@ -91,7 +92,7 @@ type fakeText struct {
 	afters chan struct{}
 }
 
-func (f *fakeText) Keys(_ context.Context, p Prompt, msgs []textprefix.Message) ([]blockkey.Key, int, func()) {
+func (f *fakeText) Keys(_ context.Context, p prompt.Prompt, msgs []textprefix.Message, _ func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func()) {
 	f.msgs = len(msgs)
 	return f.keys, 200, func() { f.afters <- struct{}{} }
 }

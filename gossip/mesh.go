@@ -96,7 +96,7 @@ func Join(ctx context.Context, cfg Config) (*Mesh, error) {
 	}
 	// A restarted node's reports must outrank its old ones, which peers
 	// may still hold if they never saw it leave.
-	m.loadSeq = uint64(time.Now().UnixNano())
+	m.loadSeq = uint64(m.now().UnixNano())
 	if err := m.encodeMetaLocked(); err != nil {
 		return nil, err
 	}
@@ -504,6 +504,24 @@ func (m *Mesh) loadLoop() {
 	}
 }
 
+// SetModels replaces the models this node advertises (base model first,
+// then adapters, as Config.Models) and, when they changed, re-advertises
+// the meta at once: a pod that loads an adapter becomes a candidate for it
+// as soon as the update reaches its peers, and one that unloads it stops
+// being one. Names that do not fit the meta are left out and the meta says
+// so (Meta.ModelsTruncated); route decides what peers make of that.
+func (m *Mesh) SetModels(models []string) {
+	m.mu.Lock()
+	if slices.Equal(models, m.meta.Models) {
+		m.mu.Unlock()
+		return
+	}
+	m.meta.Models = slices.Clone(models)
+	m.metaDirty = true
+	m.mu.Unlock()
+	m.kickMeta()
+}
+
 // SetEngine records the local vLLM's state and advertises it at once: in
 // a push to every member (by TCP) and in the node meta. Peers choose a
 // node only while its engine is serving; a node whose engine is not also
@@ -578,7 +596,7 @@ func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 		ID:        m.cfg.NodeName,
 		Addr:      m.cfg.APIAddr,
 		Local:     true,
-		Models:    slices.Clone(m.cfg.Models),
+		Models:    slices.Clone(m.meta.Models),
 		KeyScheme: m.cfg.KeyScheme,
 		Load:      m.load,
 		LoadAt:    m.loadAt,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -431,6 +432,39 @@ func TestMeshCountsBadMessages(t *testing.T) {
 	}
 	if got := m.Stats().DecodeErrors - before; got != 4 {
 		t.Errorf("DecodeErrors = %d; want 4", got)
+	}
+}
+
+// SetModels re-advertises the meta at once (meta updates are otherwise an
+// hour apart here): an adapter loaded on n0 shows in n1's view, an unloaded
+// one leaves it, and a list too long for the meta arrives truncated with
+// the flag set, the base model first. The local view always has the whole
+// list.
+func TestMeshSetModels(t *testing.T) {
+	ms := cluster(t, 2, func(_ int, c *Config) { c.MetaInterval = time.Hour })
+	models := func(want []string, truncated bool) func() bool {
+		return func() bool {
+			v, ok := view(ms[1], "n0")
+			return ok && slices.Equal(v.Models, want) && v.ModelsTruncated == truncated
+		}
+	}
+	ms[0].SetModels([]string{"m", "alice"})
+	waitFor(t, 5*time.Second, "alice listed on n1", models([]string{"m", "alice"}, false))
+	ms[0].SetModels([]string{"m"})
+	waitFor(t, 5*time.Second, "alice gone on n1", models([]string{"m"}, false))
+
+	many := []string{"m"}
+	for i := range 40 {
+		many = append(many, fmt.Sprintf("adapter-with-a-long-name-%02d", i))
+	}
+	ms[0].SetModels(many)
+	waitFor(t, 5*time.Second, "truncated list on n1", func() bool {
+		v, ok := view(ms[1], "n0")
+		return ok && v.ModelsTruncated && len(v.Models) > 1 && len(v.Models) < len(many) &&
+			slices.Equal(v.Models, many[:len(v.Models)])
+	})
+	if v, _ := view(ms[0], "n0"); !slices.Equal(v.Models, many) || v.ModelsTruncated {
+		t.Errorf("local view: %d models, truncated %v; want all %d, not truncated", len(v.Models), v.ModelsTruncated, len(many))
 	}
 }
 

@@ -290,17 +290,19 @@ func (t *table) views() []route.PeerView {
 			continue
 		}
 		v := route.PeerView{
-			ID:          id,
-			Addr:        p.meta.APIAddr,
-			Models:      slices.Clone(p.meta.Models),
-			KeyScheme:   int(p.meta.KeyScheme),
-			Load:        p.load(),
-			LoadAt:      p.loadAt,
-			LastFailure: p.lastFailure,
-			Draining:    p.meta.Draining,
-			Engine:      p.engineState(),
-			Since:       p.since,
-			Claims:      p.claims, // copy-on-write (addClaim)
+			ID:     id,
+			Addr:   p.meta.APIAddr,
+			Models: slices.Clone(p.meta.Models),
+			// Models lists only what fits the meta; route knows what that means.
+			ModelsTruncated: p.meta.ModelsTruncated,
+			KeyScheme:       int(p.meta.KeyScheme),
+			Load:            p.load(),
+			LoadAt:          p.loadAt,
+			LastFailure:     p.lastFailure,
+			Draining:        p.meta.Draining,
+			Engine:          p.engineState(),
+			Since:           p.since,
+			Claims:          p.claims, // copy-on-write (addClaim)
 		}
 		if p.current() { // a nil *Digest in the interface would not be nil
 			v.Digest, v.DigestAt = p.digest, p.digestAt

@@ -1,13 +1,9 @@
 package kvindex
 
-import (
-	"fmt"
-
-	"github.com/kvroute/kvroute/blockkey"
-)
+import "github.com/kvroute/kvroute/blockkey"
 
 // Change is what one batch did to the index: the digest delta and the
-// sequence and epoch events the caller must act on.
+// epoch events the caller must act on.
 type Change struct {
 	// Added and Removed are the routing keys whose presence in the routing
 	// set changed in this batch (net: a key added and removed again within
@@ -15,18 +11,10 @@ type Change struct {
 	// touched. After a clear or restart they are relative to the empty set:
 	// the caller rebuilds from Keys() in the new epoch.
 	Added, Removed []blockkey.Key
-	// Gap is set when the batch's sequence number skipped ahead; the batch
-	// was applied anyway.
-	Gap *Gap
-	// Restarted: the sequence went backwards (vLLM restarted without an
-	// AllBlocksCleared); the index was cleared and the epoch bumped before
-	// the batch was applied.
+	// Restarted: Restart cleared the index and bumped the epoch.
 	Restarted bool
 	// Cleared: the batch held AllBlocksCleared; the epoch was bumped.
 	Cleared bool
-	// Stale: ApplyReplayed ignored the batch because its Seq was not the
-	// next expected one (already applied, or out of order).
-	Stale bool
 	// OverCapacity: resident hashes exceed 2*CapacityBlocks after this batch;
 	// the index is now marked uncertain.
 	OverCapacity bool
@@ -41,17 +29,6 @@ type Change struct {
 	UnknownRemoved int
 }
 
-// Gap is a forward jump in one stream's sequence numbers: the batches
-// Expected..Got-1 were lost.
-type Gap struct {
-	Stream        string
-	Expected, Got uint64
-}
-
-func (g Gap) String() string {
-	return fmt.Sprintf("stream %q expected %d got %d", g.Stream, g.Expected, g.Got)
-}
-
 // Stats are the index's current sizes and lifetime counters (blocks unless
 // named otherwise), for metrics.
 type Stats struct {
@@ -63,8 +40,8 @@ type Stats struct {
 	Stored, Duplicates, Removed, Ignored       uint64
 	UnknownRemoved                             uint64
 	Orphaned, Resolved, Expired, OrphanRemoved uint64
-	// Gaps, Restarts, Clears, Stale and OverCapacity count batches.
-	Gaps, Restarts, Clears, Stale, OverCapacity uint64
+	// Restarts, Clears and OverCapacity count batches.
+	Restarts, Clears, OverCapacity uint64
 	// BlockSizeMismatch counts BlockStored events whose block_size differs
 	// from Config.Scheme.BlockSize: their keys cannot match requests.
 	BlockSizeMismatch uint64

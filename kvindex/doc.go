@@ -3,29 +3,25 @@
 // event loop in vllmclient feeds it decoded batches and passes on the
 // Change it returns; it has no sockets, clocks or goroutines.
 //
-// The loop it expects:
+// The loop it expects, over vllmclient's ordered items (the subscriber owns
+// the sequence numbers, gaps, restarts and replay; vllmclient.ApplyItem is
+// this loop's body):
 //
 //	ix := kvindex.New(cfg)
-//	for b := range batches {
-//		if next, ok := ix.NextSeq(b); ok && b.Seq > next && replay != nil {
-//			for _, r := range replay(next, b.Seq) { // oldest first
-//				ix.ApplyReplayed(r) // applied only if it is the next seq
-//			}
-//		}
-//		ch := ix.Apply(b)
-//		if ch.Gap != nil {
-//			ix.SetUncertain(true) // replay missed something
-//		}
-//		if ch.Restarted || ch.Cleared {
-//			// New epoch: rebuild the digest from ix.Keys().
-//		} else {
-//			// Delta: ch.Added, ch.Removed.
+//	for it := range sub.Items() {
+//		switch it.Kind {
+//		case vllmclient.KindBatch:
+//			ch := ix.Apply(it.Batch) // ch.Added, ch.Removed: the delta
+//		case vllmclient.KindRestart:
+//			ix.Restart() // new epoch: rebuild the digest from ix.Keys()
+//		case vllmclient.KindGap, vllmclient.KindDecodeError:
+//			ix.SetUncertain(true)
 //		}
 //	}
 //
 // What it maps: vLLM's block hash → (our blockkey.Key, block position,
 // physical copies). Keys are chained from the event's token ids, seeded by
-// blockkey.Root(model, lora, ""), so they match what blockkey's
+// blockkey.ModelRoot(model, lora), so they match what blockkey's
 // Scheme.Request computes for a prompt on any pod. vLLM does not send
 // cache_salt in events: salted blocks are keyed as unsalted, so a salted
 // request never matches them and an unsalted request may match them

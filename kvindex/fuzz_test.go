@@ -59,11 +59,10 @@ func FuzzApply(f *testing.F) {
 				}
 				b.Events = append(b.Events, ev)
 			}
-			if next()%4 == 0 {
-				ix.ApplyReplayed(b)
-			} else {
-				ix.Apply(b)
+			if next()%32 == 0 {
+				ix.Restart()
 			}
+			ix.Apply(b)
 			if next()%16 == 0 {
 				ix.ExpireOrphans()
 			}

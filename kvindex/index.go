@@ -2,7 +2,6 @@ package kvindex
 
 import (
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -17,7 +16,6 @@ type Index struct {
 
 	blocks  map[uint64]entry     // resident vLLM hash → where it sits in our chain
 	keys    map[blockkey.Key]int // routing key → resident hashes carrying it
-	streams map[stream]uint64    // next expected seq per publisher stream
 	orphans orphans
 
 	epoch, version uint64
@@ -37,29 +35,6 @@ type entry struct {
 	refs int
 }
 
-// stream identifies one publisher: vLLM numbers batches per process and,
-// with data parallelism, per rank.
-type stream struct {
-	topic   string
-	rank    int64
-	hasRank bool
-}
-
-func (s stream) String() string {
-	if !s.hasRank {
-		return s.topic
-	}
-	return s.topic + "#dp" + strconv.FormatInt(s.rank, 10)
-}
-
-func streamOf(b kvevent.Batch) stream {
-	s := stream{topic: b.Topic}
-	if b.DPRank != nil {
-		s.rank, s.hasRank = *b.DPRank, true
-	}
-	return s
-}
-
 type pending struct {
 	hash uint64
 	key  blockkey.Key
@@ -73,65 +48,20 @@ func New(cfg Config) *Index {
 		cfg:     cfg,
 		blocks:  make(map[uint64]entry),
 		keys:    make(map[blockkey.Key]int),
-		streams: make(map[stream]uint64),
 		orphans: newOrphans(),
 		epoch:   cfg.Epoch,
 		touched: make(map[blockkey.Key]bool),
 	}
 }
 
-// NextSeq returns the sequence number the index expects next on b's
-// stream, and false if it has seen no batch of that stream. A caller with
-// a replay socket compares it with b.Seq before Apply.
-func (ix *Index) NextSeq(b kvevent.Batch) (uint64, bool) {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	n, ok := ix.streams[streamOf(b)]
-	return n, ok
-}
-
-// Apply applies a live batch. The first batch of a stream, or the next
-// seq, applies as is; a seq ahead of the expected one is reported as a Gap
-// and applied; a seq behind means vLLM restarted: the index is cleared (all
-// streams: the restarted engine's blocks cannot be told apart) and the epoch
-// bumped first.
+// Apply applies one batch, in the order vLLM published it. Sequencing is
+// the caller's: vllmclient's subscriber delivers each stream's batches in
+// order, reports gaps (SetUncertain) and restarts (Restart) as items of
+// their own, and runs replay. Apply only changes blocks.
 func (ix *Index) Apply(b kvevent.Batch) Change {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	var ch Change
-	s := streamOf(b)
-	next, seen := ix.streams[s]
-	switch {
-	case !seen || b.Seq == next:
-	case b.Seq > next:
-		ch.Gap = &Gap{Stream: s.String(), Expected: next, Got: b.Seq}
-		ix.stats.Gaps++
-	default:
-		ix.reset(&ch)
-		ch.Restarted = true
-		ix.stats.Restarts++
-	}
-	ix.streams[s] = b.Seq + 1
-	ix.apply(b, &ch)
-	return ch
-}
-
-// ApplyReplayed applies a batch received from vLLM's replay socket only if
-// its Seq is the next expected one on its stream (or the stream is new: a
-// sidecar that starts late replays from the oldest batch vLLM kept);
-// otherwise it returns a Change with Stale set and leaves the index alone,
-// so that no batch is applied twice and no removed block comes back.
-// Replay therefore has to happen before the live batch after a gap.
-func (ix *Index) ApplyReplayed(b kvevent.Batch) Change {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	s := streamOf(b)
-	if next, seen := ix.streams[s]; seen && b.Seq != next {
-		ix.stats.Stale++
-		return Change{Stale: true}
-	}
-	var ch Change
-	ix.streams[s] = b.Seq + 1
 	ix.apply(b, &ch)
 	return ch
 }
@@ -214,7 +144,7 @@ func (ix *Index) store(ev *kvevent.Event, ch *Change) {
 		if ev.LoRAName != nil {
 			lora = *ev.LoRAName
 		}
-		ix.link(blockkey.Root(ix.cfg.Model, lora, ""), 0, hashes, tokens, bs, nil)
+		ix.link(blockkey.ModelRoot(ix.cfg.Model, lora), 0, hashes, tokens, bs, nil)
 	default:
 		p, ok := ix.blocks[*ev.Parent]
 		if !ok {
@@ -322,18 +252,13 @@ func (ix *Index) hold(parent uint64, hashes []uint64, tokens []uint32, bs int, c
 	ix.stats.Expired += uint64(expired)
 }
 
-// Restart records a vLLM restart that the caller learned of before the
-// batch that shows it (the subscriber saw the sequence go back, and the new
-// publisher's first batches may then arrive by replay, which Apply's own
-// check cannot see): the index is cleared, the epoch bumped, and every
-// stream's sequence forgotten, so the next batch of each stream, live or
-// replayed, applies as its first.
+// Restart records that vLLM's cache is gone (it restarted, or its engine
+// came back from being down): the index is cleared and the epoch bumped.
 func (ix *Index) Restart() Change {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	var ch Change
 	ix.reset(&ch)
-	clear(ix.streams)
 	ch.Restarted = true
 	ix.stats.Restarts++
 	return ch

@@ -161,77 +161,6 @@ func TestApply(t *testing.T) {
 	}
 }
 
-func TestSequence(t *testing.T) {
-	rank := func(r int64) *int64 { return &r }
-	tests := []struct {
-		name      string
-		seqs      []kvevent.Batch // applied live; the last one is checked
-		gap       *Gap
-		restarted bool
-		epoch     uint64
-	}{
-		{"first batch any seq", []kvevent.Batch{{Seq: 17}}, nil, false, 0},
-		{"in order", []kvevent.Batch{{Seq: 0}, {Seq: 1}}, nil, false, 0},
-		{"gap", []kvevent.Batch{{Seq: 0, Topic: "kv"}, {Seq: 3, Topic: "kv"}}, &Gap{"kv", 1, 3}, false, 0},
-		{"gap with rank", []kvevent.Batch{{Seq: 0, DPRank: rank(2)}, {Seq: 5, DPRank: rank(2)}}, &Gap{"#dp2", 1, 5}, false, 0},
-		{"backwards is a restart", []kvevent.Batch{{Seq: 8}, {Seq: 9}, {Seq: 0}}, nil, true, 1},
-		{"repeat is a restart", []kvevent.Batch{{Seq: 8}, {Seq: 8}}, nil, true, 1},
-		{"streams are independent", []kvevent.Batch{{Seq: 8}, {Seq: 0, DPRank: rank(1)}, {Seq: 9}}, nil, false, 0},
-		{"nil rank differs from rank 0", []kvevent.Batch{{Seq: 8}, {Seq: 3, DPRank: rank(0)}}, nil, false, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ix := New(DefaultConfig())
-			var ch Change
-			for _, b := range tt.seqs {
-				ch = ix.Apply(b)
-			}
-			if diff := cmp.Diff(tt.gap, ch.Gap); diff != "" {
-				t.Errorf("Gap mismatch (-want +got):\n%s", diff)
-			}
-			if ch.Restarted != tt.restarted || ix.Epoch() != tt.epoch {
-				t.Errorf("Restarted, Epoch = %v, %d; want %v, %d", ch.Restarted, ix.Epoch(), tt.restarted, tt.epoch)
-			}
-		})
-	}
-}
-
-func TestApplyReplayed(t *testing.T) {
-	toks := blockToks(1, 2, 4)
-	ix := New(Config{Model: "m", Scheme: blockkey.Scheme{BlockSize: 4}})
-	if next, ok := ix.NextSeq(kvevent.Batch{}); ok {
-		t.Fatalf("NextSeq on a new index = %d, true; want false", next)
-	}
-	ix.Apply(kvevent.Batch{Seq: 0, Events: []kvevent.Event{stored(nil, toks[:4], 1)}})
-	live := kvevent.Batch{Seq: 3, Events: []kvevent.Event{removed(2)}}
-	if next, ok := ix.NextSeq(live); !ok || next != 1 {
-		t.Fatalf("NextSeq = %d, %v; want 1, true", next, ok)
-	}
-	steps := []struct {
-		b     kvevent.Batch
-		stale bool
-	}{
-		{kvevent.Batch{Seq: 2}, true}, // ahead: would skip 1
-		{kvevent.Batch{Seq: 1, Events: []kvevent.Event{stored(ptr[uint64](1), toks[4:], 2)}}, false},
-		{kvevent.Batch{Seq: 1, Events: []kvevent.Event{stored(ptr[uint64](1), toks[4:], 2)}}, true}, // twice
-		{kvevent.Batch{Seq: 2}, false},
-	}
-	for i, s := range steps {
-		if ch := ix.ApplyReplayed(s.b); ch.Stale != s.stale {
-			t.Errorf("step %d: ApplyReplayed(seq %d).Stale = %v; want %v", i, s.b.Seq, ch.Stale, s.stale)
-		}
-	}
-	if got := ix.Resident(); len(got) != 2 || got[1].Refs != 1 {
-		t.Fatalf("Resident() = %+v; want hashes 1, 2 with one copy each", got)
-	}
-	if ch := ix.Apply(live); ch.Gap != nil || len(ch.Removed) != 1 {
-		t.Errorf("Apply(live after replay) = %+v; want no gap, one removal", ch)
-	}
-	if st := ix.Stats(); st.Stale != 2 {
-		t.Errorf("Stats().Stale = %d; want 2", st.Stale)
-	}
-}
-
 func TestAccessors(t *testing.T) {
 	s := blockkey.Scheme{BlockSize: 4, Stride: 1}
 	root := blockkey.Root("m", "", "")
@@ -363,9 +292,10 @@ func BenchmarkApply(b *testing.B) {
 	b.ReportMetric(float64(b.N*blocks)/b.Elapsed().Seconds(), "blocks/s")
 }
 
-// TestRestartThenReplayedFirstBatch: a restarted vLLM's seq 0 lost live and
-// fetched by replay applies after Restart, instead of being dropped as stale.
-func TestRestartThenReplayedFirstBatch(t *testing.T) {
+// TestRestartEmptiesIntoNewEpoch: after Restart the index is empty in a
+// new epoch and the new engine's first batch, seq 0, live or replayed,
+// applies (the index has no sequence state to drop it by).
+func TestRestartEmptiesIntoNewEpoch(t *testing.T) {
 	ix := New(Config{Model: "m"})
 	stored := func(seq uint64, hash uint64) kvevent.Batch {
 		toks := make([]uint32, 16)
@@ -379,17 +309,11 @@ func TestRestartThenReplayedFirstBatch(t *testing.T) {
 		ix.Apply(stored(seq, 100+seq))
 	}
 	epoch := ix.Epoch()
-	if ch := ix.ApplyReplayed(stored(0, 7)); !ch.Stale {
-		t.Fatalf("without Restart, a replayed seq 0 must be stale: %+v", ch)
-	}
 	ch := ix.Restart()
-	if !ch.Restarted || ix.Epoch() == epoch || ix.Blocks() != 0 {
+	if !ch.Restarted || ix.Epoch() == epoch || ix.Blocks() != 0 || ix.Len() != 0 {
 		t.Fatalf("Restart() = %+v, epoch %d→%d, blocks %d; want restarted, new epoch, empty", ch, epoch, ix.Epoch(), ix.Blocks())
 	}
-	if ch := ix.ApplyReplayed(stored(0, 7)); ch.Stale || ix.Blocks() != 1 {
-		t.Errorf("replayed seq 0 after Restart: %+v, blocks %d; want applied", ch, ix.Blocks())
-	}
-	if ch := ix.Apply(stored(1, 8)); ch.Gap != nil || ch.Restarted || ix.Blocks() != 2 {
-		t.Errorf("live seq 1 after replayed 0: %+v, blocks %d; want in order", ch, ix.Blocks())
+	if ch := ix.Apply(stored(0, 7)); ch.Restarted || ix.Blocks() != 1 {
+		t.Errorf("seq 0 after Restart: %+v, blocks %d; want applied", ch, ix.Blocks())
 	}
 }

@@ -152,15 +152,14 @@ func (s *scenario) run(cmd []string) string {
 	case "config":
 		s.configure(a)
 		return "ok"
-	case "apply", "replay", "lose":
+	case "apply", "lose":
 		b := s.batch(a, cmd[1:])
-		switch f[0] {
-		case "lose":
+		if f[0] == "lose" {
 			return "lost"
-		case "replay":
-			return s.change(s.ix.ApplyReplayed(b))
 		}
 		return s.change(s.ix.Apply(b))
+	case "restart":
+		return s.change(s.ix.Restart())
 	case "fixture":
 		ev := s.fixture(a["file"], a["name"])
 		return s.change(s.ix.Apply(kvevent.Batch{Seq: uint64(s.atoi(a, "seq", 0)), Events: []kvevent.Event{ev}}))
@@ -304,14 +303,11 @@ func (s *scenario) change(ch Change) string {
 	if len(ch.Removed) > 0 {
 		fmt.Fprintf(&b, "removed: %s\n", s.keys(ch.Removed))
 	}
-	if ch.Gap != nil {
-		fmt.Fprintf(&b, "gap: %s\n", ch.Gap)
-	}
 	var flags []string
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{ch.Restarted, "restarted"}, {ch.Cleared, "cleared"}, {ch.Stale, "stale"}, {ch.OverCapacity, "over-capacity"}} {
+	}{{ch.Restarted, "restarted"}, {ch.Cleared, "cleared"}, {ch.OverCapacity, "over-capacity"}} {
 		if f.on {
 			flags = append(flags, f.name)
 		}

@@ -41,7 +41,9 @@ type Message struct {
 
 // Call is one request to send.
 type Call struct {
-	Kind      Kind
+	Kind Kind
+	// Model overrides the client's model (a LoRA adapter); "" keeps it.
+	Model     string
 	Prompt    []uint32  // Completion
 	Messages  []Message // Chat
 	MaxTokens int
@@ -170,6 +172,9 @@ func (r *Reply) take(c chunk) {
 // answer is complete, ctx ends, or the connection fails.
 func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) {
 	body := requestBody{Model: c.Model, MaxTokens: call.MaxTokens, Stream: c.Stream}
+	if call.Model != "" {
+		body.Model = call.Model
+	}
 	path := "/v1/completions"
 	if call.Kind == Chat {
 		path = "/v1/chat/completions"

@@ -190,7 +190,7 @@ func (r *run) session(ctx context.Context, x *Session) {
 		case <-ctx.Done():
 			return
 		}
-		call := Call{Kind: x.Kind, MaxTokens: turn.MaxTokens}
+		call := Call{Kind: x.Kind, Model: x.Model, MaxTokens: turn.MaxTokens}
 		if x.Kind == Chat {
 			history = append(history, Message{Role: "user", Content: turn.User})
 			call.Messages = history

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -347,4 +349,35 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A session's model reaches the server in every turn; without one the
+// client's model is sent.
+func TestRunSendsSessionModel(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var q struct {
+			Model  string   `json:"model"`
+			Prompt []uint32 `json:"prompt"`
+		}
+		json.NewDecoder(r.Body).Decode(&q)
+		mu.Lock()
+		got[fmt.Sprint(q.Prompt)] = q.Model
+		mu.Unlock()
+		io.WriteString(w, `{"choices":[{"text":"x"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	defer srv.Close()
+	s := Schedule{Sessions: []Session{
+		{ID: "a", Turns: []Turn{{Prompt: []uint32{1}, MaxTokens: 1}}},
+		{ID: "b", Model: "lora-a", Turns: []Turn{{Prompt: []uint32{2}, MaxTokens: 1}}},
+	}}
+	c := NewClient(nil, "base")
+	c.Stream = false
+	if _, err := Run(context.Background(), RunConfig{Endpoints: []Endpoint{{URL: srv.URL, Pod: "p"}}, Client: c, Concurrency: 2}, s); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"[1]": "base", "[2]": "lora-a"}; !maps.Equal(got, want) {
+		t.Errorf("models sent = %v; want %v", got, want)
+	}
 }

@@ -50,8 +50,12 @@ type Turn struct {
 type Session struct {
 	ID string
 	// At is the first turn's offset from the start of the run.
-	At     time.Duration
-	Kind   Kind
+	At   time.Duration
+	Kind Kind
+	// Model is the model every turn names; "" means the client's model
+	// (the base model). A LoRA adapter is named like a model, as in vLLM.
+	Model string
+
 	System string // Chat only
 	Turns  []Turn
 }

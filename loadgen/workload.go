@@ -8,7 +8,7 @@ import (
 
 // Workload names accepted by Generate. The Mooncake replay is built from a
 // trace file instead (Mooncake).
-var Workloads = []string{"shared-prefix", "agent-fanout", "doc-qa", "multi-turn-chat", "no-reuse"}
+var Workloads = []string{"shared-prefix", "agent-fanout", "doc-qa", "multi-turn-chat", "no-reuse", "multi-lora"}
 
 // Config sizes the synthetic workloads. Prefix routing only matters when
 // the cluster's KV cache is under pressure, so the prefix-heavy workloads
@@ -38,6 +38,7 @@ type Config struct {
 	DocQA        DocQAParams
 	Chat         ChatParams
 	NoReuse      NoReuseParams
+	MultiLoRA    MultiLoRAParams
 }
 
 // SharedPrefixParams: the B2B-SaaS shape of llm-d's benchmark (many groups
@@ -91,6 +92,24 @@ type ChatParams struct {
 	OutputTokens Dist // default mean 150, 10..500
 }
 
+// MultiLoRAParams: the shared-prefix shape served by a base model and its
+// LoRA adapters at once (one tenant's fine-tune per adapter), with the same
+// system prompts sent to every model. vLLM hashes the adapter's name into
+// every block, so each (model, system prompt) pair is a prefix of its own:
+// a router must key by adapter, or it sends an adapter's request to the pod
+// that holds the same text for another model, where nothing is reused.
+type MultiLoRAParams struct {
+	// Adapters are the LoRA adapter names; requests pick the base model
+	// (Session.Model "") or one of them uniformly. Default lora-a, lora-b.
+	Adapters []string
+	// Groups is the number of distinct system prompts; 0 derives it from
+	// the cache size, counting one prefix per model and prompt.
+	Groups         int
+	SystemTokens   int  // default 3000
+	QuestionTokens Dist // default mean 300
+	OutputTokens   int  // default 64
+}
+
 // NoReuseParams: random prompts, the control where prefix routing must
 // cost nothing.
 type NoReuseParams struct {
@@ -137,6 +156,12 @@ func DefaultConfig() Config {
 			PromptTokens: Dist{Mean: 2000, Std: 1000, Min: 100, Max: 8000, LogNormal: true},
 			OutputTokens: 64,
 		},
+		MultiLoRA: MultiLoRAParams{
+			Adapters:       []string{"lora-a", "lora-b"},
+			SystemTokens:   3000,
+			QuestionTokens: Dist{Mean: 300, Std: 150, Min: 50, Max: 900, LogNormal: true},
+			OutputTokens:   64,
+		},
 	}
 }
 
@@ -158,6 +183,8 @@ func Generate(name string, c Config, r *rand.Rand) (Schedule, error) {
 		s = MultiTurnChat(c, r)
 	case "no-reuse":
 		s = NoReuse(c, r)
+	case "multi-lora":
+		s = MultiLoRA(c, r)
 	default:
 		return Schedule{}, fmt.Errorf("unknown workload %q (have %v, or mooncake with a trace)", name, Workloads)
 	}
@@ -314,6 +341,34 @@ func NoReuse(c Config, r *rand.Rand) Schedule {
 	for i, at := range poisson(r, c.Rate, c.Duration, c.MaxRequests) {
 		s.Sessions = append(s.Sessions, Session{ID: sessionID("r", i), At: at,
 			Turns: []Turn{{Prompt: c.clip(randomTokens(r, p.PromptTokens.Int(r))), MaxTokens: p.OutputTokens}}})
+	}
+	return s
+}
+
+// MultiLoRA: each request is one group's system prompt plus a fresh
+// question, for the base model or one of the adapters; group and model are
+// picked uniformly and independently.
+func MultiLoRA(c Config, r *rand.Rand) Schedule {
+	p := c.MultiLoRA
+	models := append([]string{""}, p.Adapters...)
+	groups := p.Groups
+	if groups <= 0 {
+		groups = max(1, c.prefixCount(p.SystemTokens+int(p.QuestionTokens.Mean))/len(models))
+	}
+	systems := make([][]uint32, groups)
+	for i := range systems {
+		systems[i] = randomTokens(r, p.SystemTokens)
+	}
+	s := Schedule{Workload: "multi-lora"}
+	for i, at := range poisson(r, c.Rate, c.Duration, c.MaxRequests) {
+		g, m := r.IntN(groups), models[r.IntN(len(models))]
+		prompt := c.clip(concat(systems[g], randomTokens(r, p.QuestionTokens.Int(r))))
+		name := m
+		if name == "" {
+			name = "base"
+		}
+		s.Sessions = append(s.Sessions, Session{ID: sessionID(fmt.Sprintf("%s-g%d", name, g), i), At: at, Model: m,
+			Turns: []Turn{{Prompt: prompt, MaxTokens: p.OutputTokens}}})
 	}
 	return s
 }

@@ -278,3 +278,50 @@ func TestRandomTextIsOneTokenPerWord(t *testing.T) {
 		t.Errorf("%d words; want 50", words)
 	}
 }
+
+// MultiLoRA sends the same system prompts to the base model and to every
+// adapter: each model's requests share the group's prompt, and every
+// (model, group) pair appears.
+func TestMultiLoRAStructure(t *testing.T) {
+	c := smallConfig()
+	c.MultiLoRA.Groups = 4
+	s := MultiLoRA(c, rng(1))
+	sys := c.MultiLoRA.SystemTokens
+	byGroup := map[string][]uint32{}
+	pairs := map[string]bool{}
+	for _, x := range s.Sessions {
+		if x.Model != "" && !slices.Contains(c.MultiLoRA.Adapters, x.Model) {
+			t.Fatalf("session %s: model %q; want base or one of %v", x.ID, x.Model, c.MultiLoRA.Adapters)
+		}
+		model, rest, _ := strings.Cut(x.ID, "-g")
+		g, _, _ := strings.Cut(rest, "-")
+		want := model
+		if model == "base" {
+			want = ""
+		}
+		if x.Model != want {
+			t.Fatalf("session %s names model %q", x.ID, x.Model)
+		}
+		p := x.Turns[0].Prompt
+		if prev, ok := byGroup[g]; ok && commonPrefix(prev, p) < sys {
+			t.Fatalf("group %s: %s shares %d tokens with the group's prompt; want >= %d", g, x.ID, commonPrefix(prev, p), sys)
+		}
+		byGroup[g] = p
+		pairs[x.Model+"/"+g] = true
+	}
+	if want := 4 * (1 + len(c.MultiLoRA.Adapters)); len(pairs) != want {
+		t.Errorf("%d (model, group) pairs; want %d", len(pairs), want)
+	}
+	// Derived from the cache: one prefix per model and group.
+	c.MultiLoRA.Groups = 0
+	wantGroups := int(float64(c.CacheTokens)*c.Fill) / (sys + int(c.MultiLoRA.QuestionTokens.Mean)) / 3
+	groups := map[string]bool{}
+	for _, x := range MultiLoRA(c, rng(1)).Sessions {
+		_, rest, _ := strings.Cut(x.ID, "-g")
+		g, _, _ := strings.Cut(rest, "-")
+		groups[g] = true
+	}
+	if len(groups) != wantGroups {
+		t.Errorf("%d groups; want %d", len(groups), wantGroups)
+	}
+}

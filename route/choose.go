@@ -24,11 +24,14 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 	for i, p := range peers {
 		c := &cs[i]
 		c.ID, c.Local = p.ID, p.Local
-		c.Excluded = excluded(cfg, p, req.Model, now)
+		c.Excluded = excluded(cfg, p, req, now)
 		if c.Excluded != "" {
 			continue
 		}
 		c.Eligible = true
+		if req.Model != "" && p.ModelsTruncated && !slices.Contains(p.Models, req.Model) {
+			c.Note = addTag(c.Note, "model unlisted, in digest")
+		}
 		var stale bool
 		c.Load, stale = load(cfg, p, now)
 		if stale {
@@ -70,8 +73,8 @@ func (a *assessment) inBound(i int) bool {
 	return c.Eligible && (!c.Over || a.allOver)
 }
 
-// excluded returns why p may not serve a request for model, or "".
-func excluded(cfg Config, p PeerView, model string, now time.Time) string {
+// excluded returns why p may not serve req, or "".
+func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
 	switch {
 	case p.Engine != EngineServing:
 		return "engine " + p.Engine.String()
@@ -79,10 +82,28 @@ func excluded(cfg Config, p PeerView, model string, now time.Time) string {
 		return "draining"
 	case !p.LastFailure.IsZero() && now.Sub(p.LastFailure) < cfg.FailFor:
 		return fmt.Sprintf("failed %s ago", now.Sub(p.LastFailure).Round(time.Millisecond))
-	case model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, model):
+	case req.Model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, req.Model):
+		if p.ModelsTruncated && holdsModel(cfg, p, req.Keys, now) {
+			return ""
+		}
 		return "model"
 	}
 	return ""
+}
+
+// holdsModel reports whether p's digest holds the first MinMatchKeys keys
+// of the request (at least one). Keys are seeded with the model's name
+// (blockkey.Root), so only a pod that served that model computed them:
+// the evidence that lets a peer whose list was truncated serve a model it
+// could not list. Claims and Recent do not count; they record where
+// requests were sent, not what the pod serves.
+func holdsModel(cfg Config, p PeerView, keys []blockkey.Key, now time.Time) bool {
+	n := max(cfg.MinMatchKeys, 1)
+	if len(keys) < n || p.Digest == nil || p.KeyScheme != blockkey.Version ||
+		(cfg.DigestTTL > 0 && now.Sub(p.DigestAt) > cfg.DigestTTL) {
+		return false
+	}
+	return p.Digest.PrefixLen(keys[:n]) == n
 }
 
 // load returns p's load in requests and whether the report was stale:

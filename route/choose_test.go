@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,13 +59,59 @@ func TestExcluded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(cfg, tt.p, tt.model, t0); got != tt.want {
+			if got := excluded(cfg, tt.p, Request{Model: tt.model}, t0); got != tt.want {
 				t.Errorf("excluded(%+v, %q) = %q; want %q", tt.p, tt.model, got, tt.want)
 			}
 		})
 	}
-	if got := excluded(Config{}, PeerView{LastFailure: t0}, "", t0); got != "" {
+	if got := excluded(Config{}, PeerView{LastFailure: t0}, Request{}, t0); got != "" {
 		t.Errorf("FailFor 0: excluded = %q; want eligible", got)
+	}
+}
+
+// A peer whose model list was truncated serves an unlisted model only on
+// the evidence of its digest: the request's first MinMatchKeys keys, which
+// are seeded with the model's name. Load alone never makes it a candidate.
+func TestExcludedTruncatedModels(t *testing.T) {
+	cfg := DefaultConfig() // MinMatchKeys 2
+	keys := keysN(100, 8)
+	trunc := func(d Matcher, at time.Time) PeerView {
+		return PeerView{Models: []string{"base"}, ModelsTruncated: true, KeyScheme: blockkey.Version, Digest: d, DigestAt: at}
+	}
+	tests := []struct {
+		name string
+		p    PeerView
+		keys []blockkey.Key
+		want string
+	}{
+		{"holds the first two keys", trunc(holds(keys[:2]), t0), keys, ""},
+		{"holds only the first key", trunc(holds(keys[:1]), t0), keys, "model"},
+		{"holds later keys, not the first", trunc(holds(keys[1:]), t0), keys, "model"},
+		{"no digest", trunc(nil, t0), keys, "model"},
+		{"no keys (tokenize failed)", trunc(holds(keys), t0), nil, "model"},
+		{"prompt shorter than MinMatchKeys", trunc(holds(keys), t0), keys[:1], "model"},
+		{"other key scheme", func() PeerView { p := trunc(holds(keys), t0); p.KeyScheme = blockkey.Version + 1; return p }(), keys, "model"},
+		{"not truncated: the list is the truth", func() PeerView { p := trunc(holds(keys), t0); p.ModelsTruncated = false; return p }(), keys, "model"},
+		{"listed model needs no evidence", PeerView{Models: []string{"base", "alice"}, ModelsTruncated: true}, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := excluded(cfg, tt.p, Request{Model: "alice", Keys: tt.keys}, t0); got != tt.want {
+				t.Errorf("excluded = %q; want %q", got, tt.want)
+			}
+		})
+	}
+	// The explanation says why an unlisted peer is a candidate.
+	p := trunc(holds(keys), t0)
+	p.ID, p.Load, p.LoadAt = "x", Load{}, t0
+	d := Affinity{Config: cfg}.Choose(Request{Model: "alice", Keys: keys}, []PeerView{p}, t0)
+	if len(d.Candidates) != 1 || !d.Candidates[0].Eligible || !strings.Contains(d.Candidates[0].Note, "model unlisted, in digest") {
+		t.Errorf("candidate %+v; want eligible with note \"model unlisted, in digest\"", d.Candidates)
+	}
+	ttl := cfg
+	ttl.DigestTTL = time.Minute
+	if got := excluded(ttl, trunc(holds(keys), t0.Add(-time.Hour)), Request{Model: "alice", Keys: keys}, t0); got != "model" {
+		t.Errorf("digest older than DigestTTL: excluded = %q; want model", got)
 	}
 }
 

@@ -32,7 +32,16 @@
 // A peer is eligible unless it is draining, a forward to it failed less
 // than FailFor ago, or it does not serve the request's model (empty Models
 // serves all). A peer with another key scheme is eligible but matches
-// nothing. With no eligible peer the Decision has no Target and Reason
+// nothing.
+//
+// A peer's model list can be truncated (ModelsTruncated: more adapters than
+// its node meta holds). Such a peer is still a candidate for a model it
+// does not list when its digest holds the request's first MinMatchKeys
+// keys: keys are seeded with the model name, so only a pod that served the
+// model recently holds them. It is never chosen for an unlisted model by
+// load alone: a pod without the adapter answers 404, which the client
+// would see, while routing by load to the pods that do list the model
+// costs at most a cache miss. With no eligible peer the Decision has no Target and Reason
 // "none", and the caller serves locally.
 //
 // # Load

@@ -15,29 +15,29 @@ type Matcher interface {
 
 // Load is a peer's reported work, plus what this sidecar knows it sent.
 type Load struct {
-	Running int // requests vLLM is running (vllm:num_requests_running)
-	Waiting int // requests vLLM has queued (vllm:num_requests_waiting)
+	Running int `json:"running"` // requests vLLM is running (vllm:num_requests_running)
+	Waiting int `json:"waiting"` // requests vLLM has queued (vllm:num_requests_waiting)
 	// KVUsage is the fraction of KV-cache blocks in use, 0..1
 	// (vllm:kv_cache_usage_perc). Values outside 0..1 are clamped.
-	KVUsage float64
+	KVUsage float64 `json:"kv_usage"`
 	// Serving is the number of requests the peer's own sidecar has at its
 	// vLLM, as last reported; the sidecar pushes it on every change.
-	Serving int
+	Serving int `json:"serving"`
 	// Fronted means every request the peer serves passes its sidecar, so
 	// Serving is its exact count and the scraped Running and Waiting, up
 	// to a scrape interval old, are ignored: a request that finished since
 	// the scrape made the pod look busy, which alone cost the no-reuse
 	// workload a third of its TTFT p90 against least-load. Otherwise load
 	// counts the larger of the two.
-	Fronted bool
+	Fronted bool `json:"fronted"`
 	// InFlight is the number of requests this sidecar sent to the peer that
 	// the peer's report does not count yet (sent after LoadAt; all of them
 	// when the report is stale). It is the only load signal that is never
 	// stale.
-	InFlight int
+	InFlight int `json:"in_flight"`
 	// QueuedPrefillTokens is an optional estimate of uncached prompt tokens
 	// waiting for prefill on the peer; 0 when unknown.
-	QueuedPrefillTokens int
+	QueuedPrefillTokens int `json:"queued_prefill_tokens"`
 }
 
 // Engine is a pod's vLLM as its sidecar sees it (DESIGN.md D10). The zero
@@ -69,12 +69,15 @@ func (e Engine) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
 // PeerView is one peer as the caller's peer table sees it at the moment of
 // the choice. Policies read it and never keep it.
 type PeerView struct {
-	ID        string
-	Addr      string
-	Local     bool     // the pod this sidecar runs in
-	Models    []string // models served; empty means every model
-	KeyScheme int      // the peer's blockkey.Version; others get no matches
-	Digest    Matcher  // nil until the first digest arrives
+	ID     string
+	Addr   string
+	Local  bool     // the pod this sidecar runs in
+	Models []string // models served; empty means every model
+	// ModelsTruncated says Models is incomplete: the peer serves more than
+	// its node meta could list. See the package doc (Eligibility).
+	ModelsTruncated bool
+	KeyScheme       int     // the peer's blockkey.Version; others get no matches
+	Digest          Matcher // nil until the first digest arrives
 	// DigestAt is when Digest was last received or confirmed (a full filter
 	// or a delta). Config.DigestTTL ignores digests older than that.
 	DigestAt    time.Time
@@ -124,43 +127,44 @@ const (
 // Candidate explains how one peer fared in a Decision. Candidates appear
 // in the order of the peers passed to Choose.
 type Candidate struct {
-	ID       string
-	Local    bool
-	Eligible bool
+	ID       string `json:"id"`
+	Local    bool   `json:"local"`
+	Eligible bool   `json:"eligible"`
 	// Excluded says why the peer is not eligible: "draining",
 	// "failed 3s ago", "model". Empty when Eligible.
-	Excluded string
+	Excluded string `json:"excluded,omitempty"`
 	// MatchedKeys is the longest cached prefix, in routing keys, from the
 	// peer's digest or this sidecar's Recent entries, whichever is longer.
 	// Only Affinity computes it; 0 for a peer with another key scheme.
-	MatchedKeys   int
-	MatchedTokens int
+	MatchedKeys   int `json:"matched_keys"`
+	MatchedTokens int `json:"matched_tokens"`
 	// Load is the peer's load as one number, in requests (see doc.go).
-	Load float64
+	Load float64 `json:"load"`
 	// Over is set when Load+1 exceeds the Decision's Bound: affinity and
 	// rendezvous pass the peer over unless every eligible peer is over.
-	Over bool
+	Over bool `json:"over"`
 	// Scored is set when the policy that decided ranked this peer; Score is
 	// meaningful only then. Higher is better in every policy.
-	Scored bool
-	Score  float64
-	Chosen bool
+	Scored bool    `json:"scored"`
+	Score  float64 `json:"score"`
+	Chosen bool    `json:"chosen"`
 	// Note lists facts that shaped the numbers: "stale load", "no digest",
 	// "scheme 2", "recent".
-	Note string
+	Note string `json:"note,omitempty"`
 }
 
 // Decision is a policy's choice and its explanation.
 type Decision struct {
-	Target string // peer ID; "" when no peer was chosen
-	Local  bool   // Target is the local peer
-	Reason string // one of the Reason constants
+	Target string `json:"target"` // peer ID; "" when no peer was chosen
+	Local  bool   `json:"local"`  // Target is the local peer
+	Reason string `json:"reason"` // one of the Reason constants
 	// Bound is the load bound: a peer with Load+1 > Bound is over it.
+	Bound float64 `json:"bound"`
 	// Mean is the eligible peers' mean load counting this request.
-	Bound, Mean float64
-	Eligible    int    // eligible peers
-	Note        string // why earlier policies of a Chain declined
-	Candidates  []Candidate
+	Mean       float64     `json:"mean"`
+	Eligible   int         `json:"eligible"`       // eligible peers
+	Note       string      `json:"note,omitempty"` // why earlier policies of a Chain declined
+	Candidates []Candidate `json:"candidates"`
 }
 
 // Policy chooses the peer that serves a request. Implementations are pure:

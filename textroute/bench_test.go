@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/textprefix"
 	"github.com/kvroute/kvroute/vllmsim"
 )
@@ -24,13 +24,13 @@ func BenchmarkKeysSeenPrefix(b *testing.B) {
 			sys := strings.Repeat("the quick brown fox jumps over the lazy dog ", size/9)
 			p, msgs := benchChat(b, sys, "a question")
 			// Learn the system prompt as the learner would.
-			r.enqueue([]int{1}, job{p: p, msgs: msgs, hashes: textprefix.Chain(r.context(p), msgs)})
+			r.enqueue([]int{1}, job{p: p, keysOf: keysOf, msgs: msgs, hashes: textprefix.Chain(r.context(p), msgs)})
 			r.learn(context.Background(), <-r.jobs)
 			tok.calls = 0
 			b.SetBytes(int64(len(p.Messages)))
 			b.ResetTimer()
 			for b.Loop() {
-				keys, _, _ := r.Keys(context.Background(), p, msgs)
+				keys, _, _ := r.Keys(context.Background(), p, msgs, keysOf)
 				if len(keys) == 0 {
 					b.Fatal("no keys")
 				}
@@ -42,10 +42,10 @@ func BenchmarkKeysSeenPrefix(b *testing.B) {
 	}
 }
 
-func benchChat(b *testing.B, system, user string) (forward.Prompt, []textprefix.Message) {
+func benchChat(b *testing.B, system, user string) (prompt.Prompt, []textprefix.Message) {
 	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{
 		{"role": "system", "content": system}, {"role": "user", "content": user}}})
-	p, err := forward.ParsePrompt(body, true)
+	p, err := prompt.Parse(body, true)
 	if err != nil {
 		b.Fatal(err)
 	}

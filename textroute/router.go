@@ -19,18 +19,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/blockkey"
-	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/textprefix"
 )
 
 // Tokenizer is the local vLLM's /tokenize as the router needs it.
 type Tokenizer interface {
-	Tokenize(ctx context.Context, p forward.Prompt) ([]uint32, error)
+	Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error)
 }
 
 // Config of a Router; zero fields take DefaultConfig's values.
 type Config struct {
-	// Model is the base model name keys are seeded with (forward.Config).
+	// Model is the base model's name; it goes into every prefix hash.
 	Model  string
 	Scheme blockkey.Scheme
 	// MaxKeys bounds the store (8 bytes each plus ~100 per entry).
@@ -48,7 +48,7 @@ func DefaultConfig() Config {
 	return Config{Scheme: blockkey.DefaultScheme(), MaxKeys: 1 << 20, Queue: 256, TokenizeTimeout: 2 * time.Second}
 }
 
-// Router implements forward.TextPrefixes. Run must be running for it to
+// Router implements the front's TextPrefixes (forward). Run must be running for it to
 // learn; without it every chat prompt is tokenized on the request path.
 type Router struct {
 	cfg  Config
@@ -68,7 +68,8 @@ type Router struct {
 
 // job is one prefix to learn, with what it is checked against.
 type job struct {
-	p      forward.Prompt
+	p      prompt.Prompt
+	keysOf func([]uint32) []blockkey.Key
 	msgs   []textprefix.Message
 	hashes []textprefix.Hash
 	k      int
@@ -119,7 +120,7 @@ func (r *Router) Accept(h textprefix.Hash, e textprefix.Entry) {
 }
 
 // context is the bytes every prefix hash of p starts from.
-func (r *Router) context(p forward.Prompt) []byte {
+func (r *Router) context(p prompt.Prompt) []byte {
 	return append(slices.Clip(r.tag), renderContext(p)...)
 }
 
@@ -137,8 +138,8 @@ func (r *Router) Run(ctx context.Context) {
 	}
 }
 
-// Keys implements forward.TextPrefixes.
-func (r *Router) Keys(ctx context.Context, p forward.Prompt, msgs []textprefix.Message) ([]blockkey.Key, int, func()) {
+// Keys implements the front's TextPrefixes (forward).
+func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func()) {
 	hs := textprefix.Chain(r.context(p), msgs)
 	r.mu.Lock()
 	plan := r.store.Plan(hs, msgs)
@@ -146,7 +147,7 @@ func (r *Router) Keys(ctx context.Context, p forward.Prompt, msgs []textprefix.M
 	if plan.Use {
 		r.m.requests.WithLabelValues("prefix").Inc()
 		return plan.Entry.Keys, plan.Tokens, func() {
-			r.enqueue(plan.Learn, job{p: p, msgs: msgs, hashes: hs, usedK: plan.K, used: plan.Entry})
+			r.enqueue(plan.Learn, job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs, usedK: plan.K, used: plan.Entry})
 		}
 	}
 	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
@@ -157,9 +158,9 @@ func (r *Router) Keys(ctx context.Context, p forward.Prompt, msgs []textprefix.M
 		return nil, 0, func() {}
 	}
 	r.m.requests.WithLabelValues("tokenized").Inc()
-	full := &textprefix.Entry{Keys: r.keys(p, ids), Tokens: len(ids)}
+	full := &textprefix.Entry{Keys: keysOf(ids), Tokens: len(ids)}
 	return full.Keys, len(ids), func() {
-		r.enqueue(plan.Learn, job{p: p, msgs: msgs, hashes: hs, full: full})
+		r.enqueue(plan.Learn, job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs, full: full})
 	}
 }
 
@@ -214,7 +215,7 @@ func (r *Router) learn(ctx context.Context, j job) {
 	for _, m := range j.msgs[:j.k] {
 		bytes += len(m.Raw)
 	}
-	e := textprefix.Entry{Keys: r.keys(j.p, ids), Tokens: len(ids), Bytes: bytes}
+	e := textprefix.Entry{Keys: j.keysOf(ids), Tokens: len(ids), Bytes: bytes}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j.usedK > 0 && j.usedK <= j.k {
@@ -244,20 +245,10 @@ func (r *Router) check(ok bool) bool {
 	return ok
 }
 
-// keys is the front's key rule (forward.Handler.keys) over ids; it must
-// stay that rule, or prefix-routed keys would match nothing.
-func (r *Router) keys(p forward.Prompt, ids []uint32) []blockkey.Key {
-	lora := ""
-	if p.Model != "" && p.Model != r.cfg.Model {
-		lora = p.Model
-	}
-	return r.cfg.Scheme.Request(blockkey.Root(r.cfg.Model, lora, ""), ids)
-}
-
 // renderContext is everything besides the messages that changes a
 // prefix's tokens or keys. The generation-prompt flags only change the
 // end of the whole prompt, never a prefix's tokens.
-func renderContext(p forward.Prompt) []byte {
+func renderContext(p prompt.Prompt) []byte {
 	var b bytes.Buffer
 	field := func(v []byte) {
 		b.WriteString(strconv.Itoa(len(v)))

@@ -14,7 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/blockkey"
-	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/textprefix"
 	"github.com/kvroute/kvroute/vllmsim"
 )
@@ -31,7 +31,7 @@ type simTokenizer struct {
 	calls  int
 }
 
-func (s *simTokenizer) Tokenize(_ context.Context, p forward.Prompt) ([]uint32, error) {
+func (s *simTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, error) {
 	s.mu.Lock()
 	s.calls++
 	s.mu.Unlock()
@@ -52,7 +52,7 @@ func (s *simTokenizer) Tokenize(_ context.Context, p forward.Prompt) ([]uint32, 
 
 func (s *simTokenizer) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.calls }
 
-func chat(t *testing.T, turns ...string) (forward.Prompt, []textprefix.Message) {
+func chat(t *testing.T, turns ...string) (prompt.Prompt, []textprefix.Message) {
 	t.Helper()
 	var ms []map[string]string
 	for i, c := range turns {
@@ -66,7 +66,7 @@ func chat(t *testing.T, turns ...string) (forward.Prompt, []textprefix.Message) 
 		ms = append(ms, map[string]string{"role": role, "content": c})
 	}
 	b, _ := json.Marshal(map[string]any{"model": "m", "messages": ms})
-	p, err := forward.ParsePrompt(b, true)
+	p, err := prompt.Parse(b, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,6 +121,11 @@ func (e *env) waitLearned(t *testing.T, n float64) {
 
 func (e *env) path(p string) float64 { return value(e.r.m.requests.WithLabelValues(p)) }
 
+// keysOf is the front's rule for the test model.
+func keysOf(ids []uint32) []blockkey.Key {
+	return blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), ids)
+}
+
 var sys = strings.Repeat("You are a careful assistant who answers in full sentences. ", 40)
 
 func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
@@ -128,7 +133,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	e := newEnv(t, tok, Config{})
 	scheme := blockkey.DefaultScheme()
 	root := blockkey.Root("m", "", "")
-	truth := func(p forward.Prompt) []blockkey.Key {
+	truth := func(p prompt.Prompt) []blockkey.Key {
 		ids, err := tok.Tokenize(context.Background(), p)
 		if err != nil {
 			t.Fatal(err)
@@ -141,7 +146,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 
 	// First sight: tokenized on the request path, exactly as before.
 	p, msgs := chat(t, sys, "What is a prefix cache?")
-	keys, n, after := e.r.Keys(context.Background(), p, msgs)
+	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
 	if want := truth(p); !slices.Equal(keys, want) || tok.count() != 1 || e.path("tokenized") != 1 || n < 400 {
 		t.Fatalf("first request: %d keys (want %d), %d tokens, %d tokenize calls", len(keys), len(want), n, tok.count())
 	}
@@ -151,7 +156,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	// Another question under the same system prompt: no call on the path;
 	// the keys are the system prompt's, a prefix of the exact keys.
 	p2, msgs2 := chat(t, sys, "And how is it evicted?")
-	keys2, n2, after2 := e.r.Keys(context.Background(), p2, msgs2)
+	keys2, n2, after2 := e.r.Keys(context.Background(), p2, msgs2, keysOf)
 	exact := truth(p2)
 	if tok.count() != 3 || e.path("prefix") != 1 || len(keys2) == 0 || len(keys2) > len(exact) || !slices.Equal(keys2, exact[:len(keys2)]) {
 		t.Fatalf("second request: %d tokenize calls, prefix %v, keys %d of exact %d", tok.count(), e.path("prefix"), len(keys2), len(exact))
@@ -164,7 +169,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 
 	// The first conversation's next turn, entering with the answer.
 	p3, msgs3 := chat(t, sys, "What is a prefix cache?", "It keeps the attention state of prompts it has seen.", "Where is it kept?")
-	keys3, _, after3 := e.r.Keys(context.Background(), p3, msgs3)
+	keys3, _, after3 := e.r.Keys(context.Background(), p3, msgs3, keysOf)
 	exact3 := truth(p3)
 	prev := truth(p)
 	if e.path("prefix") != 2 || len(keys3) < len(prev)-1 || !slices.Equal(keys3, exact3[:len(keys3)]) {
@@ -178,7 +183,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	// A different tool list renders differently: no entry applies.
 	p4, msgs4 := chat(t, sys, "And how is it evicted?")
 	p4.Tools = json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
-	if e.r.Keys(context.Background(), p4, msgs4); e.path("tokenized") != 2 {
+	if e.r.Keys(context.Background(), p4, msgs4, keysOf); e.path("tokenized") != 2 {
 		t.Fatalf("tools changed, yet routed on a prefix: tokenized %v", e.path("tokenized"))
 	}
 }
@@ -193,7 +198,7 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 	e := newEnv(t, tok, Config{})
 	for i := range 5 {
 		p, msgs := chat(t, sys, "question "+strings.Repeat("x", i))
-		_, _, after := e.r.Keys(context.Background(), p, msgs)
+		_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
 		after()
 		e.waitLearned(t, float64(2*(i+1)))
 	}
@@ -202,7 +207,7 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 		t.Fatalf("prefix %v tokenized %v wrong %v", e.path("prefix"), e.path("tokenized"), wrong())
 	}
 	p, msgs := chat(t, sys, "question ", "answer", "next")
-	_, _, after := e.r.Keys(context.Background(), p, msgs)
+	_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
 	after()
 	e.waitLearned(t, 12)
 	if e.path("prefix") != 1 || wrong() != 6 || e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]) {
@@ -214,7 +219,7 @@ func TestTokenizeFailureRoutesByLoad(t *testing.T) {
 	tok := &simTokenizer{tok: vllmsim.NewTokenizer(), fail: true}
 	e := newEnv(t, tok, Config{})
 	p, msgs := chat(t, sys, "q")
-	keys, n, after := e.r.Keys(context.Background(), p, msgs)
+	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
 	after()
 	if keys != nil || n != 0 || e.path("untokenized") != 1 {
 		t.Fatalf("keys %v tokens %d untokenized %v", keys, n, e.path("untokenized"))
@@ -228,7 +233,7 @@ func TestFullBacklogDrops(t *testing.T) {
 	r := New(Config{Model: "m", Queue: 2}, tok, nil)
 	for i := range 3 {
 		p, msgs := chat(t, sys, "q"+strings.Repeat("y", i))
-		_, _, after := r.Keys(context.Background(), p, msgs)
+		_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
 		after()
 	}
 	// 1st: system + conversation queued (2); later ones: system busy,
@@ -240,9 +245,9 @@ func TestFullBacklogDrops(t *testing.T) {
 
 func TestRenderContext(t *testing.T) {
 	yes, no := true, false
-	base := forward.Prompt{Model: "m"}
+	base := prompt.Prompt{Model: "m"}
 	seen := map[string]string{}
-	for name, p := range map[string]forward.Prompt{
+	for name, p := range map[string]prompt.Prompt{
 		"base":       base,
 		"model":      {Model: "m2"},
 		"salt":       {Model: "m", CacheSalt: "s"},
@@ -272,7 +277,7 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 	b := newEnv(t, &simTokenizer{tok: vllmsim.NewTokenizer()}, Config{})
 	a.r.SetShare(b.r.Accept)
 	p, msgs := chat(t, sys, "What is a prefix cache?")
-	_, _, after := a.r.Keys(context.Background(), p, msgs)
+	_, _, after := a.r.Keys(context.Background(), p, msgs, keysOf)
 	after()
 	a.waitLearned(t, 2)
 	deadline := time.Now().Add(5 * time.Second)
@@ -283,7 +288,7 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	p2, msgs2 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?")
-	keys, _, _ := b.r.Keys(context.Background(), p2, msgs2)
+	keys, _, _ := b.r.Keys(context.Background(), p2, msgs2, keysOf)
 	if b.tok.count() != 0 || b.path("prefix") != 1 || len(keys) == 0 {
 		t.Fatalf("b: %d tokenize calls, prefix %v, %d keys", b.tok.count(), b.path("prefix"), len(keys))
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/tokenids"
 )
 
@@ -34,7 +35,7 @@ func DefaultClientConfig() ClientConfig {
 	return ClientConfig{BaseURL: "http://127.0.0.1:8001", Timeout: 5 * time.Second}
 }
 
-// Client calls the local vLLM's /tokenize, /metrics and /health. It is safe
+// Client calls the local vLLM's /tokenize, /metrics, /health and /v1/models. It is safe
 // for concurrent use.
 type Client struct {
 	base    string
@@ -98,6 +99,17 @@ type TokenizeRequest struct {
 	AddGenerationPrompt  *bool
 	ContinueFinalMessage *bool
 	AddSpecialTokens     *bool
+}
+
+// TokenizeRequestFor is the /tokenize call that yields the token ids vLLM
+// will compute for a parsed request: its chat fields or prompt, passed as
+// the client sent them.
+func TokenizeRequestFor(p prompt.Prompt) TokenizeRequest {
+	return TokenizeRequest{
+		Model: p.Model, Prompt: p.Text, Messages: p.Messages, Tools: p.Tools,
+		ChatTemplateKwargs: p.ChatTemplateKwargs, AddGenerationPrompt: p.AddGenerationPrompt,
+		ContinueFinalMessage: p.ContinueFinalMessage, AddSpecialTokens: p.AddSpecialTokens,
+	}
 }
 
 // body builds the JSON body by hand: encoding/json would re-indent the raw
@@ -191,6 +203,52 @@ func (c *Client) Load(ctx context.Context) (Load, error) {
 		return Load{}, err
 	}
 	return parseLoad(bytes.NewReader(body))
+}
+
+// Model is one entry of vLLM's GET /v1/models.
+type Model struct {
+	ID string
+	// Parent is the base model a LoRA adapter applies to; "" for the base
+	// model and each of its --served-model-name aliases.
+	Parent string
+}
+
+// Models returns what vLLM serves, in the order /v1/models lists it: the
+// base model's served names, then the LoRA adapters (--lora-modules and
+// those loaded at run time).
+func (c *Client) Models(ctx context.Context) ([]Model, error) {
+	body, err := c.do(ctx, http.MethodGet, "/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	return parseModels(body)
+}
+
+func parseModels(body []byte) ([]Model, error) {
+	var list struct {
+		Data *[]struct {
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("models response: %w", err)
+	}
+	if list.Data == nil {
+		return nil, errors.New("models response: no data field")
+	}
+	out := make([]Model, 0, len(*list.Data))
+	for i, d := range *list.Data {
+		if d.ID == "" {
+			return nil, fmt.Errorf("models response: entry %d has no id", i)
+		}
+		m := Model{ID: d.ID}
+		if d.Parent != nil {
+			m.Parent = *d.Parent
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // do sends one request and returns the body of a 2xx answer.

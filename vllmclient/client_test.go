@@ -279,3 +279,56 @@ func FuzzParseTokenize(f *testing.F) {
 		}
 	})
 }
+
+func TestModels(t *testing.T) {
+	// The shape of vLLM's ModelCard list: a base model, an alias, an adapter.
+	const list = `{"object":"list","data":[
+{"id":"qwen","object":"model","created":1,"owned_by":"vllm","root":"/m","parent":null,"max_model_len":4096,"permission":[]},
+{"id":"alias","object":"model","created":1,"owned_by":"vllm","root":"/m","parent":null,"max_model_len":4096,"permission":[]},
+{"id":"alice","object":"model","created":1,"owned_by":"vllm","root":"/loras/a","parent":"qwen","max_model_len":null,"permission":[]}]}`
+	tests := []struct {
+		name    string
+		body    string
+		want    []Model
+		wantErr bool
+	}{
+		{"vllm list", list, []Model{{ID: "qwen"}, {ID: "alias"}, {ID: "alice", Parent: "qwen"}}, false},
+		{"empty", `{"object":"list","data":[]}`, []Model{}, false},
+		{"no data", `{"object":"list"}`, nil, true},
+		{"entry without id", `{"data":[{"parent":null}]}`, nil, true},
+		{"not json", `<html>`, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/v1/models" || r.Method != http.MethodGet {
+					w.WriteHeader(404)
+					return
+				}
+				io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+			got, err := New(ClientConfig{BaseURL: srv.URL}).Models(context.Background())
+			if (err != nil) != tt.wantErr || !cmp.Equal(got, tt.want) {
+				t.Errorf("Models() = %v, %v; want %v (error %v)", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func FuzzParseModels(f *testing.F) {
+	f.Add([]byte(`{"object":"list","data":[{"id":"m","parent":null},{"id":"a","parent":"m"}]}`))
+	f.Add([]byte(`{"data":[{"id":""}]}`))
+	f.Add([]byte(`{"data":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ms, err := parseModels(b)
+		if err != nil && ms != nil {
+			t.Errorf("parseModels error %v with models %v", err, ms)
+		}
+		for _, m := range ms {
+			if m.ID == "" {
+				t.Errorf("parseModels(%q) returned a model without an id", b)
+			}
+		}
+	})
+}

@@ -32,7 +32,10 @@ type Config struct {
 	// DPRanks is the number of data-parallel ranks (default 1). vLLM offsets
 	// both endpoints per rank: rank r uses port+r for tcp:// and name_dp<r>
 	// for ipc:// and inproc:// (vllm-interface.md §1.2). One SUB (and DEALER)
-	// is opened per rank; items carry the rank in Stream.Rank.
+	// is opened per rank; items carry the rank in Stream.Rank. The ranks of
+	// one vLLM restart together: a restart is reported once, by the rank
+	// that shows it first, and the others start afresh at their own next
+	// seq that goes back.
 	DPRanks int
 	// RcvHWM is the SUB receive high-water mark in messages (default
 	// 100000, matching vLLM's PUB hwm). Past it libzmq drops silently and a
@@ -111,10 +114,10 @@ func (c Config) validate() error {
 	return nil
 }
 
-// rankEndpoint returns the endpoint vLLM uses for data-parallel rank r
+// RankEndpoint returns the endpoint vLLM uses for data-parallel rank r
 // (vLLM offset_endpoint_port): tcp ports are offset by r, ipc and inproc
 // names get the suffix _dp<r>. Rank 0 is the endpoint unchanged.
-func rankEndpoint(ep string, r int) (string, error) {
+func RankEndpoint(ep string, r int) (string, error) {
 	if r == 0 {
 		return ep, nil
 	}

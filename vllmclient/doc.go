@@ -30,7 +30,9 @@
 //     (vLLM keeps 10,000 batches) becomes a Gap item. Without replay, the
 //     jump is a Gap item before the batch.
 //   - A seq that goes backwards is a Restart item: vLLM restarted and
-//     numbers from 0 again without sending AllBlocksCleared.
+//     numbers from 0 again without sending AllBlocksCleared. With data
+//     parallelism it is reported once per vLLM, by the first rank to show
+//     it: the ranks restart together.
 //   - With replay on, the subscriber replays from seq 0 at start-up, so the
 //     index starts complete; without it, a stream starts at the first
 //     batch received and anything published before is unknown.

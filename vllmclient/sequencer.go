@@ -24,7 +24,8 @@ type msg struct {
 //   - seq == next: deliver.
 //   - seq > next: with replay, hold live batches and ask for a replay from
 //     next; without, deliver Gap{next, seq} then the batch.
-//   - seq < next: deliver Restart{seq} then treat the stream as new.
+//   - seq < next: deliver Restart{seq} then treat the stream as new (no
+//     Restart when expectRestart said another rank reported it).
 //   - A new stream starts at its first seq; with replay on, a first seq
 //     above 0 asks for a replay from 0 (the start-up recipe, §1.4).
 //
@@ -47,7 +48,10 @@ type sequencer struct {
 }
 
 type seqState struct {
-	next   uint64
+	next uint64
+	// quiet makes the next backwards seq a silent new start instead of a
+	// Restart: another rank of the same vLLM already reported it.
+	quiet  bool
 	window map[uint64]float64 // replayed seq → batch ts; nil when empty
 }
 
@@ -88,6 +92,17 @@ func (sq *sequencer) start() step {
 	}
 	sq.rp = &replayRun{topic: sq.topic, startup: true}
 	return step{replay: true}
+}
+
+// expectRestart is told that another data-parallel rank of this vLLM
+// restarted, which they do together: this rank's next seq that goes
+// backwards starts its stream afresh without a Restart item (that restart
+// is already reported). Batches numbered on, which the old engine sent
+// before it stopped, are delivered as usual until then.
+func (sq *sequencer) expectRestart() {
+	for _, st := range sq.streams {
+		st.quiet = true
+	}
 }
 
 // replaying reports whether a replay is in flight.
@@ -212,7 +227,9 @@ func (sq *sequencer) onLive(s *step, m msg, mayReplay bool) {
 		s.items = append(s.items, gapItem(sq.stream(m.topic), st.next, m.seq), sq.item(m, false))
 		st.next = m.seq + 1
 	default:
-		s.items = append(s.items, restartItem(sq.stream(m.topic), m.seq))
+		if !st.quiet {
+			s.items = append(s.items, restartItem(sq.stream(m.topic), m.seq))
+		}
 		delete(sq.streams, m.topic)
 		sq.onLive(s, m, mayReplay)
 	}

@@ -93,6 +93,19 @@ func TestSequencer(t *testing.T) {
 			want: []string{"b t 5", "b t 6", "restart t 0", "b t 0", "b t 1"},
 		},
 		{
+			// Another DP rank reported the restart: this rank's own is
+			// silent, and the old engine's last batches still count.
+			name: "expected restart is not reported again",
+			ops:  []op{live("t", 5), {kind: "expect-restart"}, live("t", 6), live("t", 0), live("t", 1), live("t", 0)},
+			want: []string{"b t 5", "b t 6", "b t 0", "b t 1", "restart t 0", "b t 0"},
+		},
+		{
+			name:   "expected restart with replay: a new start above 0 replays from 0",
+			replay: true,
+			ops:    []op{start, done, live("t", 0), live("t", 1), {kind: "expect-restart"}, live("t", 2), live("t", 1), rep("t", 0), done},
+			want:   []string{"replay 0", "b t 0", "b t 1", "b t 2", "replay 0", "r t 0", "b t 1"},
+		},
+		{
 			name: "decode error keeps its place",
 			ops:  []op{live("t", 0), {kind: "live", topic: "t", seq: 1, bad: true}, live("t", 2)},
 			want: []string{"b t 0", "err t 1", "b t 2"},
@@ -255,6 +268,8 @@ func TestSequencer(t *testing.T) {
 					s = sq.replayDone()
 				case "fail":
 					s = sq.replayFailed()
+				case "expect-restart":
+					sq.expectRestart()
 				default:
 					t.Fatalf("unknown op %q", o.kind)
 				}

@@ -23,12 +23,11 @@ import (
 // Changes the index returned.
 type tally struct {
 	Batches, Replayed, Gaps, Restarts, DecodeErrors int
-	Stale, Restarted, Cleared, Orphaned, Expired    int
+	Restarted, Cleared, Orphaned, Expired           int
 }
 
 // follower is the sidecar's cache-state loop reduced to the index: it
-// feeds a Subscriber's Items into a kvindex.Index, live batches through
-// Apply and replayed ones through ApplyReplayed.
+// feeds a Subscriber's Items into a kvindex.Index through ApplyItem.
 type follower struct {
 	sub    *vllmclient.Subscriber
 	ix     *kvindex.Index
@@ -87,34 +86,19 @@ func follow(t *testing.T, s *sim, replay bool, scheme blockkey.Scheme) *follower
 func (f *follower) apply(it vllmclient.Item) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	ch := vllmclient.ApplyItem(f.ix, it)
 	switch it.Kind {
 	case vllmclient.KindGap:
 		f.n.Gaps++
-		f.ix.SetUncertain(true)
-		return
 	case vllmclient.KindRestart:
-		// Clear now, as the sidecar does: the new publisher's first
-		// batches may arrive by replay, which Apply's own check misses.
 		f.n.Restarts++
-		if f.ix.Restart().Restarted {
-			f.n.Restarted++
-		}
-		return
 	case vllmclient.KindDecodeError:
 		f.n.DecodeErrors++
-		f.ix.SetUncertain(true)
-		return
-	}
-	f.n.Batches++
-	var ch kvindex.Change
-	if it.Replayed {
-		f.n.Replayed++
-		ch = f.ix.ApplyReplayed(it.Batch)
-	} else {
-		ch = f.ix.Apply(it.Batch)
-	}
-	if ch.Stale {
-		f.n.Stale++
+	case vllmclient.KindBatch:
+		f.n.Batches++
+		if it.Replayed {
+			f.n.Replayed++
+		}
 	}
 	if ch.Restarted {
 		f.n.Restarted++

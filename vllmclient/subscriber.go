@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -17,6 +18,12 @@ type Subscriber struct {
 	items     chan Item
 	c         counters
 	endpoints []string
+	// restarts counts the restarts any rank reported. The data-parallel
+	// ranks of one vLLM stop and start together, so when one rank reports
+	// a restart the others expect theirs and do not report it again when
+	// they next publish from seq 0, perhaps much later (the consumer would
+	// clear its index of what the first rank stored since).
+	restarts atomic.Uint64
 
 	mu  sync.Mutex
 	err error
@@ -49,7 +56,7 @@ func Subscribe(ctx context.Context, cfg Config) (*Subscriber, error) {
 		return nil, err
 	}
 	for r := range cfg.DPRanks {
-		l, err := openRank(zctx, cfg, r, s.items, &s.c)
+		l, err := openRank(zctx, cfg, r, s.items, &s.c, &s.restarts)
 		if err != nil {
 			return fail(err)
 		}
@@ -118,17 +125,19 @@ type rankLoop struct {
 	seq      *sequencer
 	out      chan<- Item
 	c        *counters
+	restarts *atomic.Uint64    // Subscriber.restarts
+	seen     uint64            // restarts this rank has reported or expects
 	lost     map[string]uint64 // topic → first seq dropped at hand-off
 	deadline time.Time         // replay abandoned when no reply by then
 }
 
-func openRank(zctx *zmq.Context, cfg Config, r int, out chan<- Item, c *counters) (*rankLoop, error) {
-	ep, err := rankEndpoint(cfg.Endpoint, r)
+func openRank(zctx *zmq.Context, cfg Config, r int, out chan<- Item, c *counters, restarts *atomic.Uint64) (*rankLoop, error) {
+	ep, err := RankEndpoint(cfg.Endpoint, r)
 	if err != nil {
 		return nil, err
 	}
 	l := &rankLoop{
-		cfg: cfg, rank: r, zctx: zctx, endpoint: ep, out: out, c: c,
+		cfg: cfg, rank: r, zctx: zctx, endpoint: ep, out: out, c: c, restarts: restarts,
 		seq:  newSequencer(r, cfg.Topic, cfg.ReplayEndpoint != "", cfg.ReplayHoldBatches),
 		lost: make(map[string]uint64),
 	}
@@ -157,7 +166,7 @@ func openRank(zctx *zmq.Context, cfg Config, r int, out chan<- Item, c *counters
 		return nil, fmt.Errorf("connect %s: %w", ep, err)
 	}
 	if cfg.ReplayEndpoint != "" {
-		if l.replayEP, err = rankEndpoint(cfg.ReplayEndpoint, r); err != nil {
+		if l.replayEP, err = RankEndpoint(cfg.ReplayEndpoint, r); err != nil {
 			l.close()
 			return nil, err
 		}
@@ -315,6 +324,10 @@ func (l *rankLoop) drainSub() error {
 		if m.err != nil {
 			l.c.decodeErrors.Add(1)
 		}
+		if n := l.restarts.Load(); n != l.seen {
+			l.seen = n
+			l.seq.expectRestart() // another rank restarted: so does this one
+		}
 		if err := l.apply(l.seq.live(m)); err != nil {
 			return err
 		}
@@ -365,6 +378,7 @@ func (l *rankLoop) apply(s step) error {
 			l.c.gaps.Add(1)
 		case KindRestart:
 			l.c.restarts.Add(1)
+			l.seen = l.restarts.Add(1)
 		}
 		l.deliver(it)
 	}

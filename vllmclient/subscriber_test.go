@@ -431,9 +431,9 @@ func TestRankEndpoint(t *testing.T) {
 		{"127.0.0.1:5557", 1, "", true},
 	}
 	for _, tt := range tests {
-		got, err := rankEndpoint(tt.ep, tt.rank)
+		got, err := RankEndpoint(tt.ep, tt.rank)
 		if (err != nil) != tt.wantErr || got != tt.want {
-			t.Errorf("rankEndpoint(%q, %d) = %q, %v; want %q (error %v)", tt.ep, tt.rank, got, err, tt.want, tt.wantErr)
+			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q (error %v)", tt.ep, tt.rank, got, err, tt.want, tt.wantErr)
 		}
 	}
 }
@@ -595,4 +595,85 @@ func TestFDWaitTimesOut(t *testing.T) {
 	if el := time.Since(start); el < 40*time.Millisecond {
 		t.Errorf("wait returned after %v with nothing to read; want ~50ms", el)
 	}
+}
+
+// TestSubscriberDPRestartOnce: the ranks of one vLLM restart together, so
+// a restart seen on rank 0 is not reported again when rank 1 next
+// publishes from seq 0 (which would clear what rank 0 stored since).
+func TestSubscriberDPRestartOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var sub *Subscriber
+	for attempt := 0; sub == nil; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		cfg := LocalConfig()
+		cfg.Endpoint, cfg.Bind, cfg.DPRanks = fmt.Sprintf("tcp://127.0.0.1:%d", port), true, 2
+		if sub, err = Subscribe(ctx, cfg); err != nil && attempt == 5 {
+			t.Fatalf("Subscribe: %v", err)
+		}
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zctx.Term()
+	var pubs []*zmq.Socket
+	for _, ep := range sub.Endpoints() {
+		pub, err := zctx.NewSocket(zmq.PUB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		pub.SetLinger(0)
+		if err := pub.Connect(ep); err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, pub)
+	}
+	// Both ranks connected and numbering: consecutive seqs until each rank
+	// delivered one (a slow joiner's first seq is a stream's start).
+	seen := map[int]bool{}
+	deadline := time.After(5 * time.Second)
+	seq := uint64(5)
+	for ; len(seen) < 2; seq++ {
+		for _, pub := range pubs {
+			send(t, pub, frames(t, testBatch("kv", seq), kvevent.ArrayEncoding))
+		}
+		select {
+		case it := <-sub.Items():
+			if it.Kind != KindBatch {
+				t.Fatalf("warm-up: %+v", it)
+			}
+			seen[it.Stream.Rank] = true
+		case <-deadline:
+			t.Fatalf("ranks seen %v; want both", seen)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// The engine restarts: rank 0 publishes first.
+	send(t, pubs[0], frames(t, testBatch("kv", 0), kvevent.ArrayEncoding))
+	waitItem := func(rank int) Item {
+		for {
+			it := next(t, sub, 5*time.Second)
+			if it.Stream.Rank == rank && it.Kind != KindBatch || it.Stream.Rank == rank && it.Batch.Seq < 5 {
+				return it
+			}
+		}
+	}
+	if it := waitItem(0); it.Kind != KindRestart {
+		t.Fatalf("rank 0 after its seq went back: %+v; want a restart", it)
+	}
+	send(t, pubs[1], frames(t, testBatch("kv", 0), kvevent.ArrayEncoding))
+	if it := waitItem(1); it.Kind != KindBatch || it.Batch.Seq != 0 {
+		t.Errorf("rank 1's seq 0 after rank 0's restart: %+v; want batch 0, no second restart", it)
+	}
+	if n := sub.Stats().Restarts; n != 1 {
+		t.Errorf("Stats().Restarts = %d; want 1", n)
+	}
+	stop(t, cancel, sub)
 }

@@ -30,6 +30,10 @@ type Request struct {
 	// LoRA is the adapter name ("" for the base model); it enters the
 	// block hash as vLLM's extra key.
 	LoRA string
+	// LoRAID is the adapter's integer id (vLLM's lora_int_id, 1-based in
+	// load order); BlockStored carries it as the deprecated lora_id. 0 sends
+	// none.
+	LoRAID int64
 	// CacheSalt enters the hash of the first block only (vLLM semantics).
 	CacheSalt string
 }

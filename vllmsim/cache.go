@@ -162,7 +162,7 @@ func (p *pool) evict(b *kvBlock) {
 // records one BlockStored (BlockPool.cache_full_blocks). tokens are the
 // request's tokens; a new physical copy is added even when the hash is
 // already cached, as vLLM does for blocks computed concurrently.
-func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, to int, lora string) {
+func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, to int, lora string, loraID int64) {
 	if to <= from {
 		return
 	}
@@ -183,6 +183,10 @@ func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, 
 	if lora != "" {
 		l := lora
 		ev.LoRAName = &l
+	}
+	if loraID > 0 {
+		id := loraID
+		ev.LoRAID = &id
 	}
 	for i := from; i < to; i++ {
 		b := blocks[i]

@@ -226,6 +226,7 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Stream, error) {
 		nPrompt:   n,
 		maxTokens: r.MaxTokens,
 		lora:      r.LoRA,
+		loraID:    r.LoRAID,
 		salt:      r.CacheSalt,
 		next:      e.tok.generator(promptSeed(r)),
 		out:       &stream{ch: make(chan Output, min(r.MaxTokens+2, streamBuffer))},

@@ -23,6 +23,7 @@ type seq struct {
 	nPrompt   int
 	maxTokens int
 	lora      string
+	loraID    int64
 	salt      string
 	next      func() uint32 // the "model": the next generated token
 
@@ -216,7 +217,7 @@ func (c *core) cacheFull(q *seq, upto int) {
 		return
 	}
 	q.hashes = c.h.chain(q.hashes, q.tokens[:full*bs], bs, q.lora, q.salt)
-	c.pool.store(q.blocks, q.hashes, q.tokens, q.cachedBlocks, full, q.lora)
+	c.pool.store(q.blocks, q.hashes, q.tokens, q.cachedBlocks, full, q.lora, q.loraID)
 	q.cachedBlocks = full
 }
 

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 )
 
 // buffered reads each request body whole before proxying it, as the sidecar
@@ -54,13 +56,42 @@ func (b *pool) Get() []byte {
 func (b *pool) Put(buf []byte) { b.p.Put(&buf) }
 
 func main() {
-	listen := flag.String("listen", "127.0.0.1:8100", "address to serve on")
-	upstream := flag.String("upstream", "http://127.0.0.1:8001", "base URL every request goes to")
-	flag.Parse()
+	os.Exit(cmdMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options is the parsed command line.
+type options struct {
+	listen   string
+	upstream *url.URL
+}
+
+// parseFlags parses args; --help and --version print to stdout and return
+// cli.ErrDone, a flag error is printed to stderr with the usage.
+func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("bareproxy", flag.ContinueOnError)
+	cli.Usage(fs, "bareproxy [--listen ADDR] [--upstream URL]",
+		"A bare httputil.ReverseProxy in front of one upstream: the overhead benchmark's reference\n"+
+			"for what any Go proxy hop costs on this machine.")
+	listen := fs.String("listen", "127.0.0.1:8100", "address to serve on")
+	upstream := fs.String("upstream", "http://127.0.0.1:8001", "base URL every request goes to")
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
+		return options{}, err
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
 	u, err := url.Parse(*upstream)
 	if err != nil || u.Host == "" {
-		fmt.Fprintf(os.Stderr, "bareproxy: --upstream %q: not an absolute URL\n", *upstream)
-		os.Exit(2)
+		return options{}, fmt.Errorf("--upstream %q: not an absolute URL", *upstream)
+	}
+	return options{listen: *listen, upstream: u}, nil
+}
+
+// cmdMain is the program with its streams; it returns the exit status.
+func cmdMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stdout, stderr)
+	if err != nil {
+		return cli.Fail("bareproxy", err, stderr)
 	}
 	// The sidecar's transport settings, so the two hops differ only in
 	// what the sidecar does per request.
@@ -72,9 +103,9 @@ func main() {
 		WriteBufferSize:     32 << 10,
 	}
 	srv := &http.Server{
-		Addr: *listen,
+		Addr: o.listen,
 		Handler: buffered(&httputil.ReverseProxy{
-			Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(u) },
+			Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(o.upstream) },
 			Transport:  tr,
 			BufferPool: &pool{},
 		}),
@@ -89,7 +120,8 @@ func main() {
 		srv.Shutdown(sctx)
 	}()
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		fmt.Fprintln(os.Stderr, "bareproxy:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "bareproxy:", err)
+		return 1
 	}
+	return 0
 }

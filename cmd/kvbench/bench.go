@@ -51,20 +51,36 @@ func offered(s loadgen.Schedule, d time.Duration) float64 {
 	return float64(s.Requests()) / d.Seconds()
 }
 
-// clusterDir is a short directory for the cluster's sockets and logs (the
-// ipc:// paths must fit in 107 bytes).
-func clusterDir() (string, error) {
-	return os.MkdirTemp("", "kvb")
+// maxClusterDir is the longest cluster directory whose ipc:// socket
+// paths fit in sun_path (chaos.ClusterConfig.Dir).
+const maxClusterDir = 107 - len("/sock/pod253-replay")
+
+// clusterDir is the directory of one cluster's sockets and logs,
+// OUT/clusters/NAME, emptied first; the logs stay there after the run. When
+// that path is too long for the ipc:// sockets, a new directory under the
+// system's temp directory takes its place.
+func clusterDir(o options, name string) (string, error) {
+	dir, err := filepath.Abs(filepath.Join(o.Out, "clusters", name))
+	if err != nil {
+		return "", err
+	}
+	if len(dir) > maxClusterDir {
+		return os.MkdirTemp("", "kvb-"+name+"-")
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return "", err
+	}
+	return dir, os.MkdirAll(dir, 0o755)
 }
 
 // runPolicy starts a fresh cluster for one policy (so no policy inherits
-// another's cache), sends the schedule through it and summarises.
-func runPolicy(ctx context.Context, o options, policy string, s loadgen.Schedule, progress io.Writer) (loadgen.PolicyResult, error) {
-	dir, err := clusterDir()
+// another's cache), sends the schedule through it and summarises. The
+// cluster's logs stay in clusterDir(o, label).
+func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.Schedule, progress io.Writer) (loadgen.PolicyResult, error) {
+	dir, err := clusterDir(o, label)
 	if err != nil {
 		return loadgen.PolicyResult{}, err
 	}
-	defer os.RemoveAll(dir)
 	cfg := chaos.LocalConfig()
 	cfg.Pods = o.Pods
 	cfg.Dir = dir
@@ -74,6 +90,7 @@ func runPolicy(ctx context.Context, o options, policy string, s loadgen.Schedule
 	cfg.Sidecars = policy == policyKVRoute
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
+	cfg.Sim.ExtraArgs = simArgs(o.Workload)
 	cfg.StopGrace = 2 * time.Second
 	cfg.Progress = progress
 	c, err := chaos.Start(ctx, cfg)
@@ -112,6 +129,19 @@ func runPolicy(ctx context.Context, o options, policy string, s loadgen.Schedule
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
 	}
 	return loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale), nil
+}
+
+// simArgs are the workload's extra simulator flags: multi-lora needs its
+// adapters served by every pod (--lora-modules, as vLLM takes them).
+func simArgs(workload string) []string {
+	if workload != "multi-lora" {
+		return nil
+	}
+	args := []string{"--lora-modules"}
+	for _, a := range loadgen.DefaultConfig().MultiLoRA.Adapters {
+		args = append(args, a+"=/loras/"+a)
+	}
+	return args
 }
 
 // startProxy runs a baseline central proxy in this process on the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/baseline"
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/loadgen"
 	"github.com/kvroute/kvroute/vllmsim"
 )
@@ -50,16 +51,32 @@ type options struct {
 	// Drain bounds how long a run waits for answers after the last arrival.
 	Drain time.Duration
 	Quiet bool
+	// Story plays the five-request scene on a 3-pod cluster before the
+	// benchmark (story.go).
+	Story bool
+	// Build runs go build for the binaries in BinDir first.
+	Build bool
 }
 
 func allPolicies() []string {
 	return append([]string{policyService, policyKVRoute}, baseline.Names...)
 }
 
-func parseFlags(args []string, usage io.Writer) (options, error) {
+// parseFlags parses args; --help and --version print to stdout and return
+// cli.ErrDone, a flag error is printed to stderr with the usage.
+func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	fs.SetOutput(usage)
+	cli.Usage(fs, "kvbench [flags]",
+		"Benchmarks kvroute against a plain Kubernetes Service and central routers on a local cluster\n"+
+			"of simulated vLLM pods (vllm-sim, with a sidecar each for kvroute) on loopback addresses.\n"+
+			"Every policy gets a fresh cluster and the same seeded schedule of requests. Prints a table\n"+
+			"(prefix-cache hit rate, TTFT percentiles, balance) and writes results.json, results.md and\n"+
+			"TTFT plots to --out; each cluster's logs stay in OUT/clusters/. Unless --build=false, it\n"+
+			"first builds vllm-sim and sidecar into --bin (run it from the repository).\n\n"+
+			"  kvbench --story --pods 4 --workload shared-prefix --policies service,kvroute --duration 20s\n"+
+			"  kvbench --workload doc-qa --sweep 5,10,20 --policies service,least-loaded,kvroute\n"+
+			"  kvbench --trace conversation_trace.jsonl --time-scale 2 --policies service,kvroute")
 	var policies, sweep string
 	fs.IntVar(&o.Pods, "pods", 4, "simulated vLLM pods")
 	fs.StringVar(&o.Workload, "workload", "shared-prefix", "one of "+strings.Join(loadgen.Workloads, ", ")+", or mooncake (with --trace)")
@@ -80,7 +97,9 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 	fs.StringVar(&o.Subnet, "subnet", "127.0.90", "loopback /24 of the cluster (127.x.y): pods on .2.., the Service on .1")
 	fs.DurationVar(&o.Drain, "drain", 60*time.Second, "how long to wait for answers after the last arrival")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress lines")
-	if err := fs.Parse(args); err != nil {
+	fs.BoolVar(&o.Build, "build", true, "go build vllm-sim and sidecar into --bin first (cheap when they are up to date); false uses the binaries there as they are")
+	fs.BoolVar(&o.Story, "story", false, "first play the scene: five requests sharing one long system prompt on 3 pods, through the plain Service, then through kvroute")
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {

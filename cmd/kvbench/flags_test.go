@@ -52,7 +52,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, err := parseFlags(tt.args, io.Discard)
+			o, err := parseFlags(tt.args, io.Discard, io.Discard)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("parseFlags(%q) error %v; want one containing %q", tt.args, err, tt.wantErr)
@@ -73,7 +73,7 @@ func TestParseFlags(t *testing.T) {
 func TestWorkloadSizing(t *testing.T) {
 	for _, pods := range []int{3, 4, 8} {
 		for _, w := range loadgen.Workloads {
-			o, err := parseFlags([]string{"--pods", strconv.Itoa(pods), "--workload", w}, io.Discard)
+			o, err := parseFlags([]string{"--pods", strconv.Itoa(pods), "--workload", w}, io.Discard, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,5 +115,15 @@ func TestMaxPromptTokens(t *testing.T) {
 		if got := (options{BlocksPerPod: tt.blocks}).maxPromptTokens(256); got != tt.want {
 			t.Errorf("maxPromptTokens with %d blocks per pod = %d; want %d", tt.blocks, got, tt.want)
 		}
+	}
+}
+
+// multi-lora's simulators serve its adapters; other workloads add nothing.
+func TestSimArgs(t *testing.T) {
+	if got, want := simArgs("multi-lora"), []string{"--lora-modules", "lora-a=/loras/lora-a", "lora-b=/loras/lora-b"}; !slices.Equal(got, want) {
+		t.Errorf("simArgs(multi-lora) = %v; want %v", got, want)
+	}
+	if got := simArgs("shared-prefix"); got != nil {
+		t.Errorf("simArgs(shared-prefix) = %v; want none", got)
 	}
 }

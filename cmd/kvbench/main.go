@@ -17,8 +17,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,24 +25,27 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/chaos"
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/loadgen"
 )
 
 func main() {
-	o, err := parseFlags(os.Args[1:], os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
+	os.Exit(cmdMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cmdMain is the program with its streams; it returns the exit status.
+func cmdMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvbench:", err)
-		os.Exit(2)
+		return cli.Fail("kvbench", err, stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "kvbench:", err)
-		os.Exit(1)
+	if err := run(ctx, o, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "kvbench:", err)
+		return 1
 	}
+	return 0
 }
 
 // run builds, benchmarks every policy at every load, prints the table to
@@ -55,8 +56,15 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	if o.Quiet {
 		progress = io.Discard
 	}
-	if err := build(ctx, o.BinDir, log); err != nil {
-		return err
+	if o.Build {
+		if err := build(ctx, o.BinDir, log); err != nil {
+			return err
+		}
+	}
+	if o.Story {
+		if _, err := playStory(ctx, o, out, progress); err != nil {
+			return err
+		}
 	}
 	var trace []loadgen.TraceRecord
 	if o.Trace != "" {
@@ -81,7 +89,11 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			s.Workload, o.Pods, s.Requests(), rate, s.PromptTokens(), o.Pods*o.BlocksPerPod*blockSize)
 		pt := loadgen.SweepPoint{Rate: rate}
 		for _, p := range o.Policies {
-			res, err := runPolicy(ctx, o, p, s, progress)
+			label := p
+			if len(o.loads()) > 1 {
+				label = fmt.Sprintf("%s-%g", p, load)
+			}
+			res, err := runPolicy(ctx, o, p, label, s, progress)
 			if err != nil {
 				return err
 			}

@@ -19,7 +19,7 @@ func TestWriteOutputs(t *testing.T) {
 		{Rate: 8, Policies: []loadgen.PolicyResult{res("service", 0.1), res("kvroute", 0.5)}},
 	}
 	dir := t.TempDir()
-	o, err := parseFlags([]string{"--out", dir, "--pods", "3"}, io.Discard)
+	o, err := parseFlags([]string{"--out", dir, "--pods", "3"}, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestSmokeKVRouteBeatsService(t *testing.T) {
 	subnet := fmt.Sprintf("127.%d.240", 100+os.Getpid()%100)
 	o, err := parseFlags([]string{"--pods", "3", "--workload", "shared-prefix", "--policies", "service,kvroute",
 		"--rate", "6", "--duration", "15s", "--drain", "30s", "--seed", "7",
-		"--bin", bin, "--out", out, "--subnet", subnet, "--quiet"}, io.Discard)
+		"--bin", bin, "--out", out, "--subnet", subnet, "--quiet"}, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,5 +68,50 @@ func TestSmokeKVRouteBeatsService(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Errorf("missing output: %v", err)
 		}
+	}
+}
+
+// TestStory plays the demo's scene on a real 3-pod cluster: through the
+// plain Service the calls reach more than one pod and prefill the system
+// prompt more than once; through kvroute only the first call prefills it
+// and every call is served by the pod that did.
+func TestStory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin := t.TempDir()
+	if err := chaos.Build(ctx, bin, chaos.SimBinary, chaos.SidecarBinary); err != nil {
+		t.Skipf("cannot build vllm-sim and sidecar: %v", err)
+	}
+	subnet := fmt.Sprintf("127.%d.241", 100+os.Getpid()%100)
+	o, err := parseFlags([]string{"--bin", bin, "--out", t.TempDir(), "--subnet", subnet, "--seed", "1"}, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rounds, err := playStory(ctx, o, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("playStory: %v\n%s", err, out.String())
+	}
+	t.Logf("\n%s", out.String())
+	recomputed := func(res []storyResult) (n int, pods map[string]bool) {
+		pods = map[string]bool{}
+		for _, r := range res {
+			pods[r.served] = true
+			if r.cached < storySystemTokens/2 {
+				n++
+			}
+		}
+		return n, pods
+	}
+	plainN, plainPods := recomputed(rounds[0])
+	kvN, kvPods := recomputed(rounds[1])
+	if len(rounds[0]) != storyRequests || len(rounds[1]) != storyRequests {
+		t.Fatalf("rounds of %d and %d calls; want %d each", len(rounds[0]), len(rounds[1]), storyRequests)
+	}
+	if plainN < 2 || len(plainPods) < 2 {
+		t.Errorf("plain Service: %d prefills on %d pods; want the scatter (seed 1 picks several pods)", plainN, len(plainPods))
+	}
+	if kvN != 1 || len(kvPods) != 1 {
+		t.Errorf("kvroute: %d prefills on %d pods; want 1 on 1", kvN, len(kvPods))
 	}
 }

@@ -13,7 +13,7 @@ func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"--policy", "central-precise", "--model", "m",
 		"--backends", "http://127.0.0.2:8001, http://127.0.0.3:8001",
 		"--events", "ipc:///d/pod1-events,ipc:///d/pod2-events",
-		"--topics", "kv@pod1@m,kv@pod2@m"}, io.Discard)
+		"--topics", "kv@pod1@m,kv@pod2@m"}, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestParseFlagsErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := parseFlags(tt.args, io.Discard); err == nil {
+			if _, err := parseFlags(tt.args, io.Discard, io.Discard); err == nil {
 				t.Errorf("parseFlags(%q) succeeded", tt.args)
 			}
 		})

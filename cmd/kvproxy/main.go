@@ -28,6 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/baseline"
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 )
 
 type options struct {
@@ -48,12 +49,17 @@ func splitList(s string) []string {
 	return parts
 }
 
-// parseFlags turns the command line into options; it never exits.
-func parseFlags(args []string, usage io.Writer) (options, error) {
+// parseFlags turns the command line into options; it never exits. --help
+// and --version print to stdout and return cli.ErrDone; a flag error is
+// printed to stderr with the usage.
+func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	d := baseline.DefaultConfig()
 	o := options{Proxy: d}
 	fs := flag.NewFlagSet("kvproxy", flag.ContinueOnError)
-	fs.SetOutput(usage)
+	cli.Usage(fs, "kvproxy --policy NAME --backends URL,URL... [flags]",
+		"A central proxy in front of vLLM pods running one of the baseline routers kvroute is\n"+
+			"measured against ("+strings.Join(baseline.Names, ", ")+").\n"+
+			"Every answer carries x-kvroute-served-by with the serving pod's name.")
 	var backends, names, events, replay, topics string
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:8000", "address to serve the OpenAI API on")
 	fs.StringVar(&o.Proxy.Policy, "policy", "", "one of "+strings.Join(baseline.Names, ", "))
@@ -67,7 +73,7 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 	fs.Uint64Var(&o.Proxy.Seed, "seed", 1, "seed for approx-prefix's random tie-breaking")
 	fs.DurationVar(&o.Proxy.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "how often pods' /metrics are scraped (approx-prefix, central-precise)")
 	fs.DurationVar(&o.Shutdown, "shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
@@ -102,21 +108,23 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 }
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("component", "kvproxy").Logger()
-	o, err := parseFlags(os.Args[1:], os.Stderr)
+	os.Exit(cmdMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cmdMain is the program with its streams; it returns the exit status.
+func cmdMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		log.Error().Err(err).Msg("bad flags")
-		os.Exit(2)
+		return cli.Fail("kvproxy", err, stderr)
 	}
+	log := zerolog.New(stderr).With().Timestamp().Str("component", "kvproxy").Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
 		log.Error().Err(err).Msg("exit")
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // run serves until ctx is done, then lets open requests finish for

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/cachestate"
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/route"
@@ -25,14 +26,14 @@ type admin struct {
 	reg   *prometheus.Registry
 	mesh  *gossip.Mesh
 	front *forward.Handler
-	cache *cacheState
+	cache *cachestate.State
 	log   zerolog.Logger
 
 	mu       sync.Mutex
 	draining bool
 }
 
-func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, cache *cacheState, log zerolog.Logger) *admin {
+func newAdmin(cfg config, reg *prometheus.Registry, mesh *gossip.Mesh, front *forward.Handler, cache *cachestate.State, log zerolog.Logger) *admin {
 	return &admin{cfg: cfg, reg: reg, mesh: mesh, front: front, cache: cache, log: log}
 }
 
@@ -64,18 +65,20 @@ func (a *admin) mux() *http.ServeMux {
 // in_flight is what this sidecar sent the peer that its report does not
 // count yet.
 type peerJSON struct {
-	ID          string     `json:"id"`
-	Addr        string     `json:"addr"`
-	Local       bool       `json:"local"`
-	Engine      string     `json:"engine"` // serving, starting, down: as the peer advertises it
-	Models      []string   `json:"models,omitempty"`
-	KeyScheme   int        `json:"key_scheme"`
-	HasDigest   bool       `json:"has_digest"` // a digest of the peer's current epoch is held
-	DigestAgeS  float64    `json:"digest_age_s"`
-	Load        loadJSON   `json:"load"`
-	LoadAgeS    float64    `json:"load_age_s"`
-	LastFailure *time.Time `json:"last_failure,omitempty"`
-	Draining    bool       `json:"draining"`
+	ID     string   `json:"id"`
+	Addr   string   `json:"addr"`
+	Local  bool     `json:"local"`
+	Engine string   `json:"engine"` // serving, starting, down: as the peer advertises it
+	Models []string `json:"models,omitempty"`
+	// ModelsTruncated: the peer serves more models than its meta lists.
+	ModelsTruncated bool       `json:"models_truncated,omitempty"`
+	KeyScheme       int        `json:"key_scheme"`
+	HasDigest       bool       `json:"has_digest"` // a digest of the peer's current epoch is held
+	DigestAgeS      float64    `json:"digest_age_s"`
+	Load            loadJSON   `json:"load"`
+	LoadAgeS        float64    `json:"load_age_s"`
+	LastFailure     *time.Time `json:"last_failure,omitempty"`
+	Draining        bool       `json:"draining"`
 	// Local entry only: why the engine is in its state, and how far the
 	// local index can be trusted.
 	EngineReason string `json:"engine_reason,omitempty"`
@@ -97,7 +100,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	inflight := a.front.InFlight()
 	var out []peerJSON
 	for _, p := range a.mesh.Snapshot(now) {
-		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models,
+		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models, ModelsTruncated: p.ModelsTruncated,
 			KeyScheme: p.KeyScheme, HasDigest: p.Digest != nil, Draining: p.Draining,
 			Load: loadJSON{Running: p.Load.Running, Waiting: p.Load.Waiting, KVUsage: p.Load.KVUsage,
 				Serving: p.Load.Serving, Fronted: p.Load.Fronted}}
@@ -105,7 +108,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 			var st route.Engine
 			st, j.EngineReason = a.cache.Engine()
 			j.Engine = st.String()
-			j.Index, j.KVEvents = a.cache.health()
+			j.Index, j.KVEvents = a.cache.Health()
 		}
 		if !p.DigestAt.IsZero() {
 			j.DigestAgeS = now.Sub(p.DigestAt).Seconds()
@@ -166,7 +169,7 @@ func (a *admin) ready(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	io.WriteString(w, "ok\n")
-	for _, d := range a.cache.degraded() {
+	for _, d := range a.cache.Degraded() {
 		io.WriteString(w, "degraded: "+d+"\n")
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 )
 
 // config is everything `sidecar serve` needs, from flags with
@@ -40,6 +42,7 @@ type config struct {
 	DrainTimeout   time.Duration
 	LoadInterval   time.Duration
 	DigestInterval time.Duration
+	ModelsInterval time.Duration
 
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -61,22 +64,20 @@ func envName(flagName string) string {
 func parseServe(args []string, getenv func(string) string, out io.Writer) (config, error) {
 	var c config
 	var join string
-	fs := flag.NewFlagSet("sidecar serve", flag.ContinueOnError)
-	fs.SetOutput(out)
-	host, _ := os.Hostname()
-	fs.StringVar(&c.Listen, "listen", ":8000", "address of the OpenAI API, for clients (via the Service) and for peer sidecars")
-	fs.StringVar(&c.AdminListen, "admin-listen", ":9090", "address of /metrics, /debug/*, /readyz, /livez, /drain")
+	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	fs.StringVar(&c.Listen, "listen", ":8000", "address of the OpenAI API, for clients (via the Service) and for peer sidecars; gossip binds on its host too")
+	fs.StringVar(&c.AdminListen, "admin-listen", ":9090", "address of /metrics, /debug/*, /readyz, /livez and the drain endpoints: GET /drain reports, POST /drain drains (and stays drained), POST /undrain serves again, GET /drain/prestop drains for a preStop hook")
 	fs.StringVar(&c.VLLMURL, "vllm-url", "http://127.0.0.1:8001", "base URL of the local vLLM server")
 	fs.StringVar(&c.Model, "model", "", "base model name that block keys are seeded with (default: the local vLLM's first /v1/models entry)")
-	fs.StringVar(&c.NodeName, "node-name", firstNonEmpty(getenv("POD_NAME"), host), "unique node name in the mesh (default: $POD_NAME, else the hostname)")
+	fs.StringVar(&c.NodeName, "node-name", "", "unique node name in the mesh; sidecars sharing a host each need their own (default: $POD_NAME, else the hostname)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", getenv("POD_IP"), "IP that peers use to reach this pod (default: $POD_IP)")
-	fs.IntVar(&c.GossipPort, "gossip-port", 7946, "memberlist port (UDP and TCP)")
+	fs.IntVar(&c.GossipPort, "gossip-port", 7946, "memberlist port (UDP and TCP), bound on --listen's host (every interface when it names none)")
 	fs.StringVar(&join, "join", "", "comma-separated seeds (host:port or DNS names, re-resolved periodically), e.g. the headless Service")
 	fs.StringVar(&c.SecretFile, "cluster-secret-file", "", "file holding the cluster secret; the gossip and hop-authentication keys derive from it (without it: unauthenticated, for local use only)")
 	fs.StringVar(&c.ClusterLabel, "cluster-label", "kvroute", "memberlist label; members with another label are rejected")
 	fs.StringVar(&c.EventsEndpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "vLLM's KV-event PUB endpoint. Exactly one side binds: vLLM binds for tcp://*:PORT and ipc:// endpoints (connect to it here) and connects for tcp://HOST:PORT (then pass --kv-events-bind)")
 	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM whose endpoint names a host, which makes it connect out)")
-	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to (vLLM's kv_events_config topic)")
+	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to; must match vLLM's kv_events_config topic (empty: every topic)")
 	fs.StringVar(&c.EventsReplayEndpoint, "kv-events-replay-endpoint", "", "vLLM's replay ROUTER endpoint; enables exact recovery after lost events")
 	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks; rank r publishes on port+r")
 	fs.IntVar(&c.BlockSize, "block-size", 16, "vLLM's block size in tokens (events carry it too)")
@@ -85,8 +86,9 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
 	fs.IntVar(&c.TextPrefixKeys, "text-prefix-keys", 1<<20, "routing keys of learned chat prefixes held (8 bytes each); chats whose leading messages were seen are routed without a /tokenize call; 0: off")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long /drain waits for in-flight requests")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long a drain (POST /drain, GET /drain/prestop, SIGTERM) waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
+	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
@@ -95,11 +97,12 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
-	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: sidecar [serve] [flags]\n       sidecar events [flags]\n\nEvery flag has an environment twin KVROUTE_<NAME> (e.g. --vllm-url: KVROUTE_VLLM_URL).\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	cli.Usage(fs, "sidecar [serve] [flags]\n       sidecar events [flags]   (print a KV-event stream; sidecar events --help)",
+		"The kvroute sidecar: serves the OpenAI API in front of the local vLLM and routes each request\n"+
+			"to the pod that holds the longest cached prefix of its prompt.\n"+
+			"Every flag has an environment twin KVROUTE_<NAME> (e.g. --vllm-url: KVROUTE_VLLM_URL);\n"+
+			"a flag on the command line wins over its twin.")
+	if err := cli.Parse(fs, args, out, out); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
@@ -117,6 +120,10 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 	})
 	if envErr != nil {
 		return c, envErr
+	}
+	if c.NodeName == "" {
+		host, _ := os.Hostname()
+		c.NodeName = firstNonEmpty(getenv("POD_NAME"), host)
 	}
 	for _, s := range strings.Split(join, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -138,6 +145,8 @@ func (c config) validate() error {
 		return errors.New("--kv-events-dp-ranks must be at least 1")
 	case c.TextPrefixKeys < 0:
 		return errors.New("--text-prefix-keys must not be negative")
+	case c.ModelsInterval <= 0:
+		return errors.New("--models-interval must be positive")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
 	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1:

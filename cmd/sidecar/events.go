@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/kvevent"
 	"github.com/kvroute/kvroute/vllmclient"
 )
@@ -19,24 +20,30 @@ import (
 // runEvents implements `sidecar events`: subscribe to a vLLM KV-event stream
 // and print one JSON object per event or notice until --count events,
 // SIGINT or SIGTERM.
-func runEvents(args []string) error {
+func runEvents(args []string, stdout, stderr io.Writer) error {
 	cfg := vllmclient.DefaultConfig()
-	fs := flag.NewFlagSet("events", flag.ContinueOnError)
+	fs := flag.NewFlagSet("sidecar events", flag.ContinueOnError)
+	cli.Usage(fs, "sidecar events [flags]",
+		"Prints a vLLM KV-event stream as JSON lines on stdout, one per event or notice (gap,\n"+
+			"restart, decode error), until --count events, SIGINT or SIGTERM: a debugging tap.")
 	fs.StringVar(&cfg.Endpoint, "endpoint", cfg.Endpoint, "vLLM KV-event PUB endpoint")
 	fs.BoolVar(&cfg.Bind, "bind", cfg.Bind, "bind the endpoint (for a vLLM that connects out)")
 	fs.StringVar(&cfg.Topic, "topic", cfg.Topic, "topic prefix to subscribe to")
 	fs.StringVar(&cfg.ReplayEndpoint, "replay-endpoint", cfg.ReplayEndpoint, "vLLM replay ROUTER endpoint (empty: no replay)")
 	fs.IntVar(&cfg.DPRanks, "dp-ranks", cfg.DPRanks, "data-parallel ranks (endpoint port + rank)")
 	count := fs.Int("count", 0, "exit after this many events (0: run until signalled)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
+		if errors.Is(err, cli.ErrDone) {
 			return nil
 		}
 		return exitError{code: 2, err: err}
 	}
+	if fs.NArg() > 0 {
+		return exitError{code: 2, err: fmt.Errorf("events: unexpected argument %q", fs.Arg(0))}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return printEvents(ctx, cfg, *count, os.Stdout)
+	return printEvents(ctx, cfg, *count, stdout)
 }
 
 // printEvents subscribes with cfg and writes lines to w until ctx is done or

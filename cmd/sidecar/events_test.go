@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,7 +168,7 @@ func TestPrintEventsCount(t *testing.T) {
 
 func TestRunEventsUsage(t *testing.T) {
 	var ec exitCoder
-	if err := run([]string{"events", "--no-such-flag"}); !errors.As(err, &ec) || ec.ExitCode() != 2 {
+	if err := run([]string{"events", "--no-such-flag"}, io.Discard); !errors.As(err, &ec) || ec.ExitCode() != 2 {
 		t.Errorf("run(events --no-such-flag) = %v; want usage error with exit 2", err)
 	}
 }

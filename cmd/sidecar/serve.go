@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,10 +22,13 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/cachestate"
+	"github.com/kvroute/kvroute/clusterkey"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 	"github.com/kvroute/kvroute/textprefix"
 	"github.com/kvroute/kvroute/textroute"
@@ -81,7 +83,7 @@ func newLogger(cfg config) zerolog.Logger {
 }
 
 func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
-	keys, err := loadClusterKeys(cfg.SecretFile)
+	keys, err := clusterkey.Load(cfg.SecretFile)
 	if err != nil {
 		return err
 	}
@@ -157,7 +159,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	watcher := engine.NewWatcher(engine.Config{ProbeInterval: cfg.HealthInterval, ProbeTimeout: cfg.HealthTimeout,
 		HungAfter: cfg.HungAfter}, vc, nil)
 
+	models := newModelWatcher(vc, mesh, cfg.Model, cfg.ModelsInterval, reg, log.With().Str("component", "models").Logger())
+	go models.run(runCtx) // exits when runCtx ends
 	fcfg := forward.DefaultConfig()
+	fcfg.IsAdapter = models.IsAdapter
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed = watcher.Report
@@ -179,21 +184,22 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		go text.Run(runCtx) // exits when runCtx ends
 	}
 
-	params := bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
-	silence := engine.NewSilence(cfg.SilenceWindow, cfg.BlockSize)
-	cs := newCacheState(cfg.NodeName, ix, params, mesh, front, silence, cfg.EventsReplayEndpoint != "",
-		metrics, log.With().Str("component", "index").Logger())
+	ccfg := cachestate.DefaultConfig()
+	ccfg.Node, ccfg.PublishInterval, ccfg.Replay = cfg.NodeName, cfg.DigestInterval, cfg.EventsReplayEndpoint != ""
+	ccfg.Params = bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
+	ccfg.SilenceWindow, ccfg.SilenceTokens = cfg.SilenceWindow, cfg.BlockSize
+	cs := cachestate.New(ccfg, ix, mesh, front, cachestate.NewMetrics(reg), log.With().Str("component", "index").Logger())
 	registerViews(reg, ix, sub, mesh, cs)
 	scrapes := make(chan vllmclient.Load, 1)
-	go watcher.Run(runCtx)                                                             // exits when runCtx ends
-	go cs.run(runCtx, sub.Items(), watcher.Transitions(), scrapes, cfg.DigestInterval) // exits when runCtx ends
-	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log)            // exits when runCtx ends
+	go watcher.Run(runCtx)                                                  // exits when runCtx ends
+	go cs.Run(runCtx, sub.Items(), watcher.Transitions(), scrapes)          // exits when runCtx ends
+	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log) // exits when runCtx ends
 
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
 	engine.Use(recovery(log))
 	front.Register(engine)
-	engine.NoRoute(front.Passthrough)
+	engine.NoRoute(models.watch(front.Passthrough))
 	api := &http.Server{Addr: cfg.Listen, Handler: engine, ReadHeaderTimeout: 10 * time.Second}
 
 	ad := newAdmin(cfg, reg, mesh, front, cs, log)
@@ -208,7 +214,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		go func() { errc <- s.Serve(ln) }() // exits when the server is shut down
 	}
 	log.Info().Str("listen", cfg.Listen).Str("admin", cfg.AdminListen).Str("model", cfg.Model).
-		Int("capacity_blocks", capacity).Uint64("digest_bits", params.M).Strs("join", cfg.Join).Msg("kvroute sidecar serving")
+		Int("capacity_blocks", capacity).Uint64("digest_bits", ccfg.Params.M).Strs("join", cfg.Join).Msg("kvroute sidecar serving")
 
 	select {
 	case <-ctx.Done():
@@ -230,12 +236,8 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 // tokenizer adapts the vLLM client to the front's Tokenizer.
 type tokenizer struct{ c *vllmclient.Client }
 
-func (t tokenizer) Tokenize(ctx context.Context, p forward.Prompt) ([]uint32, error) {
-	return t.c.Tokenize(ctx, vllmclient.TokenizeRequest{
-		Model: p.Model, Prompt: p.Text, Messages: p.Messages, Tools: p.Tools,
-		ChatTemplateKwargs: p.ChatTemplateKwargs, AddGenerationPrompt: p.AddGenerationPrompt,
-		ContinueFinalMessage: p.ContinueFinalMessage, AddSpecialTokens: p.AddSpecialTokens,
-	})
+func (t tokenizer) Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error) {
+	return t.c.Tokenize(ctx, vllmclient.TokenizeRequestFor(p))
 }
 
 // watchLoad scrapes the local vLLM's /metrics every interval, advertises
@@ -245,7 +247,10 @@ func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, sc
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		cctx, cancel := context.WithTimeout(ctx, every)
+		// Not the interval: a busy vLLM (or machine) answers /metrics slower
+		// than that, and a scrape that always times out blinds the silence
+		// and restart checks along with the load.
+		cctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
 		l, err := vc.Load(cctx)
 		cancel()
 		if err != nil {
@@ -265,50 +270,6 @@ func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, sc
 		case <-t.C:
 		}
 	}
-}
-
-// discoverModel asks the local vLLM which base model it serves, waiting for
-// it to come up (a model can take minutes to load).
-func discoverModel(ctx context.Context, base string, log zerolog.Logger) (string, error) {
-	for {
-		m, err := baseModel(ctx, base)
-		if err == nil {
-			return m, nil
-		}
-		log.Info().Err(err).Msg("waiting for the local vLLM to list its model (or pass --model)")
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(2 * time.Second):
-		}
-	}
-}
-
-func baseModel(ctx context.Context, base string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var list struct {
-		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
-		return "", fmt.Errorf("decode /v1/models: %w", err)
-	}
-	for _, d := range list.Data {
-		if d.Parent == nil || *d.Parent == "" {
-			return d.ID, nil
-		}
-	}
-	return "", errors.New("/v1/models lists no base model")
 }
 
 // recovery answers a panicking handler with an OpenAI-style 500 and keeps

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/vllmclient"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
@@ -30,6 +32,8 @@ type options struct {
 	HashSeedSet    bool
 	Events         kvEventsConfig
 	LoRAs          []lora
+	RuntimeLoRA    bool // VLLM_ALLOW_RUNTIME_LORA_UPDATING: serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+	DataParallel   int  // --data-parallel-size: engine cores, each with its own cache and publisher
 	TimeScale      float64
 	Encoding       kvevent.Encoding
 	DropRate       float64
@@ -43,7 +47,8 @@ type options struct {
 	TokenizeWorkers int
 }
 
-// kvEventsConfig is vLLM's --kv-events-config JSON (vllm-interface.md §1.1).
+// kvEventsConfig is vLLM's --kv-events-config JSON (KVEventsConfig in vLLM's
+// vllm/config/kv_events.py).
 type kvEventsConfig struct {
 	Enable         bool    `json:"enable_kv_cache_events"`
 	Publisher      *string `json:"publisher"`
@@ -145,12 +150,18 @@ func parseLoRA(s string) (lora, error) {
 }
 
 // parseFlags parses args (without the program name); getenv supplies
-// PYTHONHASHSEED. It never exits the process.
-func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writer) (options, error) {
+// PYTHONHASHSEED. --help and --version print to stdout and return
+// cli.ErrDone; a flag error is printed to stderr with the usage. It never
+// exits the process.
+func parseFlags(args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) (options, error) {
 	// The engine's modelled model, so --model can be omitted.
 	defaultModel := vllmsim.DefaultConfig().Model
 	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
-	fs.SetOutput(usage)
+	cli.Usage(fs, "vllm-sim [flags] [MODEL]",
+		"A stand-in for `vllm serve` where no GPU is available: vLLM's OpenAI API (streaming too),\n"+
+			"/tokenize, /metrics and /health, and KV-cache events over ZMQ with vLLM's framing and replay\n"+
+			"socket, from a simulated engine whose KV cache, scheduler and timing behave like vLLM's.\n"+
+			"Flags use vLLM's names; simulator-only flags start with --sim-. /sim/* injects faults.")
 	var o options
 	var names, loras listFlag
 	var kvCfg, algo, enc string
@@ -164,9 +175,10 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.IntVar(&o.MaxBatched, "max-num-batched-tokens", 0, "token budget per step (0: engine default)")
 	fs.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length (0: engine default)")
 	fs.StringVar(&algo, "prefix-caching-hash-algo", "sha256", "sha256 | sha256_cbor | fast (xxhash, xxhash_cbor map to fast)")
-	fs.StringVar(&kvCfg, "kv-events-config", "", "vLLM KVEventsConfig JSON")
+	fs.StringVar(&kvCfg, "kv-events-config", "", `vLLM KVEventsConfig JSON, e.g. {"enable_kv_cache_events":true,"endpoint":"tcp://*:5557"}; as vLLM, the PUB socket binds a tcp://* or ipc:// endpoint and connects to tcp://HOST:PORT`)
 	fs.Bool("enable-prompt-tokens-details", false, "accepted; cached_tokens is always reported")
 	fs.Var(&loras, "lora-modules", "LoRA adapters: name=path or JSON, one or more")
+	fs.IntVar(&o.DataParallel, "data-parallel-size", 1, "data-parallel ranks: one engine core, KV cache and event publisher each (rank r publishes on the endpoint's port + r)")
 	fs.Float64Var(&o.TimeScale, "sim-time-scale", 1, "simulated seconds per wall second")
 	fs.StringVar(&enc, "kv-events-encoding", "map", "event wire encoding: map (vLLM >= 0.26) or array")
 	fs.Float64Var(&o.DropRate, "sim-drop-rate", 0, "fraction of event batches not sent live (still replayable)")
@@ -177,7 +189,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
 	fs.Float64Var(&o.TokenizeUS, "sim-tokenize-us-per-token", float64(vllmsim.DefaultTokenizeCost)/1e3, "wall time charged per prompt token tokenized (/tokenize, render, text prompts); 0: free")
 	fs.IntVar(&o.TokenizeWorkers, "sim-tokenize-workers", vllmsim.DefaultTokenizeWorkers, "tokenizations that run at once (vLLM: one thread per API server)")
-	if err := fs.Parse(expandMulti(args)); err != nil {
+	if err := cli.Parse(fs, expandMulti(args), stdout, stderr); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
@@ -219,12 +231,20 @@ func parseFlags(args []string, getenv func(string) (string, bool), usage io.Writ
 	if o.TokenizeUS < 0 || o.TokenizeUS != o.TokenizeUS || o.TokenizeWorkers <= 0 {
 		return o, fmt.Errorf("--sim-tokenize-us-per-token %v must be >= 0 and --sim-tokenize-workers %d positive", o.TokenizeUS, o.TokenizeWorkers)
 	}
+	if o.DataParallel < 1 || o.DataParallel > 64 {
+		return o, fmt.Errorf("--data-parallel-size %d: want 1..64", o.DataParallel)
+	}
 	if o.BlockSize <= 0 {
 		return o, fmt.Errorf("--block-size %d must be positive", o.BlockSize)
 	}
 	var err error
 	if o.Events, err = parseKVEventsConfig(kvCfg); err != nil {
 		return o, err
+	}
+	if v, ok := getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"); ok {
+		// vLLM's envs.py: "1" or "true", case-insensitive.
+		v = strings.ToLower(strings.TrimSpace(v))
+		o.RuntimeLoRA = v == "1" || v == "true"
 	}
 	o.HashSeed, o.HashSeedSet = getenv("PYTHONHASHSEED")
 	if o.HashSeed == "random" {
@@ -248,4 +268,21 @@ func (o options) pubConfig() pubConfig {
 	c.DropRate = o.DropRate
 	c.Seed = o.Seed
 	return c
+}
+
+// forRank returns c for data-parallel rank r: both endpoints offset as
+// vLLM's offset_endpoint_port does (port + r, or an _dp<r> suffix for ipc
+// and inproc), and r in every batch's data_parallel_rank.
+func (c pubConfig) forRank(r int) (pubConfig, error) {
+	c.Rank = int64(r)
+	var err error
+	if c.Endpoint, err = vllmclient.RankEndpoint(c.Endpoint, r); err != nil {
+		return c, fmt.Errorf("--data-parallel-size: %w", err)
+	}
+	if c.ReplayEndpoint != "" {
+		if c.ReplayEndpoint, err = vllmclient.RankEndpoint(c.ReplayEndpoint, r); err != nil {
+			return c, fmt.Errorf("--data-parallel-size: %w", err)
+		}
+	}
+	return c, nil
 }

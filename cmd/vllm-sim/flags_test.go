@@ -86,7 +86,7 @@ func TestParseFlags(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := func(k string) (string, bool) { v, ok := tt.env[k]; return v, ok }
-			o, err := parseFlags(splitArgs(tt.args), env, io.Discard)
+			o, err := parseFlags(splitArgs(tt.args), env, io.Discard, io.Discard)
 			if err != nil {
 				t.Fatalf("parseFlags(%q) = %v", tt.args, err)
 			}
@@ -136,14 +136,14 @@ func TestParseFlagsErrors(t *testing.T) {
 		"--no-such-flag",
 		"a b",
 	} {
-		if _, err := parseFlags(splitArgs(args), noEnv, io.Discard); err == nil {
+		if _, err := parseFlags(splitArgs(args), noEnv, io.Discard, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) = nil error; want error", args)
 		}
 	}
 }
 
 func TestParseFlagsPositionalModel(t *testing.T) {
-	o, err := parseFlags([]string{"--port", "1", "org/m"}, noEnv, io.Discard)
+	o, err := parseFlags([]string{"--port", "1", "org/m"}, noEnv, io.Discard, io.Discard)
 	if err != nil || o.Model != "org/m" || !cmp.Equal(o.Models, []string{"org/m"}) {
 		t.Errorf("parseFlags = %+v, %v; want model org/m", o, err)
 	}
@@ -151,7 +151,7 @@ func TestParseFlagsPositionalModel(t *testing.T) {
 
 func TestEngineConfig(t *testing.T) {
 	o, err := parseFlags(splitArgs("--served-model-name m --num-gpu-blocks-override 64 --max-num-seqs 4 --max-num-batched-tokens 512 --max-model-len 1024 --sim-time-scale 10"),
-		func(string) (string, bool) { return "7", true }, io.Discard)
+		func(string) (string, bool) { return "7", true }, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

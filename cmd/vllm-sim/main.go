@@ -6,12 +6,24 @@
 // Flags use vLLM's names (--port, --served-model-name, --block-size,
 // --kv-events-config '<json>', ...); simulator-only flags start with --sim-.
 // Admin endpoints under /sim/ expose ground truth and inject faults.
+//
+// LoRA: --lora-modules name=path ... serves adapters as extra models
+// (/v1/models lists them with their parent), and with
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING set, /v1/load_lora_adapter and
+// /v1/unload_lora_adapter change them at run time. An adapter's name enters
+// every block hash and its BlockStored events, as in vLLM.
+//
+// --data-parallel-size N runs N engine cores behind the one API server,
+// each with its own cache and publisher at the event endpoint's port + rank
+// (data_parallel_rank in every batch); a request goes to the rank with the
+// lowest 4*waiting + running, vLLM's rule.
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,22 +34,28 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
-	o, err := parseFlags(os.Args[1:], os.LookupEnv, os.Stderr)
+	os.Exit(cmdMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cmdMain is the program with its streams; it returns the exit status.
+func cmdMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, os.LookupEnv, stdout, stderr)
 	if err != nil {
-		log.Error().Err(err).Msg("bad flags")
-		os.Exit(2)
+		return cli.Fail("vllm-sim", err, stderr)
 	}
+	log := zerolog.New(stderr).With().Timestamp().Str("component", "vllm-sim").Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
 		log.Error().Err(err).Msg("exit")
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // engineConfig applies the flags to the engine's defaults.
@@ -70,32 +88,56 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 	defer cancelEng()
 
 	cfg := engineConfig(o, vllmsim.DefaultConfig())
-	var pub *publisher
+	dp := &ranks{}
+	var pubs publishers
+	for rank := range o.DataParallel {
+		rc := cfg
+		if o.Events.publishing() {
+			pc, err := o.pubConfig().forRank(rank)
+			if err != nil {
+				return err
+			}
+			pub, err := startPublisher(engCtx, pc)
+			if err != nil {
+				return err
+			}
+			pubs = append(pubs, pub)
+			rc.EventSink = pub.Sink
+			addr, replay := pub.Endpoints()
+			// Exactly one side of a ZMQ pair binds; say which this one is, so a
+			// subscriber that also connects (or also binds) is easy to spot.
+			msg := "kv events: PUB connects to " + addr + " (the subscriber must bind it)"
+			if bindsPub(pc.Endpoint) {
+				msg = "kv events: PUB binds " + addr + " (subscribers connect)"
+			}
+			log.Info().Int("rank", rank).Str("pub", addr).Bool("pub_bound", bindsPub(pc.Endpoint)).Str("replay", replay).
+				Str("topic", o.Events.Topic).Msg(msg)
+		}
+		eng, err := vllmsim.New(rc)
+		if err != nil {
+			return fmt.Errorf("engine rank %d: %w", rank, err)
+		}
+		dp.engs = append(dp.engs, eng)
+	}
 	var events eventControl
 	var pubStatsFn func() pubStats
-	if o.Events.publishing() {
-		var err error
-		if pub, err = startPublisher(engCtx, o.pubConfig()); err != nil {
-			return err
-		}
-		cfg.EventSink = pub.Sink
-		events, pubStatsFn = pub, pub.Stats
-		addr, replay := pub.Endpoints()
-		log.Info().Str("pub", addr).Str("replay", replay).Str("topic", o.Events.Topic).Msg("kv events")
+	if len(pubs) > 0 {
+		events, pubStatsFn = pubs, pubs.Stats
 	}
-	eng, err := vllmsim.New(cfg)
-	if err != nil {
-		return fmt.Errorf("engine: %w", err)
+	engDone := make(chan error, len(dp.engs))
+	for _, eng := range dp.engs {
+		go func() { engDone <- eng.Run(engCtx) }() // exits when engCtx ends
 	}
-	engDone := make(chan error, 1)
-	go func() { engDone <- eng.Run(engCtx) }()
-
-	met := newMetrics(o.Models[0], eng.Stats, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, pubStatsFn)
+	stats := make([]func() vllmsim.Stats, len(dp.engs))
+	for i, eng := range dp.engs {
+		stats[i] = eng.Stats
+	}
+	met := newMetrics(o.Models[0], stats, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, pubStatsFn)
 	srv := newServer(serverConfig{
-		Models: o.Models, Root: o.Model, LoRAs: o.LoRAs, MaxModelLen: cfg.MaxModelLen, Echo: o.Echo,
+		Models: o.Models, Root: o.Model, LoRAs: o.LoRAs, RuntimeLoRA: o.RuntimeLoRA, MaxModelLen: cfg.MaxModelLen, Echo: o.Echo,
 		RestartDowntime: o.RestartDown, BodyLimitBytes: o.BodyLimitBytes,
 		TokenizeCost: vllmsim.NewTokenizeCost(time.Duration(o.TokenizeUS*1e3), o.TokenizeWorkers),
-	}, eng, eng.Tokenizer(), events, met)
+	}, dp, dp.engs[0].Tokenizer(), events, met)
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)))
 	if err != nil {
@@ -119,10 +161,12 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 	defer cancel()
 	shutErr := hs.Shutdown(sctx)
 	cancelEng()
-	if err := <-engDone; err != nil && !errors.Is(err, context.Canceled) {
-		log.Warn().Err(err).Msg("engine")
+	for range dp.engs {
+		if err := <-engDone; err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn().Err(err).Msg("engine")
+		}
 	}
-	if pub != nil {
+	for _, pub := range pubs {
 		if err := pub.Wait(); err != nil {
 			log.Warn().Err(err).Msg("publisher")
 		}

@@ -14,7 +14,7 @@ import (
 // latencyBuckets reach minutes: simulated queues under overload are long.
 var latencyBuckets = []float64{.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 
-// metrics exposes vLLM's metric names (vllm-interface.md §6.4) from the
+// metrics exposes vLLM's metric names (vllm/v1/metrics/loggers.py) from the
 // engine's Stats at scrape time, plus latency histograms the HTTP edge
 // observes in simulated seconds. Each server has its own registry.
 type metrics struct {
@@ -32,32 +32,22 @@ type cacheInfo struct {
 	HashAlgo     string
 }
 
-// newMetrics registers every collector; stats is called once per metric per
-// scrape and must be safe for concurrent use.
-func newMetrics(model string, stats func() vllmsim.Stats, ci cacheInfo, pub func() pubStats) *metrics {
+// newMetrics registers every collector. stats has one function per
+// data-parallel rank; each is called once per metric per scrape, must be
+// safe for concurrent use, and its gauges and counters carry the rank as
+// the engine label, as vLLM's per-engine series do. The latency histograms
+// are observed by the HTTP edge, which does not know the rank: they carry
+// engine "0".
+func newMetrics(model string, stats []func() vllmsim.Stats, ci cacheInfo, pub func() pubStats) *metrics {
 	m := &metrics{
 		reg:      prometheus.NewRegistry(),
 		labels:   prometheus.Labels{"model_name": model, "engine": "0"},
 		pubStats: pub,
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	gauge := func(name, help string, f func(vllmsim.Stats) float64) {
-		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: m.labels},
-			func() float64 { return f(stats()) }))
+	for rank, st := range stats {
+		m.registerRank(model, strconv.Itoa(rank), st, ci)
 	}
-	counter := func(name, help string, f func(vllmsim.Stats) uint64) {
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: m.labels},
-			func() float64 { return float64(f(stats())) }))
-	}
-	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(s vllmsim.Stats) float64 { return float64(s.Running) })
-	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(s vllmsim.Stats) float64 { return float64(s.Waiting) })
-	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(s vllmsim.Stats) float64 { return s.KVUsage })
-	counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func(s vllmsim.Stats) uint64 { return s.PrefixQueriesTokens })
-	counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func(s vllmsim.Stats) uint64 { return s.PrefixHitsTokens })
-	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", func(s vllmsim.Stats) uint64 { return s.PromptTokensTotal })
-	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func(s vllmsim.Stats) uint64 { return s.GenerationTokensTotal })
-	counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", func(s vllmsim.Stats) uint64 { return s.Preemptions })
-
 	ttft := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
 		Help: "Histogram of time to first token in seconds (simulated time).", ConstLabels: m.labels, Buckets: latencyBuckets})
 	e2e := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
@@ -66,15 +56,6 @@ func newMetrics(model string, stats func() vllmsim.Stats, ci cacheInfo, pub func
 		Help: "Count of successfully processed requests.", ConstLabels: m.labels}, []string{"finished_reason"})
 	m.ttft, m.e2e = ttft, e2e
 	m.reg.MustRegister(ttft, e2e, m.success)
-
-	// vLLM labels cache_config_info with CacheConfig fields and engine only.
-	info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
-		ConstLabels: prometheus.Labels{
-			"engine": "0", "block_size": strconv.Itoa(ci.BlockSize), "num_gpu_blocks": strconv.Itoa(ci.NumGPUBlocks),
-			"enable_prefix_caching": "True", "prefix_caching_hash_algo": ci.HashAlgo, "cache_dtype": "auto",
-		}})
-	info.Set(1)
-	m.reg.MustRegister(info)
 
 	if pub != nil {
 		pc := func(name, help string, f func(pubStats) uint64) {
@@ -88,6 +69,36 @@ func newMetrics(model string, stats func() vllmsim.Stats, ci cacheInfo, pub func
 		pc("vllm_sim_kv_replay_requests_total", "Replay requests served.", func(s pubStats) uint64 { return s.Replays })
 	}
 	return m
+}
+
+// registerRank registers one engine's gauges, counters and cache info.
+func (m *metrics) registerRank(model, engine string, stats func() vllmsim.Stats, ci cacheInfo) {
+	labels := prometheus.Labels{"model_name": model, "engine": engine}
+	gauge := func(name, help string, f func(vllmsim.Stats) float64) {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
+			func() float64 { return f(stats()) }))
+	}
+	counter := func(name, help string, f func(vllmsim.Stats) uint64) {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+			func() float64 { return float64(f(stats())) }))
+	}
+	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(s vllmsim.Stats) float64 { return float64(s.Running) })
+	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(s vllmsim.Stats) float64 { return float64(s.Waiting) })
+	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(s vllmsim.Stats) float64 { return s.KVUsage })
+	counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func(s vllmsim.Stats) uint64 { return s.PrefixQueriesTokens })
+	counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func(s vllmsim.Stats) uint64 { return s.PrefixHitsTokens })
+	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", func(s vllmsim.Stats) uint64 { return s.PromptTokensTotal })
+	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func(s vllmsim.Stats) uint64 { return s.GenerationTokensTotal })
+	counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", func(s vllmsim.Stats) uint64 { return s.Preemptions })
+
+	// vLLM labels cache_config_info with CacheConfig fields and engine only.
+	info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+		ConstLabels: prometheus.Labels{
+			"engine": engine, "block_size": strconv.Itoa(ci.BlockSize), "num_gpu_blocks": strconv.Itoa(ci.NumGPUBlocks),
+			"enable_prefix_caching": "True", "prefix_caching_hash_algo": ci.HashAlgo, "cache_dtype": "auto",
+		}})
+	info.Set(1)
+	m.reg.MustRegister(info)
 }
 
 // finished records one request's outcome in simulated seconds.

@@ -23,6 +23,7 @@ type apiError struct {
 	Status  int
 	Type    string
 	Message string
+	Param   string // the field at fault, when known ("body.messages")
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -47,7 +48,11 @@ type errorInfo struct {
 }
 
 func (e *apiError) body() errorBody {
-	return errorBody{Error: errorInfo{Message: e.Message, Type: e.Type, Code: e.Status}}
+	b := errorBody{Error: errorInfo{Message: e.Message, Type: e.Type, Code: e.Status}}
+	if e.Param != "" {
+		b.Error.Param = &e.Param
+	}
+	return b
 }
 
 type streamOptions struct {
@@ -93,6 +98,9 @@ func decodeJSON(body []byte, v any) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+			return typeError(body, te)
+		}
 		return badRequest("invalid JSON body: %v", err)
 	}
 	if dec.More() {

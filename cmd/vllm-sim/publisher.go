@@ -20,7 +20,7 @@ import (
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // pubConfig configures the KV-event publisher. Field names and defaults
-// follow vLLM's KVEventsConfig (vllm-interface.md §1.1).
+// follow vLLM's KVEventsConfig (vllm/config/kv_events.py).
 type pubConfig struct {
 	// Endpoint is the PUB socket address; bound or connected by bindsPub.
 	Endpoint string
@@ -39,6 +39,8 @@ type pubConfig struct {
 	// DropRate is the probability that a batch is not sent live (it still
 	// consumes a seq and enters the replay buffer), as a full HWM would.
 	DropRate float64
+	// Rank is the data-parallel rank sent in every batch (0 without DP).
+	Rank int64
 	// Seed seeds the drop decisions so a test run is reproducible.
 	Seed int64
 	// ReplayPoll is how often an idle loop checks the ROUTER; it bounds the
@@ -194,7 +196,7 @@ func (p *publisher) Sink(ts float64, events []kvevent.Event) {
 	if len(events) == 0 {
 		return
 	}
-	rank := int64(0)
+	rank := p.cfg.Rank
 	payload, err := kvevent.Encode(kvevent.Batch{TS: ts, Events: events, DPRank: &rank}, p.cfg.Encoding)
 	if err != nil {
 		p.encodeErrors.Add(1)

@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -48,18 +50,16 @@ func (noEvents) Restart(context.Context) error { return nil }
 func (noEvents) SetDropRate(float64) error     { return errors.New("kv events are disabled") }
 func (noEvents) DropRate() float64             { return 0 }
 
-// lora is one --lora-modules adapter, served as an extra model.
-type lora struct {
-	Name, Path, Base string
-}
-
 // serverConfig is the HTTP edge's configuration.
 type serverConfig struct {
 	// Models are the served model names; the first is the base model's id.
 	Models []string
 	// Root is --model, reported as the ModelCard root.
-	Root        string
-	LoRAs       []lora
+	Root  string
+	LoRAs []lora // --lora-modules
+	// RuntimeLoRA serves /v1/load_lora_adapter and /v1/unload_lora_adapter,
+	// as vLLM does with VLLM_ALLOW_RUNTIME_LORA_UPDATING set.
+	RuntimeLoRA bool
 	MaxModelLen int
 	// Echo makes the output text repeat the prompt instead of the engine's
 	// synthetic tokens (token counts and timing are unchanged).
@@ -81,6 +81,7 @@ type server struct {
 	tok     tokenizer
 	events  eventControl
 	met     *metrics
+	loras   *adapters
 	boot    int64
 	nextID  atomic.Uint64
 	drain   atomic.Bool
@@ -97,7 +98,7 @@ func newServer(cfg serverConfig, eng engine, tok tokenizer, events eventControl,
 	if events == nil {
 		events = noEvents{}
 	}
-	return &server{cfg: cfg, eng: eng, tok: tok, events: events, met: met, boot: cfg.Now().UnixNano()}
+	return &server{cfg: cfg, eng: eng, tok: tok, events: events, met: met, loras: newAdapters(cfg.LoRAs), boot: cfg.Now().UnixNano()}
 }
 
 // SetDraining makes /health answer 503 so Kubernetes stops sending traffic.
@@ -132,6 +133,10 @@ func (s *server) handler() http.Handler {
 	r.POST("/detokenize", s.detokenize)
 	s.registerRender(r)
 	r.POST("/reset_prefix_cache", s.resetPrefixCache)
+	if s.cfg.RuntimeLoRA {
+		r.POST("/v1/load_lora_adapter", s.loadLoRA)
+		r.POST("/v1/unload_lora_adapter", s.unloadLoRA)
+	}
 	if s.met != nil {
 		mh := s.met.handler()
 		r.GET("/metrics", func(c *gin.Context) { mh.ServeHTTP(c.Writer, c.Request) })
@@ -159,35 +164,55 @@ func readBody(c *gin.Context) ([]byte, *apiError) {
 	return b, nil
 }
 
-// resolveModel maps a request's model to (the id to report, LoRA name).
-// An empty model means the base model, as vLLM allows.
-func (s *server) resolveModel(name string) (string, string, *apiError) {
+// resolveModel maps a request's model to the id to report and the
+// adapter it names (zero for the base model). An empty model means the
+// base model, as vLLM allows.
+func (s *server) resolveModel(name string) (string, lora, *apiError) {
 	if name == "" {
-		return s.cfg.Models[0], "", nil
+		return s.cfg.Models[0], lora{}, nil
 	}
-	for _, m := range s.cfg.Models {
-		if m == name {
-			return name, "", nil
-		}
+	if slices.Contains(s.cfg.Models, name) {
+		return name, lora{}, nil
 	}
-	for _, l := range s.cfg.LoRAs {
-		if l.Name == name {
-			return name, name, nil
-		}
+	if l, ok := s.loras.find(name); ok {
+		return name, l, nil
 	}
-	return "", "", notFound("The model `%s` does not exist.", name)
+	return "", lora{}, notFound("The model `%s` does not exist.", name)
+}
+
+// rankedEngine is an engine with data-parallel ranks; *ranks satisfies it.
+type rankedEngine interface {
+	// SubmitRank submits to one rank, as vLLM does for a request that
+	// names its data_parallel_rank.
+	SubmitRank(ctx context.Context, rank int, r vllmsim.Request) (*vllmsim.Stream, error)
+}
+
+// dpRank reads vLLM's X-data-parallel-rank header (serving_engine
+// _get_data_parallel_rank; header names are case-insensitive): the rank a
+// request is pinned to, or -1 when it names none.
+func dpRank(c *gin.Context) (int, *apiError) {
+	v := c.GetHeader("X-data-parallel-rank")
+	if v == "" {
+		return -1, nil
+	}
+	r, err := strconv.Atoi(v)
+	if err != nil || r < 0 {
+		return 0, badRequest("X-data-parallel-rank %q: want a rank, 0 or more", v)
+	}
+	return r, nil
 }
 
 // genRequest is a parsed generation request in engine terms.
 type genRequest struct {
 	chat         bool
 	model        string
-	lora         string
+	lora         lora
 	prompt       []uint32
 	maxTokens    int
 	salt         string
 	stream       bool
 	includeUsage bool
+	rank         int // X-data-parallel-rank, -1 when absent
 }
 
 func (s *server) chat(c *gin.Context) {
@@ -202,6 +227,10 @@ func (s *server) chat(c *gin.Context) {
 		return
 	}
 	g := genRequest{chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	if g.rank, aerr = dpRank(c); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
 	if g.model, g.lora, aerr = s.resolveModel(r.Model); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -234,6 +263,10 @@ func (s *server) completions(c *gin.Context) {
 		return
 	}
 	g := genRequest{salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	if g.rank, aerr = dpRank(c); aerr != nil {
+		writeError(c, aerr)
+		return
+	}
 	if g.model, g.lora, aerr = s.resolveModel(r.Model); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -279,7 +312,14 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 	}
 	id := fmt.Sprintf("%s-%x%06x", prefix, s.boot, s.nextID.Add(1))
 	ctx := c.Request.Context()
-	st, err := s.eng.Submit(ctx, vllmsim.Request{ID: id, PromptTokens: g.prompt, MaxTokens: g.maxTokens, LoRA: g.lora, CacheSalt: g.salt})
+	q := vllmsim.Request{ID: id, PromptTokens: g.prompt, MaxTokens: g.maxTokens, LoRA: g.lora.Name, LoRAID: g.lora.ID, CacheSalt: g.salt}
+	var st *vllmsim.Stream
+	var err error
+	if rs, ok := s.eng.(rankedEngine); ok && g.rank >= 0 {
+		st, err = rs.SubmitRank(ctx, g.rank, q)
+	} else {
+		st, err = s.eng.Submit(ctx, q)
+	}
 	switch {
 	case errors.Is(err, vllmsim.ErrTooLong):
 		writeError(c, s.tooLong(len(g.prompt), g.maxTokens))
@@ -484,7 +524,7 @@ func (s *server) models(c *gin.Context) {
 		list.Data = append(list.Data, modelCard{ID: m, Object: "model", Created: now, OwnedBy: "vllm", Root: root,
 			MaxModelLen: ptr(s.cfg.MaxModelLen), Permission: perm(m)})
 	}
-	for _, l := range s.cfg.LoRAs {
+	for _, l := range s.loras.all() {
 		parent := l.Base
 		if parent == "" {
 			parent = s.cfg.Models[0]
@@ -607,11 +647,13 @@ func (s *server) simCache(c *gin.Context) {
 }
 
 // simRestart simulates a vLLM process restart: requests are aborted, the
-// cache is emptied without AllBlocksCleared, the event seq restarts at 0,
+// cache is emptied without AllBlocksCleared, adapters loaded at run time
+// are gone (ids start again at 1), the event seq restarts at 0,
 // and /health answers 503 for RestartDowntime.
 func (s *server) simRestart(c *gin.Context) {
 	s.restart.Store(s.cfg.Now().Add(s.cfg.RestartDowntime).UnixNano())
 	s.eng.Restart()
+	s.loras.reset(s.cfg.LoRAs) // a new process has only its --lora-modules
 	if err := s.events.Restart(c.Request.Context()); err != nil {
 		writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: err.Error()})
 		return

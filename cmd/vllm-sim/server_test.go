@@ -91,7 +91,7 @@ func newTestEnv(t testing.TB, cfg vllmsim.Config, mut func(*serverConfig)) *test
 	if mut != nil {
 		mut(&sc)
 	}
-	met := newMetrics(testModel, eng.Stats, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, nil)
+	met := newMetrics(testModel, []func() vllmsim.Stats{eng.Stats}, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, nil)
 	env.srv = newServer(sc, eng, eng.Tokenizer(), env.events, met)
 	hs := httptest.NewServer(env.srv.handler())
 	env.url = hs.URL

@@ -65,6 +65,11 @@ func TestBinarySmoke(t *testing.T) {
 			}
 			if r, ok := m["replay"].(string); ok {
 				replay = r
+				// An ipc:// endpoint is bound, as vLLM binds it; the log
+				// must say so, since exactly one side of the pair binds.
+				if m["pub_bound"] != true || !strings.Contains(fmt.Sprint(m["message"]), "PUB binds") {
+					t.Errorf("kv events log line %v; want pub_bound true and \"PUB binds\"", m)
+				}
 			}
 			if a, ok := m["addr"].(string); ok && m["message"] == "listening" {
 				addr = a

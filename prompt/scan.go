@@ -1,4 +1,4 @@
-package forward
+package prompt
 
 import (
 	"errors"

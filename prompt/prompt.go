@@ -1,4 +1,8 @@
-package forward
+// Package prompt reads what routing needs from an OpenAI completions or
+// chat request body: the model and the prompt, as token ids or as what
+// vLLM's /tokenize needs to produce them. It is pure (bytes in, values
+// out) and fuzzed: every body a client sends passes through it.
+package prompt
 
 import (
 	"bytes"
@@ -31,24 +35,24 @@ type Prompt struct {
 	CacheSalt            string
 }
 
-// errBadJSON is a body that is not a JSON object; clients get a 400.
-var errBadJSON = errors.New("request body is not a valid JSON object")
+// ErrBadJSON is a body that is not a JSON object; clients get a 400.
+var ErrBadJSON = errors.New("request body is not a valid JSON object")
 
-// errNoPrompt means the body is valid JSON but routing cannot predict its
+// ErrNoPrompt means the body is valid JSON but routing cannot predict its
 // blocks (no prompt or messages, several prompts): it is served without
 // prefix prediction, never refused here (DESIGN.md D6).
-var errNoPrompt = errors.New("no single prompt to route on")
+var ErrNoPrompt = errors.New("no single prompt to route on")
 
-// ParsePrompt reads the routing-relevant fields of an OpenAI request body.
-// It returns errBadJSON (wrapped) for malformed JSON or a known field of
-// the wrong type, and errNoPrompt when the body is fine but carries no
+// Parse reads the routing-relevant fields of an OpenAI request body.
+// It returns ErrBadJSON (wrapped) for malformed JSON or a known field of
+// the wrong type, and ErrNoPrompt when the body is fine but carries no
 // single prompt; in that case the returned Prompt still has Model and
 // Stream. Names match exactly, as vLLM's pydantic models do, and the last
 // of duplicate names wins, as in Python's json.
-func ParsePrompt(body []byte, chat bool) (Prompt, error) {
+func Parse(body []byte, chat bool) (Prompt, error) {
 	var f wireFields
 	if err := scanObject(body, f.set); err != nil {
-		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
+		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
 	p := Prompt{Chat: chat, Tools: nullToNil(f.tools), ChatTemplateKwargs: nullToNil(f.chatTemplateKwargs)}
 	var err error
@@ -59,12 +63,12 @@ func ParsePrompt(body []byte, chat bool) (Prompt, error) {
 	p.ContinueFinalMessage, err = jsonOptBool(f.continueFinalMessage, "continue_final_message", err)
 	p.AddSpecialTokens, err = jsonOptBool(f.addSpecialTokens, "add_special_tokens", err)
 	if err != nil {
-		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
+		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
 	if chat {
 		p.Messages = nullToNil(f.messages)
 		if len(p.Messages) == 0 || p.Messages[0] != '[' {
-			return p, errNoPrompt
+			return p, ErrNoPrompt
 		}
 		return p, nil
 	}
@@ -161,7 +165,7 @@ func jsonOptBool(raw []byte, name string, err error) (*bool, error) {
 // with one string, token ids, or a list with one list of token ids.
 func parseCompletionPrompt(raw json.RawMessage, p *Prompt) error {
 	if len(raw) == 0 {
-		return errNoPrompt
+		return ErrNoPrompt
 	}
 	if ids, ok := tokenids.Parse(raw); ok {
 		p.Tokens = ids
@@ -170,7 +174,7 @@ func parseCompletionPrompt(raw json.RawMessage, p *Prompt) error {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		if s == "" {
-			return errNoPrompt
+			return ErrNoPrompt
 		}
 		p.Text = s
 		return nil
@@ -190,7 +194,7 @@ func parseCompletionPrompt(raw json.RawMessage, p *Prompt) error {
 		p.Tokens = ii[0]
 		return nil
 	}
-	return errNoPrompt
+	return ErrNoPrompt
 }
 
 func nullToNil(r json.RawMessage) json.RawMessage {

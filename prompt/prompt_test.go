@@ -1,4 +1,4 @@
-package forward
+package prompt
 
 import (
 	"bytes"
@@ -26,32 +26,32 @@ func TestParsePrompt(t *testing.T) {
 			Prompt{Model: "m", Tokens: []uint32{1, 2, 3}}, nil},
 		{"completion one string list", `{"prompt":["a"]}`, false, Prompt{Text: "a"}, nil},
 		{"completion nested ids", `{"prompt":[[4,5]]}`, false, Prompt{Tokens: []uint32{4, 5}}, nil},
-		{"completion two prompts", `{"model":"m","prompt":["a","b"]}`, false, Prompt{Model: "m"}, errNoPrompt},
-		{"completion negative id", `{"prompt":[-1]}`, false, Prompt{}, errNoPrompt},
-		{"completion missing prompt", `{"model":"m"}`, false, Prompt{Model: "m"}, errNoPrompt},
-		{"completion empty", `{"prompt":""}`, false, Prompt{}, errNoPrompt},
-		{"completion null prompt", `{"prompt":null}`, false, Prompt{}, errNoPrompt},
+		{"completion two prompts", `{"model":"m","prompt":["a","b"]}`, false, Prompt{Model: "m"}, ErrNoPrompt},
+		{"completion negative id", `{"prompt":[-1]}`, false, Prompt{}, ErrNoPrompt},
+		{"completion missing prompt", `{"model":"m"}`, false, Prompt{Model: "m"}, ErrNoPrompt},
+		{"completion empty", `{"prompt":""}`, false, Prompt{}, ErrNoPrompt},
+		{"completion null prompt", `{"prompt":null}`, false, Prompt{}, ErrNoPrompt},
 		{"chat", `{"model":"m","messages":[{"role":"user","content":"hi"}],"add_generation_prompt":true,"tools":[{"type":"function"}],"cache_salt":"s"}`, true,
 			Prompt{Model: "m", Chat: true, Messages: []byte(`[{"role":"user","content":"hi"}]`),
 				Tools: []byte(`[{"type":"function"}]`), AddGenerationPrompt: &tru, CacheSalt: "s"}, nil},
-		{"chat no messages", `{"model":"m"}`, true, Prompt{Model: "m", Chat: true}, errNoPrompt},
-		{"chat messages not list", `{"messages":{}}`, true, Prompt{Chat: true, Messages: []byte(`{}`)}, errNoPrompt},
-		{"malformed", `{"model":`, false, Prompt{}, errBadJSON},
-		{"not object", `[1,2]`, false, Prompt{}, errBadJSON},
-		{"null body", ` null`, false, Prompt{}, errBadJSON},
+		{"chat no messages", `{"model":"m"}`, true, Prompt{Model: "m", Chat: true}, ErrNoPrompt},
+		{"chat messages not list", `{"messages":{}}`, true, Prompt{Chat: true, Messages: []byte(`{}`)}, ErrNoPrompt},
+		{"malformed", `{"model":`, false, Prompt{}, ErrBadJSON},
+		{"not object", `[1,2]`, false, Prompt{}, ErrBadJSON},
+		{"null body", ` null`, false, Prompt{}, ErrBadJSON},
 		{"escaped name", `{"mod\u0065l":"m","prompt":[7]}`, false, Prompt{Model: "m", Tokens: []uint32{7}}, nil},
 		{"names match exactly", `{"Model":"m","prompt":[7]}`, false, Prompt{Tokens: []uint32{7}}, nil},
-		{"trailing", `{"prompt":"a"} {}`, false, Prompt{}, errBadJSON},
-		{"wrong type", `{"model":5}`, false, Prompt{}, errBadJSON},
+		{"trailing", `{"prompt":"a"} {}`, false, Prompt{}, ErrBadJSON},
+		{"wrong type", `{"model":5}`, false, Prompt{}, ErrBadJSON},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParsePrompt([]byte(tt.body), tt.chat)
+			got, err := Parse([]byte(tt.body), tt.chat)
 			if !errors.Is(err, tt.err) {
-				t.Fatalf("ParsePrompt(%s) error = %v; want %v", tt.body, err, tt.err)
+				t.Fatalf("Parse(%s) error = %v; want %v", tt.body, err, tt.err)
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
-				t.Errorf("ParsePrompt(%s) mismatch (-want +got):\n%s", tt.body, diff)
+				t.Errorf("Parse(%s) mismatch (-want +got):\n%s", tt.body, diff)
 			}
 		})
 	}
@@ -62,12 +62,12 @@ func FuzzParsePrompt(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}]}`), true)
 	f.Add([]byte(`{"prompt":[[1]]}`), false)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
-		p, err := ParsePrompt(body, chat)
+		p, err := Parse(body, chat)
 		if err == nil && !chat && p.Text == "" && len(p.Tokens) == 0 {
-			t.Fatalf("ParsePrompt(%q) succeeded without a prompt", body)
+			t.Fatalf("Parse(%q) succeeded without a prompt", body)
 		}
 		if err == nil && chat && len(p.Messages) == 0 {
-			t.Fatalf("ParsePrompt(%q) succeeded without messages", body)
+			t.Fatalf("Parse(%q) succeeded without messages", body)
 		}
 	})
 }
@@ -89,7 +89,7 @@ func FuzzScanObject(f *testing.F) {
 	})
 }
 
-// FuzzParsePromptStd checks ParsePrompt against the encoding/json decoding
+// FuzzParsePromptStd checks Parse against the encoding/json decoding
 // it replaced (stdParsePrompt) wherever the two are meant to agree: names
 // that match exactly and appear once (encoding/json also matches "Model",
 // and reports a wrong type even when a later duplicate is right), and a
@@ -121,13 +121,13 @@ func FuzzParsePromptStd(f *testing.F) {
 		if !comparable || string(bytes.TrimSpace(body)) == "null" {
 			return
 		}
-		got, err := ParsePrompt(body, chat)
+		got, err := Parse(body, chat)
 		want, werr := stdParsePrompt(body, chat)
-		if errors.Is(err, errBadJSON) != errors.Is(werr, errBadJSON) || errors.Is(err, errNoPrompt) != errors.Is(werr, errNoPrompt) {
-			t.Fatalf("ParsePrompt(%q) error %v; encoding/json %v", body, err, werr)
+		if errors.Is(err, ErrBadJSON) != errors.Is(werr, ErrBadJSON) || errors.Is(err, ErrNoPrompt) != errors.Is(werr, ErrNoPrompt) {
+			t.Fatalf("Parse(%q) error %v; encoding/json %v", body, err, werr)
 		}
-		if diff := cmp.Diff(want, got); diff != "" && !errors.Is(err, errBadJSON) {
-			t.Fatalf("ParsePrompt(%q) mismatch (-encoding/json +scan):\n%s", body, diff)
+		if diff := cmp.Diff(want, got); diff != "" && !errors.Is(err, ErrBadJSON) {
+			t.Fatalf("Parse(%q) mismatch (-encoding/json +scan):\n%s", body, diff)
 		}
 	})
 }
@@ -135,7 +135,7 @@ func FuzzParsePromptStd(f *testing.F) {
 var fieldNames = []string{"model", "stream", "messages", "prompt", "tools", "chat_template_kwargs",
 	"add_generation_prompt", "continue_final_message", "add_special_tokens", "cache_salt"}
 
-// stdParsePrompt is ParsePrompt as encoding/json did it before scanObject.
+// stdParsePrompt is Parse as encoding/json did it before scanObject.
 func stdParsePrompt(body []byte, chat bool) (Prompt, error) {
 	var w struct {
 		Model                string          `json:"model"`
@@ -150,7 +150,7 @@ func stdParsePrompt(body []byte, chat bool) (Prompt, error) {
 		CacheSalt            string          `json:"cache_salt"`
 	}
 	if err := json.Unmarshal(body, &w); err != nil {
-		return Prompt{}, fmt.Errorf("%w: %v", errBadJSON, err)
+		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
 	p := Prompt{
 		Model: w.Model, Stream: w.Stream, Chat: chat,
@@ -161,7 +161,7 @@ func stdParsePrompt(body []byte, chat bool) (Prompt, error) {
 	if chat {
 		p.Messages = nullToNil(w.Messages)
 		if len(p.Messages) == 0 || p.Messages[0] != '[' {
-			return p, errNoPrompt
+			return p, ErrNoPrompt
 		}
 		return p, nil
 	}

@@ -1,4 +1,4 @@
-package main
+package cachestate
 
 import (
 	"context"
@@ -15,37 +15,32 @@ import (
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
-// advertiser is how the mesh learns this pod's cache and engine;
+// Advertiser is how the mesh learns this pod's cache and engine;
 // *gossip.Mesh satisfies it.
-type advertiser interface {
+type Advertiser interface {
 	PublishDigest(d *bloom.Digest) error
 	PublishDelta(x bloom.Delta) error
 	WithdrawDigest()
 	SetEngine(e route.Engine)
 }
 
-// localFront is the front's switch for serving from the local vLLM.
-type localFront interface{ SetLocalReady(ok bool) }
+// Front is the front's switch for serving from the local vLLM;
+// *forward.Handler satisfies it.
+type Front interface{ SetLocalReady(ok bool) }
 
-// cacheState turns the local vLLM's event stream into the exact index and
+// State turns the local vLLM's event stream into the exact index and
 // the digest that peers test (DESIGN.md §3, cache-state flow), and owns the
 // engine's state as the mesh sees it (D10): a digest is advertised only
 // while the engine serves, and an engine that comes back is a new epoch,
 // published empty, before it is advertised again. Its run loop is the only
 // writer of the index; readers use the index's own lock.
-type cacheState struct {
-	node    string
+type State struct {
+	cfg     Config
 	ix      *kvindex.Index
-	params  bloom.Params
-	pub     advertiser
-	front   localFront
+	pub     Advertiser
+	front   Front
 	log     zerolog.Logger
-	metrics *sidecarMetrics
-	replay  bool // a replay endpoint is configured: missed roots are recovered
-
-	// rebuildEvery bounds how long removed keys stay in peers' views: a
-	// Bloom filter cannot delete, so removals need a full rebuild.
-	rebuildEvery time.Duration
+	metrics *Metrics
 
 	version  uint64 // digest version last published
 	epoch    uint64 // digest epoch last published
@@ -59,33 +54,39 @@ type cacheState struct {
 	prompts  float64 // the engine's prompt-token counter at the last scrape
 	scraped1 bool    // a scrape has been taken
 
-	// What the admin endpoints show; written by run only.
+	// What the admin endpoints show; written by Run only.
 	state   atomic.Uint32 // route.Engine as advertised
 	reason  atomic.Value  // string: why the engine is in its state
 	silent  atomic.Bool   // the engine serves but no KV event ever arrived
 	partial atomic.Bool   // chains stored before we subscribed are unknown
 }
 
-func newCacheState(node string, ix *kvindex.Index, params bloom.Params, pub advertiser, front localFront,
-	silence *engine.Silence, replay bool, m *sidecarMetrics, log zerolog.Logger) *cacheState {
-	s := &cacheState{node: node, ix: ix, params: params, pub: pub, front: front, metrics: m, log: log,
-		rebuildEvery: 2 * time.Second, needFull: true, silence: silence, replay: replay,
-		streams: map[vllmclient.Stream]bool{}}
+// New returns the state of an index that has advertised nothing, with the
+// engine starting. Zero fields of cfg take DefaultConfig's values; m may be
+// nil (nothing is exported).
+func New(cfg Config, ix *kvindex.Index, pub Advertiser, front Front, m *Metrics, log zerolog.Logger) *State {
+	cfg = cfg.withDefaults()
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	s := &State{cfg: cfg, ix: ix, pub: pub, front: front, metrics: m, log: log, needFull: true,
+		silence: engine.NewSilence(cfg.SilenceWindow, cfg.SilenceTokens), streams: map[vllmclient.Stream]bool{}}
 	s.state.Store(uint32(route.EngineStarting))
 	s.reason.Store("waiting for the first healthy /health")
 	return s
 }
 
 // Engine returns the engine state as advertised, and why.
-func (s *cacheState) Engine() (route.Engine, string) {
+func (s *State) Engine() (route.Engine, string) {
 	return route.Engine(s.state.Load()), s.reason.Load().(string)
 }
 
-// run applies events, engine transitions and load scrapes until ctx is done
-// or items is closed, and publishes digest changes every tick.
-func (s *cacheState) run(ctx context.Context, items <-chan vllmclient.Item, engineC <-chan engine.Transition,
-	scrapes <-chan vllmclient.Load, tick time.Duration) {
-	t := time.NewTicker(tick)
+// Run applies events, engine transitions and /metrics scrapes until ctx is
+// done or items is closed, and publishes digest changes every
+// Config.PublishInterval. It is the only writer of the index.
+func (s *State) Run(ctx context.Context, items <-chan vllmclient.Item, engineC <-chan engine.Transition,
+	scrapes <-chan vllmclient.Load) {
+	t := time.NewTicker(s.cfg.PublishInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -104,7 +105,7 @@ func (s *cacheState) run(ctx context.Context, items <-chan vllmclient.Item, engi
 			}
 			s.transition(tr)
 		case l := <-scrapes:
-			s.scraped(l, time.Now())
+			s.scraped(l, s.cfg.Now())
 		case now := <-t.C:
 			s.publish(now)
 		}
@@ -114,7 +115,7 @@ func (s *cacheState) run(ctx context.Context, items <-chan vllmclient.Item, engi
 // transition carries out an engine state change. Down withdraws at once;
 // serving again starts a new, empty epoch and publishes it before the
 // engine is advertised, so no peer can match the old engine's blocks.
-func (s *cacheState) transition(tr engine.Transition) {
+func (s *State) transition(tr engine.Transition) {
 	s.metrics.engineTransitions.WithLabelValues(tr.To.String()).Inc()
 	s.reason.Store(tr.Reason)
 	switch tr.To {
@@ -144,8 +145,13 @@ func (s *cacheState) transition(tr engine.Transition) {
 }
 
 // restart clears the index into a new epoch: the cache it described is gone.
-func (s *cacheState) restart(why string) {
+func (s *State) restart(why string) {
 	s.ix.Restart()
+	s.restarted(why)
+}
+
+// restarted resets what followed the index's old epoch.
+func (s *State) restarted(why string) {
 	s.needFull = true
 	s.pending, s.removed = s.pending[:0], 0
 	clear(s.streams)
@@ -159,10 +165,10 @@ func (s *cacheState) restart(why string) {
 // that went down is a restart even if no probe saw the engine go (vLLM can
 // come back within a probe interval), and the prompt counter tells a silent
 // event path from a quiet one.
-func (s *cacheState) scraped(l vllmclient.Load, now time.Time) {
+func (s *State) scraped(l vllmclient.Load, now time.Time) {
 	if !s.scraped1 {
 		s.scraped1 = true
-		if l.PromptTokens > 0 && !s.replay && s.ix.Len() == 0 {
+		if l.PromptTokens > 0 && !s.cfg.Replay && s.ix.Len() == 0 {
 			// vLLM served before we followed its events, and nothing can
 			// replay them: what it cached then is unknown to us.
 			s.partial.Store(true)
@@ -196,45 +202,37 @@ const silenceWarning = "vLLM is serving but no KV event has arrived: routing is 
 	"and connects for a host address (tcp://HOST:PORT), so point --kv-events-endpoint at vLLM's " +
 	"bound endpoint, or pass --kv-events-bind when vLLM connects; also check --kv-events-topic"
 
-func (s *cacheState) apply(it vllmclient.Item) {
+func (s *State) apply(it vllmclient.Item) {
 	s.silence.Event()
 	if s.silent.Swap(false) {
 		s.metrics.eventsSilent.Set(0)
 		s.log.Info().Msg("kv events arriving")
 	}
-	switch it.Kind {
-	case vllmclient.KindGap:
-		s.metrics.eventGaps.Inc()
-		s.ix.SetUncertain(true)
-		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("expected", it.Expected).Uint64("got", it.Got).Msg("kv events lost; index uncertain until rebuilt")
-		return
-	case vllmclient.KindRestart:
-		s.metrics.eventRestarts.Inc()
-		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("seq", it.Seq).Msg("vLLM restarted: its cache is gone")
-		// Clear now: the new publisher's first batches may come by replay.
-		s.restart("the event sequence restarted")
-		s.partial.Store(false)
+	if it.Kind == vllmclient.KindBatch && !s.streams[it.Stream] {
 		s.streams[it.Stream] = true
-		return
-	case vllmclient.KindDecodeError:
-		s.metrics.eventErrors.Inc()
-		s.ix.SetUncertain(true)
-		s.log.Warn().Err(it.Err).Uint64("seq", it.Seq).Msg("undecodable kv event batch dropped")
-		return
-	}
-	if !s.streams[it.Stream] {
-		s.streams[it.Stream] = true
-		if it.Batch.Seq > 0 && !it.Replayed && !s.replay {
+		if it.Batch.Seq > 0 && !it.Replayed && !s.cfg.Replay {
 			s.partial.Store(true)
 			s.log.Warn().Uint64("seq", it.Batch.Seq).Msg("joined the KV-event stream mid-way without replay: " +
 				"blocks vLLM stored before are unknown and not advertised (set --kv-events-replay-endpoint to recover them)")
 		}
 	}
-	var ch kvindex.Change
-	if it.Replayed {
-		ch = s.ix.ApplyReplayed(it.Batch)
-	} else {
-		ch = s.ix.Apply(it.Batch)
+	ch := vllmclient.ApplyItem(s.ix, it)
+	switch it.Kind {
+	case vllmclient.KindGap:
+		s.metrics.eventGaps.Inc()
+		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("expected", it.Expected).Uint64("got", it.Got).Msg("kv events lost; index uncertain until rebuilt")
+		return
+	case vllmclient.KindRestart:
+		s.metrics.eventRestarts.Inc()
+		s.log.Warn().Str("topic", it.Stream.Topic).Uint64("seq", it.Seq).Msg("vLLM restarted: its cache is gone")
+		s.restarted("the event sequence restarted")
+		s.partial.Store(false)
+		s.streams[it.Stream] = true
+		return
+	case vllmclient.KindDecodeError:
+		s.metrics.eventErrors.Inc()
+		s.log.Warn().Err(it.Err).Uint64("seq", it.Seq).Msg("undecodable kv event batch dropped")
+		return
 	}
 	for _, ev := range it.Batch.Events {
 		s.metrics.events.WithLabelValues(ev.Kind.String()).Inc()
@@ -251,22 +249,22 @@ func (s *cacheState) apply(it vllmclient.Item) {
 // publish sends what changed since the last tick, while the engine serves:
 // nothing is advertised for an engine that cannot, and the transition to
 // serving sends the first digest itself.
-func (s *cacheState) publish(now time.Time) {
+func (s *State) publish(now time.Time) {
 	if route.Engine(s.state.Load()) == route.EngineServing {
 		s.send(now)
 	}
 }
 
 // send publishes a delta of added keys, or a full digest after an epoch
-// change, a failed delta, or removals older than rebuildEvery.
-func (s *cacheState) send(now time.Time) {
+// change, a failed delta, or removals older than Config.RebuildEvery.
+func (s *State) send(now time.Time) {
 	epoch := s.ix.Epoch()
-	full := s.needFull || epoch != s.epoch || (s.removed > 0 && now.Sub(s.lastFull) >= s.rebuildEvery)
+	full := s.needFull || epoch != s.epoch || (s.removed > 0 && now.Sub(s.lastFull) >= s.cfg.RebuildEvery)
 	if !full && len(s.pending) == 0 {
 		return
 	}
 	if !full {
-		x := bloom.Delta{Node: s.node, Epoch: epoch, From: s.version, To: s.version + 1, Keys: s.pending}
+		x := bloom.Delta{Node: s.cfg.Node, Epoch: epoch, From: s.version, To: s.version + 1, Keys: s.pending}
 		if err := s.pub.PublishDelta(x); err == nil {
 			s.version++
 			s.pending = s.pending[:0]
@@ -277,7 +275,7 @@ func (s *cacheState) send(now time.Time) {
 		}
 	}
 	keys := s.ix.Keys()
-	d := bloom.Build(bloom.Header{Node: s.node, Epoch: epoch, Version: s.version + 1, Params: s.params}, keys)
+	d := bloom.Build(bloom.Header{Node: s.cfg.Node, Epoch: epoch, Version: s.version + 1, Params: s.cfg.Params}, keys)
 	if err := s.pub.PublishDigest(d); err != nil {
 		s.log.Error().Err(err).Msg("publish digest")
 		return
@@ -289,9 +287,9 @@ func (s *cacheState) send(now time.Time) {
 	s.metrics.digestBytes.Set(float64(d.Size()))
 }
 
-// health says how far the local index can be trusted and whether KV events
+// Health says how far the local index can be trusted and whether KV events
 // arrive, as /debug/peers shows them.
-func (s *cacheState) health() (index, events string) {
+func (s *State) Health() (index, events string) {
 	switch {
 	case s.ix.Uncertain():
 		index = "uncertain: KV events were lost; blocks may be missing or stale until they are evicted"
@@ -307,11 +305,11 @@ func (s *cacheState) health() (index, events string) {
 	return index, events
 }
 
-// degraded lists what makes routing load-only or partial while the pod
+// Degraded lists what makes routing load-only or partial while the pod
 // is ready.
-func (s *cacheState) degraded() []string {
+func (s *State) Degraded() []string {
 	var out []string
-	index, events := s.health()
+	index, events := s.Health()
 	if index != "complete" {
 		out = append(out, "index "+index)
 	}
@@ -320,3 +318,7 @@ func (s *cacheState) degraded() []string {
 	}
 	return out
 }
+
+// Partial reports whether chains vLLM stored before this sidecar followed
+// its events are unknown (and so never advertised).
+func (s *State) Partial() bool { return s.partial.Load() }

@@ -1,0 +1,242 @@
+package cachestate
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/vllmclient"
+)
+
+var t0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+// mesh records what the state advertises, in order, and holds the digest
+// as the real mesh would (deltas must follow it).
+type mesh struct {
+	log      []string
+	digest   *bloom.Digest
+	failNext bool
+}
+
+func (m *mesh) PublishDigest(d *bloom.Digest) error {
+	m.digest = d
+	h := d.Header()
+	m.log = append(m.log, fmt.Sprintf("full e%d v%d n%d", h.Epoch, h.Version, h.Count))
+	return nil
+}
+
+func (m *mesh) PublishDelta(x bloom.Delta) error {
+	if m.failNext || m.digest == nil {
+		m.failNext = false
+		return errors.New("refused")
+	}
+	d, err := m.digest.Apply(x)
+	if err != nil {
+		return err
+	}
+	m.digest = d
+	m.log = append(m.log, fmt.Sprintf("delta v%d+%d", x.To, len(x.Keys)))
+	return nil
+}
+
+func (m *mesh) WithdrawDigest() {
+	m.digest = nil
+	m.log = append(m.log, "withdraw")
+}
+
+func (m *mesh) SetEngine(e route.Engine) { m.log = append(m.log, "engine "+e.String()) }
+
+type front struct{ ready bool }
+
+func (f *front) SetLocalReady(ok bool) { f.ready = ok }
+
+const bs = 4
+
+func newState(t *testing.T, replay bool) (*State, *mesh, *front, *kvindex.Index) {
+	t.Helper()
+	scheme := blockkey.Scheme{BlockSize: bs, Stride: 1}
+	ix := kvindex.New(kvindex.Config{Model: "m", Scheme: scheme, Epoch: 100})
+	m, f := &mesh{}, &front{}
+	cfg := Config{Node: "n", Params: bloom.ParamsFor(1000, 0.01), Replay: replay, SilenceWindow: 10 * time.Second,
+		SilenceTokens: bs, Now: func() time.Time { return t0 }}
+	return New(cfg, ix, m, f, nil, zerolog.Nop()), m, f, ix
+}
+
+// stored is a batch storing one block (hash h, tokens from first), a child
+// of parent when parent is set.
+func stored(seq, h uint64, parent *uint64, first uint32) vllmclient.Item {
+	toks := make([]uint32, bs)
+	for i := range toks {
+		toks[i] = first + uint32(i)
+	}
+	return vllmclient.Item{Kind: vllmclient.KindBatch, Stream: vllmclient.Stream{Topic: "kv"},
+		Batch: kvevent.Batch{Topic: "kv", Seq: seq, Events: []kvevent.Event{{Kind: kvevent.BlockStored,
+			BlockHashes: []uint64{h}, Parent: parent, TokenIDs: toks, BlockSize: bs}}}}
+}
+
+func serving(s *State, restarted bool, at time.Duration) {
+	from := route.EngineStarting
+	if restarted {
+		from = route.EngineDown
+	}
+	s.transition(engine.Transition{From: from, To: route.EngineServing, Restarted: restarted, At: t0.Add(at)})
+}
+
+func wantLog(t *testing.T, m *mesh, want ...string) {
+	t.Helper()
+	if fmt.Sprint(m.log) != fmt.Sprint(want) {
+		t.Fatalf("advertised %q; want %q", m.log, want)
+	}
+	m.log = nil
+}
+
+// TestNothingAdvertisedUntilServing: while the engine starts, events apply
+// but no digest leaves; the first healthy probe publishes it, then the
+// engine, then readiness.
+func TestNothingAdvertisedUntilServing(t *testing.T) {
+	s, m, f, _ := newState(t, true)
+	s.apply(stored(0, 1, nil, 10))
+	s.publish(t0)
+	wantLog(t, m)
+	if st, _ := s.Engine(); st != route.EngineStarting || f.ready {
+		t.Fatalf("engine %v ready %v before any probe; want starting, not ready", st, f.ready)
+	}
+	serving(s, false, 0)
+	wantLog(t, m, "full e100 v1 n1", "engine serving")
+	if st, _ := s.Engine(); st != route.EngineServing || !f.ready {
+		t.Errorf("engine %v ready %v; want serving and ready", st, f.ready)
+	}
+}
+
+// TestDeltasAndRebuilds: added keys go as deltas; a refused delta and
+// removals older than RebuildEvery go as a full digest.
+func TestDeltasAndRebuilds(t *testing.T) {
+	s, m, _, _ := newState(t, true)
+	serving(s, false, 0)
+	wantLog(t, m, "full e100 v1 n0", "engine serving")
+	p := uint64(1)
+	s.apply(stored(0, 1, nil, 10))
+	s.apply(stored(1, 2, &p, 20))
+	s.publish(t0.Add(100 * time.Millisecond))
+	wantLog(t, m, "delta v2+2")
+	s.publish(t0.Add(200 * time.Millisecond))
+	wantLog(t, m) // nothing new
+	s.apply(vllmclient.Item{Kind: vllmclient.KindBatch, Batch: kvevent.Batch{Seq: 2,
+		Events: []kvevent.Event{{Kind: kvevent.BlockRemoved, BlockHashes: []uint64{2}}}}})
+	s.publish(t0.Add(time.Second))
+	wantLog(t, m) // removals wait for the rebuild
+	s.publish(t0.Add(2 * time.Second))
+	wantLog(t, m, "full e100 v3 n1")
+	m.failNext = true
+	s.apply(stored(3, 3, &p, 30))
+	s.publish(t0.Add(3 * time.Second))
+	wantLog(t, m, "full e100 v4 n2")
+}
+
+// TestEngineDownAndBack: down withdraws at once and clears the index;
+// back publishes an empty digest of a new epoch before the engine is
+// advertised serving, so no peer can match the old engine's blocks.
+func TestEngineDownAndBack(t *testing.T) {
+	s, m, f, ix := newState(t, true)
+	s.apply(stored(0, 1, nil, 10))
+	serving(s, false, 0)
+	wantLog(t, m, "full e100 v1 n1", "engine serving")
+	s.transition(engine.Transition{From: route.EngineServing, To: route.EngineDown, Reason: "refused", At: t0.Add(time.Second)})
+	wantLog(t, m, "engine down", "withdraw")
+	if f.ready || ix.Len() != 0 {
+		t.Fatalf("after down: ready %v, %d keys; want not ready, empty", f.ready, ix.Len())
+	}
+	if st, why := s.Engine(); st != route.EngineDown || why != "refused" {
+		t.Errorf("Engine() = %v, %q; want down, refused", st, why)
+	}
+	s.publish(t0.Add(2 * time.Second))
+	wantLog(t, m) // nothing while down
+	serving(s, true, 3*time.Second)
+	// Two restarts (down, back) make two epochs; the digest is empty.
+	wantLog(t, m, "full e102 v2 n0", "engine serving")
+	if !f.ready {
+		t.Errorf("not ready after the engine came back")
+	}
+	if !s.Partial() {
+		t.Errorf("a resumed engine may hold chains we no longer know: want the index partial")
+	}
+}
+
+// TestRestartItemAndCounterReset: the subscriber's restart, and a /metrics
+// scrape whose process start time changed, each start a new epoch.
+func TestRestartItemAndCounterReset(t *testing.T) {
+	s, m, _, ix := newState(t, true)
+	serving(s, false, 0)
+	s.apply(stored(5, 1, nil, 10))
+	s.publish(t0)
+	m.log = nil
+	s.apply(vllmclient.Item{Kind: vllmclient.KindRestart, Stream: vllmclient.Stream{Topic: "kv"}})
+	s.publish(t0.Add(time.Second))
+	wantLog(t, m, "full e101 v3 n0")
+	s.apply(stored(0, 7, nil, 70))
+	s.scraped(vllmclient.Load{PromptTokens: 500, StartTime: 1000}, t0)
+	s.scraped(vllmclient.Load{PromptTokens: 600, StartTime: 1000}, t0)
+	if ix.Len() != 1 {
+		t.Fatalf("a steady counter restarted the index")
+	}
+	s.scraped(vllmclient.Load{PromptTokens: 700, StartTime: 2000}, t0)
+	s.publish(t0.Add(2 * time.Second))
+	wantLog(t, m, "full e102 v4 n0") // the pending key went with the old epoch
+	s.scraped(vllmclient.Load{PromptTokens: 10, StartTime: 2000}, t0)
+	if ix.Epoch() != 103 {
+		t.Errorf("a counter that went down: epoch %d; want 103", ix.Epoch())
+	}
+}
+
+// TestPartialIndex: a sidecar that joins the stream mid-way without replay
+// says its index is partial, with replay it does not.
+func TestPartialIndex(t *testing.T) {
+	for _, replay := range []bool{false, true} {
+		s, _, _, _ := newState(t, replay)
+		serving(s, false, 0)
+		s.apply(stored(41, 1, nil, 10))
+		if s.Partial() == replay {
+			t.Errorf("replay %v: Partial() = %v", replay, s.Partial())
+		}
+		index, _ := s.Health()
+		if !replay && index[:7] != "partial" {
+			t.Errorf("Health() index %q; want partial", index)
+		}
+	}
+	// A scrape shows the engine served before we came: partial too.
+	s, _, _, _ := newState(t, false)
+	s.scraped(vllmclient.Load{PromptTokens: 5000}, t0)
+	if !s.Partial() {
+		t.Errorf("engine served before the sidecar, no replay: want partial")
+	}
+}
+
+// TestSilentEventPath: an engine that prefills with no KV event for the
+// window is reported, in Health and Degraded, until an event arrives.
+func TestSilentEventPath(t *testing.T) {
+	s, _, _, _ := newState(t, true)
+	serving(s, false, 0)
+	s.scraped(vllmclient.Load{PromptTokens: 0}, t0)
+	s.scraped(vllmclient.Load{PromptTokens: 100}, t0.Add(time.Second))
+	s.scraped(vllmclient.Load{PromptTokens: 200}, t0.Add(5*time.Second))
+	if _, ev := s.Health(); ev != "ok" {
+		t.Fatalf("silent within the window: %q", ev)
+	}
+	s.scraped(vllmclient.Load{PromptTokens: 300}, t0.Add(12*time.Second))
+	if _, ev := s.Health(); ev[:6] != "silent" || len(s.Degraded()) != 1 {
+		t.Fatalf("after the window: events %q, degraded %q; want silent", ev, s.Degraded())
+	}
+	s.apply(stored(0, 1, nil, 10))
+	if _, ev := s.Health(); ev != "ok" || len(s.Degraded()) != 0 {
+		t.Errorf("after an event: events %q, degraded %q; want ok", ev, s.Degraded())
+	}
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// vLLM answers a request whose field has the wrong type with FastAPI's
+// RequestValidationError, which its handler turns into a 400 listing
+// pydantic's errors:
+//
+//	{"error": {"message": "1 validation error:\n  {'type': 'list_type', 'loc': ('body', 'messages'),
+//	  'msg': 'Input should be a valid list', 'input': 'hi'}", "type": "Bad Request",
+//	  "param": "body.messages", "code": 400}}
+//
+// The simulator decodes with encoding/json, whose type errors name Go
+// types; typeError rewrites them into that shape.
+
+// pydanticKind is what pydantic calls a value kind: the error type and its
+// message.
+type pydanticKind struct{ typ, msg string }
+
+// expectedKind maps the Go type that failed to decode to the JSON kind the
+// field wants, as pydantic names it.
+func expectedKind(t reflect.Type) (pydanticKind, func(any) bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		return pydanticKind{"list_type", "Input should be a valid list"}, isKind[[]any]
+	case reflect.String:
+		return pydanticKind{"string_type", "Input should be a valid string"}, isKind[string]
+	case reflect.Bool:
+		return pydanticKind{"bool_type", "Input should be a valid boolean"}, isKind[bool]
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return pydanticKind{"int_type", "Input should be a valid integer"}, func(v any) bool {
+			n, ok := v.(json.Number)
+			_, err := n.Int64()
+			return ok && err == nil
+		}
+	case reflect.Float32, reflect.Float64:
+		return pydanticKind{"float_type", "Input should be a valid number"}, isKind[json.Number]
+	default: // structs and maps: a JSON object
+		return pydanticKind{"dict_type", "Input should be a valid dictionary"}, isKind[map[string]any]
+	}
+}
+
+func isKind[T any](v any) bool { _, ok := v.(T); return ok }
+
+// typeError is the pydantic-style 400 for a type error that decoding body
+// raised.
+func typeError(body []byte, te *json.UnmarshalTypeError) *apiError {
+	kind, fits := expectedKind(te.Type)
+	var path []string
+	if te.Field != "" {
+		path = strings.Split(te.Field, ".")
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	loc, input, found := []any{"body"}, any(nil), false
+	if dec.Decode(&doc) == nil {
+		var l []any
+		// Value is what encoding/json found ("string", "number 1.5"): it
+		// tells a list given for an object from an object list's element.
+		got, _, _ := strings.Cut(te.Value, " ")
+		bad := func(v any) bool { return jsonKind(v) == got && !fits(v) }
+		if l, input, found = locate(doc, path, bad); found {
+			loc = append(loc, l...)
+		}
+	}
+	if !found {
+		for _, p := range path {
+			loc = append(loc, p)
+		}
+	}
+	if kind.typ == "int_type" {
+		if n, ok := input.(json.Number); ok {
+			if f, err := n.Float64(); err == nil && f != float64(int64(f)) {
+				kind = pydanticKind{"int_from_float", "Input should be a valid integer, got a number with a fractional part"}
+			}
+		}
+	}
+	entry := fmt.Sprintf("{'type': '%s', 'loc': %s, 'msg': '%s'", kind.typ, pyTuple(loc), kind.msg)
+	if found {
+		entry += ", 'input': " + pyRepr(input, 0)
+	}
+	entry += "}"
+	param := make([]string, len(loc))
+	for i, l := range loc {
+		param[i] = fmt.Sprint(l)
+	}
+	return &apiError{Status: 400, Type: "Bad Request", Message: "1 validation error:\n  " + entry,
+		Param: strings.Join(param, ".")}
+}
+
+// jsonKind names a decoded value's JSON kind as encoding/json's type
+// errors do.
+func jsonKind(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case json.Number:
+		return "number"
+	case bool:
+		return "bool"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	}
+	return "null"
+}
+
+// locate finds the first value along path (object keys; arrays on the way
+// are searched element by element, as encoding/json's Field omits their
+// indices) that is bad, and returns its location and value.
+func locate(v any, path []string, bad func(any) bool) ([]any, any, bool) {
+	if arr, ok := v.([]any); ok && (len(path) > 0 || !bad(v)) {
+		for i, e := range arr {
+			if l, in, ok := locate(e, path, bad); ok {
+				return append([]any{i}, l...), in, true
+			}
+		}
+		if len(path) > 0 {
+			return nil, nil, false
+		}
+	}
+	if len(path) == 0 {
+		return nil, v, bad(v)
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, nil, false
+	}
+	e, ok := obj[path[0]]
+	if !ok {
+		return nil, nil, false
+	}
+	l, in, ok := locate(e, path[1:], bad)
+	if !ok {
+		return nil, nil, false
+	}
+	return append([]any{path[0]}, l...), in, true
+}
+
+// pyTuple prints a pydantic loc the way Python prints the tuple.
+func pyTuple(loc []any) string {
+	parts := make([]string, len(loc))
+	for i, l := range loc {
+		parts[i] = pyRepr(l, 0)
+	}
+	if len(parts) == 1 {
+		return "(" + parts[0] + ",)"
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+// maxReprBytes bounds an echoed input, so a wrong-typed 1 MB prompt does
+// not come back whole.
+const maxReprBytes = 200
+
+// pyRepr prints a decoded JSON value as Python's repr prints what the JSON
+// parser made of it.
+func pyRepr(v any, depth int) string {
+	var s string
+	switch v := v.(type) {
+	case nil:
+		s = "None"
+	case bool:
+		s = "False"
+		if v {
+			s = "True"
+		}
+	case json.Number:
+		s = v.String()
+	case int:
+		s = strconv.Itoa(v)
+	case string:
+		s = pyString(v)
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i] = pyRepr(e, depth+1)
+		}
+		s = "[" + strings.Join(parts, ", ") + "]"
+	case map[string]any:
+		// Python keeps the JSON's key order; Go's map does not, so sort
+		// for a stable message.
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = pyString(k) + ": " + pyRepr(v[k], depth+1)
+		}
+		s = "{" + strings.Join(parts, ", ") + "}"
+	default:
+		s = fmt.Sprint(v)
+	}
+	if depth == 0 && len(s) > maxReprBytes {
+		s = s[:maxReprBytes] + "..."
+	}
+	return s
+}
+
+// pyString is Python's repr of a str: single quotes unless the text holds
+// a single quote and no double quote.
+func pyString(s string) string {
+	q := byte('\'')
+	if strings.ContainsRune(s, '\'') && !strings.ContainsRune(s, '"') {
+		q = '"'
+	}
+	var b strings.Builder
+	b.WriteByte(q)
+	for _, r := range s {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == rune(q):
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte(q)
+	return b.String()
+}
