@@ -36,14 +36,18 @@ import (
 //     entered pod 1's sidecar (text-prefix entries are local, so pod 2's
 //     sidecar must tokenize);
 //   - new follow-up same: the second turn entering the sidecar the first
-//     turn entered (300 ms of think time after the first answer).
+//     turn entered (300 ms of think time after the first answer);
+//   - direct ids / hop ids: a completions prompt of token ids of the same
+//     length, straight and through the same hop: what moving a body this
+//     size through two sidecars costs without any tokenization.
 //
-// Δ is a round's TTFB percentile minus the direct series' of the same size
-// in that round; the table gives medians over rounds. It asserts only that
+// Text prefixes are shared between sidecars (gossip), so "follow-up other"
+// finds the first turn's entry. Δ is a round's TTFB percentile minus the
+// direct series' of the same size and prompt form in that round; the table gives medians over rounds. It asserts only that
 // every request was served by pod 1. Run:
 //
 //	go test -tags integration -run '^$' -bench TextPrefix -benchtime 1x ./e2e \
-//	  -args -e2e.rounds 3 -e2e.duration 40s -e2e.rate 8
+//	  -args -e2e.rounds 3 -e2e.duration 40s -e2e.rate 10
 func BenchmarkTextPrefix(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*rounds)*(*duration+time.Minute))
 	defer cancel()
@@ -86,9 +90,20 @@ func BenchmarkTextPrefix(b *testing.B) {
 			}
 		}
 		q := func() []byte { return chatBody(sys, words(rng, 30)) }
+		// A token-id prompt of the same length on the same path: what a hop
+		// of a body this size costs on this machine with no tokenization
+		// at all (today's fast path).
+		ids := tokens(rng, size-30)
+		if _, err := fresh.do(ctx, http.MethodPost, fresh.c.Pod(0).SimAddr, "/v1/completions", body(ids, 4, false), nil); err != nil {
+			b.Fatal(err)
+		}
+		fresh.waitRoute(b, 1, body(join(ids, tokens(rng, 30)), 4, false), fresh.c.Pod(0).Name, size/blockSize/2)
+		qi := func() []byte { return body(join(ids, tokens(rng, 30)), 4, false) }
 		// Bodies are drawn per request (a question is never repeated);
 		// the rng is not safe for concurrent use, so draw under a lock.
 		ss = append(ss,
+			&chatSeries{name: fmt.Sprintf("direct ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(0).SimAddr, draw: qi},
+			&chatSeries{name: fmt.Sprintf("hop ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qi},
 			&chatSeries{name: fmt.Sprintf("direct %dk", size/1024), size: size, addr: fresh.c.Pod(0).SimAddr, draw: q},
 			&chatSeries{name: fmt.Sprintf("today sys %dk", size/1024), size: size, addr: today.c.Pod(1).API, servedBy: today.c.Pod(0).Name, draw: q},
 			&chatSeries{name: fmt.Sprintf("new sys %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: q},
@@ -127,14 +142,14 @@ func BenchmarkTextPrefix(b *testing.B) {
 		rctx, rcancel := context.WithTimeout(ctx, *duration+time.Minute)
 		chatLoop(rctx, hc, ss, *rate, *duration, rng)
 		rcancel()
-		base := map[int]*chatSeries{}
+		base := map[string]*chatSeries{}
 		for _, s := range ss {
 			if strings.HasPrefix(s.name, "direct") {
-				base[s.size] = s
+				base[s.kind()] = s
 			}
 		}
 		for i, s := range ss {
-			d := base[s.size]
+			d := base[s.kind()]
 			deltas[i][0] = append(deltas[i][0], percentile(s.ttfb, 50)-percentile(d.ttfb, 50))
 			deltas[i][1] = append(deltas[i][1], percentile(s.ttfb, 99)-percentile(d.ttfb, 99))
 			pooled[i] = append(pooled[i], s.ttfb...)
@@ -172,7 +187,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			metricValue(m, `kvroute_textprefix_checks_total{result="right"}`), metricValue(m, `kvroute_textprefix_checks_total{result="wrong"}`),
 			metricValue(m, `kvroute_textprefix_learned_total{result="stored"}`), metricValue(m, `kvroute_textprefix_learned_total{result="dropped"}`))
 	}
-	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size) in that round; every request enters pod 2's sidecar and is served on pod 1\n")
+	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size and prompt form) in that round; every routed request enters pod 2's sidecar and is served on pod 1\n")
 	fmt.Print(tab.String())
 }
 
@@ -182,6 +197,7 @@ var lockRNG sync.Mutex
 type chatSeries struct {
 	name     string
 	size     int
+	path     string // default /v1/chat/completions
 	addr     string
 	servedBy string
 	draw     func() []byte
@@ -193,6 +209,12 @@ type chatSeries struct {
 	errs      int
 	firstErr  error
 	decisions map[string]int
+}
+
+// kind is what its Δ is taken against: the direct series of its size and
+// prompt form.
+func (s *chatSeries) kind() string {
+	return fmt.Sprint(s.size, s.path)
 }
 
 func (s *chatSeries) reset() {
@@ -231,7 +253,7 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 					return
 				}
 			}
-			r, ttfb, err := timeChat(ctx, hc, s.addr, body)
+			r, ttfb, err := timeChat(ctx, hc, s.addr, s.path, body)
 			if err == nil && r.ServedBy != s.servedBy {
 				err = fmt.Errorf("%s: served by %q (%s), want %q", s.name, r.ServedBy, r.Decision, s.servedBy)
 			}
@@ -260,8 +282,11 @@ func (s *chatSeries) record(ttfb time.Duration, decision string, err error) {
 }
 
 // timeChat posts a chat body and times its first response byte.
-func timeChat(ctx context.Context, hc *http.Client, addr string, body []byte) (reply, time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(string(body)))
+func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []byte) (reply, time.Duration, error) {
+	if path == "" {
+		path = "/v1/chat/completions"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, strings.NewReader(string(body)))
 	if err != nil {
 		return reply{}, 0, err
 	}
@@ -288,7 +313,7 @@ func timeChat(ctx context.Context, hc *http.Client, addr string, body []byte) (r
 }
 
 func postChat(ctx context.Context, hc *http.Client, addr string, body []byte) (reply, error) {
-	r, _, err := timeChat(ctx, hc, addr, body)
+	r, _, err := timeChat(ctx, hc, addr, "", body)
 	return r, err
 }
 
