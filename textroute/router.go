@@ -36,16 +36,19 @@ type Config struct {
 	// MaxKeys bounds the store (8 bytes each plus ~100 per entry).
 	// Default 1<<20: 8 MiB, a 32k-token prefix per ~2000 conversations.
 	MaxKeys int
-	// Queue bounds the learning backlog; past it a prefix is not learned
-	// (a later request pays a tokenization instead). Default 256.
-	Queue int
+	// Queue and QueueBytes bound the learning backlog in prefixes and in
+	// the request bytes they keep alive; past either a prefix is not
+	// learned (a later request pays a tokenization instead). Default 256
+	// and 64 MiB.
+	Queue      int
+	QueueBytes int64
 	// TokenizeTimeout bounds each /tokenize call. Default 2 s.
 	TokenizeTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults described on Config.
 func DefaultConfig() Config {
-	return Config{Scheme: blockkey.DefaultScheme(), MaxKeys: 1 << 20, Queue: 256, TokenizeTimeout: 2 * time.Second}
+	return Config{Scheme: blockkey.DefaultScheme(), MaxKeys: 1 << 20, Queue: 256, QueueBytes: 64 << 20, TokenizeTimeout: 2 * time.Second}
 }
 
 // Router implements the front's TextPrefixes (forward). Run must be running for it to
@@ -53,8 +56,9 @@ func DefaultConfig() Config {
 type Router struct {
 	cfg  Config
 	tok  Tokenizer
-	jobs chan job
-	m    metrics
+	jobs   chan job
+	queued atomic.Int64 // bytes of the queued jobs' messages
+	m      metrics
 
 	// tag goes first in every hash: entries shared between sidecars
 	// match only under the same key scheme and base model.
@@ -91,6 +95,9 @@ func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
 	}
 	if cfg.Queue <= 0 {
 		cfg.Queue = d.Queue
+	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = d.QueueBytes
 	}
 	if cfg.TokenizeTimeout <= 0 {
 		cfg.TokenizeTimeout = d.TokenizeTimeout
@@ -179,9 +186,17 @@ func (r *Router) enqueue(ks []int, j job) {
 			continue
 		}
 		j.k = k
+		n := int64(len(j.p.Messages))
+		if r.queued.Add(n) > r.cfg.QueueBytes {
+			r.queued.Add(-n)
+			r.m.learned.WithLabelValues("dropped").Inc()
+			r.done(h)
+			continue
+		}
 		select {
 		case r.jobs <- j:
 		default:
+			r.queued.Add(-n)
 			r.m.learned.WithLabelValues("dropped").Inc()
 			r.done(h)
 		}
@@ -200,6 +215,7 @@ func (r *Router) done(h textprefix.Hash) {
 func (r *Router) learn(ctx context.Context, j job) {
 	h := j.hashes[j.k-1]
 	defer r.done(h)
+	defer r.queued.Add(-int64(len(j.p.Messages)))
 	q := j.p
 	q.Messages = joinMessages(j.msgs[:j.k])
 	no := false

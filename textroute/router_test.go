@@ -299,3 +299,20 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 		t.Fatal("a shared entry replaced a held one")
 	}
 }
+
+// The backlog's bytes are bounded too: a request too large for it is not
+// learned, and the bytes of learned jobs are given back.
+func TestBacklogBytesBound(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	r := New(Config{Model: "m", QueueBytes: 4000}, tok, nil)
+	p, msgs := chat(t, sys, "q") // ~2.4 KB of messages: one job fits, not two
+	_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
+	after()
+	if d := value(r.m.learned.WithLabelValues("dropped")); d != 1 || len(r.jobs) != 1 {
+		t.Fatalf("dropped %v queued %d; want 1 and 1", d, len(r.jobs))
+	}
+	r.learn(context.Background(), <-r.jobs)
+	if q := r.queued.Load(); q != 0 {
+		t.Fatalf("%d bytes still counted after the job ran", q)
+	}
+}
