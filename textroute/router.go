@@ -54,8 +54,8 @@ func DefaultConfig() Config {
 // Router implements the front's TextPrefixes (forward). Run must be running for it to
 // learn; without it every chat prompt is tokenized on the request path.
 type Router struct {
-	cfg  Config
-	tok  Tokenizer
+	cfg    Config
+	tok    Tokenizer
 	jobs   chan job
 	queued atomic.Int64 // bytes of the queued jobs' messages
 	m      metrics
