@@ -26,8 +26,10 @@ type Plan struct {
 // assistant turn that answered the entry's last message: such a tail is
 // cached nowhere, or (the assistant's tokens) on the pod that holds the
 // entry's prefix. Anything longer unknown might be cached on some other
-// pod, and a guess would lose that hit; then the caller tokenizes.
-func (s *Store) Plan(hs []Hash, msgs []Message) Plan {
+// pod, and a guess would lose that hit; then the caller tokenizes. open
+// says the last message is left open (continue_final_message): entries
+// are learned with every message closed, so none covering it applies.
+func (s *Store) Plan(hs []Hash, msgs []Message, open bool) Plan {
 	n := len(msgs)
 	var p Plan
 	if n == 0 || len(hs) != n {
@@ -38,7 +40,11 @@ func (s *Store) Plan(hs []Hash, msgs []Message) Plan {
 		total += len(m.Raw)
 	}
 	if s.Trusted() {
-		for k := n; k >= max(1, n-2); k-- {
+		top := n
+		if open {
+			top = n - 1
+		}
+		for k := top; k >= max(1, n-2); k-- {
 			if k == n-2 && !msgs[n-2].Assistant {
 				break
 			}

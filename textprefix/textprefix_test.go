@@ -130,7 +130,7 @@ func TestCheckDropsWrongGuessesAndTrustFalls(t *testing.T) {
 	}
 	// Distrusted: Plan tokenizes, but keeps learning (and checking).
 	s.Put(Hash(100), Entry{Keys: keys(2, 1), Tokens: 100, Bytes: 400})
-	p := s.Plan([]Hash{100, 101}, msgs("S", "U"))
+	p := s.Plan([]Hash{100, 101}, msgs("S", "U"), false)
 	if p.Use || !slices.Equal(p.Learn, []int{2}) {
 		t.Fatalf("distrusted plan %+v", p)
 	}
@@ -169,7 +169,7 @@ func TestPlan(t *testing.T) {
 			for _, k := range tc.known {
 				s.Put(hs[k-1], entry(k))
 			}
-			p := s.Plan(hs[:tc.n], conv[:tc.n])
+			p := s.Plan(hs[:tc.n], conv[:tc.n], false)
 			if p.Use != (tc.use > 0) || p.K != tc.use || !slices.Equal(p.Learn, tc.learn) || p.Tokens != tc.tokens {
 				t.Fatalf("plan %+v; want use %d learn %v tokens %d", p, tc.use, tc.learn, tc.tokens)
 			}
@@ -184,17 +184,26 @@ func TestPlan(t *testing.T) {
 	dh := Chain(nil, doc)
 	s := NewStore(100)
 	s.Put(dh[0], Entry{Keys: keys(1, 1), Tokens: 10, Bytes: 1})
-	if p := s.Plan(dh, doc); p.Use || !slices.Equal(p.Learn, []int{2, 3}) {
+	if p := s.Plan(dh, doc, false); p.Use || !slices.Equal(p.Learn, []int{2, 3}) {
 		t.Fatalf("doc plan %+v", p)
 	}
 	s.Put(dh[1], Entry{Keys: keys(5, 2), Tokens: 50, Bytes: 5})
-	if p := s.Plan(dh, doc); !p.Use || p.K != 2 || p.Tokens != 70 || !slices.Equal(p.Learn, []int{3}) {
+	if p := s.Plan(dh, doc, false); !p.Use || p.K != 2 || p.Tokens != 70 || !slices.Equal(p.Learn, []int{3}) {
 		t.Fatalf("doc plan with the document known %+v", p)
 	}
-	if p := s.Plan(nil, nil); p.Use || p.Learn != nil {
+	// An open last message: the whole conversation's entry does not apply,
+	// the one before it does.
+	s.Put(dh[2], Entry{Keys: keys(7, 3), Tokens: 70, Bytes: 7})
+	if p := s.Plan(dh, doc, false); !p.Use || p.K != 3 {
+		t.Fatalf("closed plan %+v", p)
+	}
+	if p := s.Plan(dh, doc, true); !p.Use || p.K != 2 {
+		t.Fatalf("open plan %+v", p)
+	}
+	if p := s.Plan(nil, nil, false); p.Use || p.Learn != nil {
 		t.Fatalf("empty plan %+v", p)
 	}
-	if p := s.Plan(dh[:2], doc); p.Use || p.Learn != nil {
+	if p := s.Plan(dh[:2], doc, false); p.Use || p.Learn != nil {
 		t.Fatalf("mismatched lengths %+v", p)
 	}
 }

@@ -149,7 +149,7 @@ func (r *Router) Run(ctx context.Context) {
 func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func()) {
 	hs := textprefix.Chain(r.context(p), msgs)
 	r.mu.Lock()
-	plan := r.store.Plan(hs, msgs)
+	plan := r.store.Plan(hs, msgs, p.ContinueFinalMessage != nil && *p.ContinueFinalMessage)
 	r.mu.Unlock()
 	if plan.Use {
 		r.m.requests.WithLabelValues("prefix").Inc()
