@@ -51,11 +51,13 @@ func DefaultConfig() Config {
 	return Config{Scheme: blockkey.DefaultScheme(), MaxKeys: 1 << 20, Queue: 256, QueueBytes: 64 << 20, TokenizeTimeout: 2 * time.Second}
 }
 
-// Router implements the front's TextPrefixes (forward). Run must be running for it to
-// learn; without it every chat prompt is tokenized on the request path.
+// Router implements the front's TextPrefixes (forward). Run must be
+// running for it to learn; without it every chat prompt is tokenized on the
+// request path.
 type Router struct {
 	cfg    Config
 	tok    Tokenizer
+	now    func() time.Time // injected for tests; time.Now
 	jobs   chan job
 	queued atomic.Int64 // bytes of the queued jobs' messages
 	m      metrics
@@ -102,7 +104,7 @@ func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
 	if cfg.TokenizeTimeout <= 0 {
 		cfg.TokenizeTimeout = d.TokenizeTimeout
 	}
-	r := &Router{cfg: cfg, tok: tok, jobs: make(chan job, cfg.Queue), m: newMetrics(reg),
+	r := &Router{cfg: cfg, tok: tok, now: time.Now, jobs: make(chan job, cfg.Queue), m: newMetrics(reg),
 		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{},
 		tag: fmt.Appendf(nil, "%d/%d/%d/%d:%s", blockkey.Version, cfg.Scheme.BlockSize, cfg.Scheme.Stride, len(cfg.Model), cfg.Model)}
 	return r
@@ -157,9 +159,7 @@ func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Me
 			r.enqueue(plan.Learn, job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs, usedK: plan.K, used: plan.Entry})
 		}
 	}
-	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
-	ids, err := r.tok.Tokenize(tctx, p)
-	cancel()
+	ids, err := r.tokenize(ctx, p, "request")
 	if err != nil || len(ids) == 0 {
 		r.m.requests.WithLabelValues("untokenized").Inc()
 		return nil, 0, func() {}
@@ -169,6 +169,16 @@ func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Me
 	return full.Keys, len(ids), func() {
 		r.enqueue(plan.Learn, job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs, full: full})
 	}
+}
+
+// tokenize calls /tokenize with the configured timeout and times it.
+func (r *Router) tokenize(ctx context.Context, p prompt.Prompt, path string) ([]uint32, error) {
+	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
+	defer cancel()
+	t0 := r.now()
+	ids, err := r.tok.Tokenize(tctx, p)
+	r.m.seconds.WithLabelValues(path).Observe(r.now().Sub(t0).Seconds())
+	return ids, err
 }
 
 // enqueue queues the prefixes ks of j that are not being learned already.
@@ -220,9 +230,7 @@ func (r *Router) learn(ctx context.Context, j job) {
 	q.Messages = joinMessages(j.msgs[:j.k])
 	no := false
 	q.AddGenerationPrompt, q.ContinueFinalMessage = &no, nil
-	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
-	ids, err := r.tok.Tokenize(tctx, q)
-	cancel()
+	ids, err := r.tokenize(ctx, q, "learn")
 	if err != nil || len(ids) == 0 {
 		r.m.learned.WithLabelValues("failed").Inc()
 		return
@@ -304,6 +312,7 @@ func joinMessages(msgs []textprefix.Message) []byte {
 
 type metrics struct {
 	requests, learned, checks *prometheus.CounterVec
+	seconds                   *prometheus.HistogramVec
 	entries                   prometheus.Gauge
 }
 
@@ -321,13 +330,18 @@ func newMetrics(reg prometheus.Registerer) metrics {
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "checks_total",
 			Help: "Guesses checked against a later tokenization: right, or wrong (the prefix's keys were not a prefix of the conversation's; the entry was dropped).",
 		}, []string{"result"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "kvroute", Subsystem: "textprefix", Name: "tokenize_duration_seconds",
+			Help:    "Latency of the router's /tokenize calls: on the request path (request) or after it (learn).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}, NativeHistogramBucketFactor: 1.1,
+		}, []string{"path"}),
 		entries: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "entries",
 			Help: "Conversation prefixes held.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.learned, m.checks, m.entries)
+		reg.MustRegister(m.requests, m.learned, m.checks, m.seconds, m.entries)
 	}
 	return m
 }

@@ -152,6 +152,13 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	}
 	after()
 	e.waitLearned(t, 2) // the system prompt alone, and the whole conversation
+	for path, want := range map[string]uint64{"request": 1, "learn": 2} {
+		var m dto.Metric
+		e.r.m.seconds.WithLabelValues(path).(prometheus.Histogram).Write(&m)
+		if got := m.GetHistogram().GetSampleCount(); got != want {
+			t.Errorf("%s tokenize calls timed: %d, want %d", path, got, want)
+		}
+	}
 
 	// Another question under the same system prompt: no call on the path;
 	// the keys are the system prompt's, a prefix of the exact keys.
