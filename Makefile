@@ -12,7 +12,7 @@ LDFLAGS   := $(if $(VERSION),-X github.com/kvroute/kvroute/buildinfo.version=$(V
 # apt-get needs root; sudo when we are not root and it exists.
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean
+.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos chaos-deps
 
 all: build
 
@@ -128,3 +128,49 @@ bench: build
 	      --policies service,least-loaded,kvroute,central-precise --out out/bench/mooncake-$$t || exit 1; \
 	  else echo "== bench mooncake $$t skipped: no $$f (set TRACES)"; fi; \
 	done
+
+# The standard chaos scenario (README: Chaos testing): 8 simulated pods, each
+# in its own network namespace when run as root (loopback addresses
+# otherwise), one pod replaced every 20 s for 3 minutes under 20 req/s of
+# multi-turn chat, no client retries. About 4 minutes. Writes
+# out/chaos/{result.json,result.md,timeline.png,logs/}. After an
+# interrupted run, `go run ./cmd/chaos --cleanup` removes what is left.
+CHAOS_FLAGS ?= --scenario chaos/scenarios/kill-every-20s.json --out out/chaos
+chaos: deps chaos-deps
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/chaos $(CHAOS_FLAGS)
+
+# ip(8) and iptables(8) for the chaos namespaces (netns mode runs as root),
+# from Debian when missing; apt's output goes to out/apt.log.
+chaos-deps:
+	@{ command -v ip && command -v iptables; } >/dev/null 2>&1 || { \
+	  echo "== chaos-deps: apt-get install iproute2 iptables (log: out/apt.log)"; \
+	  mkdir -p out; \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	      --no-install-recommends iproute2 iptables; } >out/apt.log 2>&1 \
+	    || { tail -n 20 out/apt.log; echo "chaos-deps: apt-get failed (run as root or with sudo)"; exit 1; }; }
+
+# --- Kubernetes (issue 12). All four need root; see README "Kubernetes".
+# The images of images/Dockerfile as docker-save archives in out/images,
+# built offline (a debootstrapped Debian instead of pulled base images).
+IMAGE_TAG ?= v0.1.0
+IMAGES    := sidecar=ghcr.io/kvroute/sidecar:$(IMAGE_TAG) vllm-sim=ghcr.io/kvroute/vllm-sim:$(IMAGE_TAG) \
+	pause=kvroute.local/pause:v1
+.PHONY: images k8s-up k8s-down k8s-e2e
+images:
+	@[ "$$(id -u)" = 0 ] || { echo "make images needs root (debootstrap, chroot): sudo make images" >&2; exit 2; }
+	@command -v debootstrap >/dev/null || { echo "== installing debootstrap (apt-get)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
+	$(GO) run ./images/build --out out/images $(IMAGES)
+
+# A single-node cluster on this machine (kube binaries cached in
+# /var/cache/kvroute/k8s/<version>); prints how to use it.
+k8s-up:
+	@[ -f out/images/sidecar.tar ] || $(MAKE) images
+	k8s/up.sh
+
+k8s-down:
+	k8s/down.sh
+
+# Up, the end-to-end checks and faults, down; the result in out/k8s-e2e/result.json.
+k8s-e2e: images
+	k8s/e2e.sh

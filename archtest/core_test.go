@@ -1,4 +1,4 @@
-// Package archtest enforces the project's dependency rules (style.md P1):
+// Package archtest enforces the project's dependency rules (docs/reference/style.md P1):
 // the core packages never link sockets, HTTP, memberlist, gin, zmq or logging.
 package archtest
 

@@ -137,7 +137,7 @@ func (c *CHWBL) walk(key uint64, loads []int) int {
 
 // loadOK is KubeAI's bound: with nothing in flight every pod passes;
 // otherwise load <= (total+1)/n * LoadFactor, the +1 being the new request
-// (anchors.md §1.2).
+// (docs/reference/anchors.md §1.2).
 func (c *CHWBL) loadOK(load, total, n int) bool {
 	if total == 0 {
 		return true

@@ -1,4 +1,4 @@
-// Package blockkey owns kvroute's block-key scheme (DESIGN.md D1): chained
+// Package blockkey owns kvroute's block-key scheme (docs/design.md D1): chained
 // 64-bit keys computed from token ids, independent of vLLM's own hash
 // settings. No other package hashes tokens.
 //

@@ -21,7 +21,7 @@ func Root(model, lora, salt string) Key {
 
 // ModelRoot is the chain root of the blocks that an engine serving base
 // computes for a request or event naming model. It is the one rule both
-// sides key by (DESIGN.md D1): the base model, or no name, roots at base;
+// sides key by (docs/design.md D1): the base model, or no name, roots at base;
 // any other name is a LoRA adapter of it. No cache_salt: vLLM's KV events
 // do not carry one, so salted requests match as unsalted.
 func ModelRoot(base, model string) Key {

@@ -36,7 +36,7 @@ func (s Scheme) Routed(pos int) bool {
 // Request returns the routing keys a pod holding this prompt's prefix
 // would have, in prefix order: the chain over the prompt's full blocks,
 // capped at (n-1)/BlockSize blocks because vLLM recomputes the last prompt
-// token and so reuses at most that many (vllm-interface.md §4.4), keeping
+// token and so reuses at most that many (docs/reference/vllm-interface.md §4.4), keeping
 // only Routed positions. It allocates only the result.
 func (s Scheme) Request(root Key, tokens []uint32) []Key {
 	if s.BlockSize < 1 || len(tokens) < 2 {

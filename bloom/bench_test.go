@@ -8,7 +8,7 @@ import (
 )
 
 // design100k is a digest at its design load: 100k keys at 1%, the upper end
-// of one pod's KV capacity (libraries.md §2.2).
+// of one pod's KV capacity (docs/reference/libraries.md §2.2).
 func design100k() (*Digest, []blockkey.Key) {
 	keys := uniformKeys(50, 100_000)
 	return Build(Header{Node: "pod-a", Epoch: 1, Version: 1, Params: ParamsFor(100_000, 0.01)}, keys), keys

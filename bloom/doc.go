@@ -1,6 +1,6 @@
 // Package bloom is a pod's digest: a Bloom filter of the routing keys its vLLM
 // holds, sent to peers so they can test a prompt's key chain without asking
-// (DESIGN.md D2, D3).
+// (docs/design.md D2, D3).
 //
 // The package is pure: values in, values out. A Digest is immutable once
 // built, so one value can be tested from many goroutines while the owner

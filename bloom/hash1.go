@@ -10,7 +10,7 @@ import "github.com/kvroute/kvroute/blockkey"
 //
 // This is double hashing on the key itself: blockkey's keys are already
 // 64-bit hashes, so the library's murmur pass over their bytes is not needed
-// (18 vs 45 ns, libraries.md §2.3). h1 is still remixed, at about 1 ns, so
+// (18 vs 45 ns, docs/reference/libraries.md §2.3). h1 is still remixed, at about 1 ns, so
 // that keys with structure cannot cluster the first probe: sequential keys
 // measured 1.24% against a 1% target with h1 = key, and 1.01% remixed. h2 is
 // forced odd so that, M being a multiple of 64, the step never shares the

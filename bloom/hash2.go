@@ -17,7 +17,7 @@ import (
 //
 // Bit b of a block is bit b mod 64 of its word b/64, the block's words being
 // words 8·block .. 8·block+7 of the filter. A Test of a digest that is not in
-// cache costs one miss instead of K (DESIGN.md D4: 64 peers' digests are
+// cache costs one miss instead of K (docs/design.md D4: 64 peers' digests are
 // 7.7 MB, far more than a core's cache). The price is a higher false-positive
 // rate at the same M, since blocks fill unevenly; ParamsFor compensates.
 // The block comes from h1's high bits and the positions from fresh mixes, so

@@ -17,7 +17,7 @@ type Params struct {
 const (
 	// MaxBits bounds M (2^28 bits = 32 MiB), so a hostile header cannot make
 	// a receiver allocate without bound. It is room for ~28M keys at 1%, far
-	// more than one pod's KV cache (25k-100k blocks, libraries.md §2.2).
+	// more than one pod's KV cache (25k-100k blocks, docs/reference/libraries.md §2.2).
 	MaxBits = 1 << 28
 	// MaxK bounds the probes per key; 1% needs 7 and 0.01% needs 14.
 	MaxK = 32

@@ -1,5 +1,5 @@
 // Package cachestate is the local cache's state as the mesh sees it
-// (DESIGN.md §3 and D10): it applies the local vLLM's KV events to the exact
+// (docs/design.md §2 and D10): it applies the local vLLM's KV events to the exact
 // index, publishes the digest peers test (deltas of added keys, a full
 // digest after an epoch change or removals), and owns the engine's state as
 // advertised: a digest only while the engine serves, withdrawn at once when
@@ -41,6 +41,9 @@ type Config struct {
 	// SilenceWindow has a misconfigured event path. Defaults 10 s and 16.
 	SilenceWindow time.Duration
 	SilenceTokens int
+	// OnServing, if set, is called each time the engine is advertised as
+	// serving (a restarted vLLM may serve other models: re-read them).
+	OnServing func()
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }

@@ -29,7 +29,7 @@ type Advertiser interface {
 type Front interface{ SetLocalReady(ok bool) }
 
 // State turns the local vLLM's event stream into the exact index and
-// the digest that peers test (DESIGN.md §3, cache-state flow), and owns the
+// the digest that peers test (docs/design.md §2, cache-state flow), and owns the
 // engine's state as the mesh sees it (D10): a digest is advertised only
 // while the engine serves, and an engine that comes back is a new epoch,
 // published empty, before it is advertised again. Its run loop is the only
@@ -132,6 +132,9 @@ func (s *State) transition(tr engine.Transition) {
 		s.pub.SetEngine(route.EngineServing)
 		s.front.SetLocalReady(true)
 		s.metrics.engineUp.Set(1)
+		if s.cfg.OnServing != nil {
+			s.cfg.OnServing()
+		}
 		s.log.Info().Str("from", tr.From.String()).Bool("new_epoch", tr.Restarted).Msg("engine serving")
 	default:
 		s.state.Store(uint32(tr.To))

@@ -25,7 +25,14 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	pods    []*podProcs
+	info    []PodInfo // current addresses; a replaced pod gets new ones
+	gen     []int     // replacements per pod
+	next    int       // host number of the next replacement pod
 	stopped bool
+
+	net        *Netns // nil in loopback mode
+	guardDrops int64
+	guardErr   error
 }
 
 // podProcs are the processes of one pod; nil when not running.
@@ -60,15 +67,34 @@ func Start(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			return nil, fmt.Errorf("start: %w", err)
 		}
 	}
-	if err := checkFree(cfg); err != nil {
-		return nil, err
-	}
 	c := &Cluster{
 		cfg:    cfg,
 		bin:    bin,
 		env:    childEnv(os.Environ()),
 		client: &http.Client{Timeout: 2 * time.Second},
 		pods:   make([]*podProcs, cfg.Pods),
+		gen:    make([]int, cfg.Pods),
+		next:   cfg.Pods + 2,
+	}
+	for i := range cfg.Pods {
+		c.info = append(c.info, cfg.pod(i))
+	}
+	if cfg.Netns {
+		n, err := SetupNetns(ctx, cfg.NetnsPrefix, cfg.Subnet)
+		if err != nil {
+			return nil, err
+		}
+		c.net = n
+		for i := range cfg.Pods {
+			if _, err := n.AddPod(ctx, c.info[i].Name, c.info[i].Host); err != nil {
+				c.Stop()
+				return nil, err
+			}
+		}
+		fmt.Fprintf(cfg.Progress, "chaos: netns mode: bridge %s on %s.1/24, %d namespaces %s-*, egress guard %s\n",
+			bridgeName(cfg.NetnsPrefix), cfg.Subnet, cfg.Pods, cfg.NetnsPrefix, guardChain(cfg.NetnsPrefix))
+	} else if err := checkFree(cfg); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel()
@@ -149,24 +175,24 @@ func (c *Cluster) Pod(i int) PodInfo {
 	if i < 0 || i >= c.cfg.Pods {
 		panic(fmt.Sprintf("chaos: pod %d of %d", i, c.cfg.Pods))
 	}
-	return c.cfg.pod(i)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.info[i]
 }
 
 // Pods returns every pod's addresses in index order.
 func (c *Cluster) Pods() []PodInfo {
-	out := make([]PodInfo, c.cfg.Pods)
-	for i := range out {
-		out[i] = c.cfg.pod(i)
-	}
-	return out
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.info)
 }
 
 // APIAddrs returns the sidecars' API addresses: the kvroute Service's
 // endpoints.
 func (c *Cluster) APIAddrs() []string {
-	out := make([]string, c.cfg.Pods)
-	for i := range out {
-		out[i] = c.cfg.pod(i).API
+	var out []string
+	for _, p := range c.Pods() {
+		out = append(out, p.API)
 	}
 	return out
 }
@@ -174,9 +200,9 @@ func (c *Cluster) APIAddrs() []string {
 // SimAddrs returns the simulators' addresses: the endpoints of a Service
 // straight to vLLM, and of the baseline proxy.
 func (c *Cluster) SimAddrs() []string {
-	out := make([]string, c.cfg.Pods)
-	for i := range out {
-		out[i] = c.cfg.pod(i).SimAddr
+	var out []string
+	for _, p := range c.Pods() {
+		out = append(out, p.SimAddr)
 	}
 	return out
 }
@@ -189,14 +215,30 @@ func (c *Cluster) ServiceAddr(port int) string {
 
 // LogPath returns the log file of pod i's component ("sim" or "sidecar").
 func (c *Cluster) LogPath(i int, component string) string {
-	return filepath.Join(c.cfg.Dir, "logs", c.cfg.pod(i).Name+"-"+component+".log")
+	return filepath.Join(c.cfg.Dir, "logs", c.Pod(i).Name+"-"+component+".log")
+}
+
+// command prefixes a pod's command line with what puts it in the pod's
+// network namespace (nothing in loopback mode).
+func (c *Cluster) command(p PodInfo, bin string, args []string) (string, []string, error) {
+	if c.net == nil {
+		return bin, args, nil
+	}
+	pre, err := c.net.Exec(p.Name)
+	if err != nil {
+		return "", nil, err
+	}
+	return pre[0], append(append(pre[1:], bin), args...), nil
 }
 
 func (c *Cluster) startSim(i int) error {
-	p := c.cfg.pod(i)
+	p := c.Pod(i)
 	removeSockets(p)
-	pr, err := startProc(p.Name+"-sim", filepath.Join(c.bin, SimBinary), c.cfg.simArgs(p), c.env,
-		c.LogPath(i, "sim"), c.cfg.StopGrace)
+	bin, args, err := c.command(p, filepath.Join(c.bin, SimBinary), c.cfg.simArgs(p))
+	if err != nil {
+		return err
+	}
+	pr, err := startProc(p.Name+"-sim", bin, args, c.env, c.LogPath(i, "sim"), c.cfg.StopGrace)
 	if err != nil {
 		return err
 	}
@@ -210,11 +252,19 @@ func (c *Cluster) startSim(i int) error {
 }
 
 func (c *Cluster) startSidecar(i int) error {
-	p := c.cfg.pod(i)
-	bin, args := filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgs(p)
+	p := c.Pod(i)
+	var seeds []string
+	for j := 0; j < c.cfg.Pods && j < 2; j++ {
+		seeds = append(seeds, c.Pod(j).Gossip)
+	}
+	bin, args := filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgsJoin(p, seeds)
 	if c.cfg.SidecarCPUs != "" {
 		// taskset execs the sidecar in its own process: signals still reach it.
 		bin, args = "taskset", append([]string{"-c", c.cfg.SidecarCPUs, bin}, args...)
+	}
+	bin, args, err := c.command(p, bin, args)
+	if err != nil {
+		return err
 	}
 	env := append(slices.Clip(c.env), c.cfg.SidecarEnv...)
 	pr, err := startProc(p.Name+"-sidecar", bin, args, env, c.LogPath(i, "sidecar"), c.cfg.StopGrace)
@@ -273,11 +323,30 @@ func (c *Cluster) Stop() {
 		}
 	}
 	wg.Wait()
-	for i := range c.cfg.Pods {
-		removeSockets(c.cfg.pod(i))
+	for _, p := range c.Pods() {
+		removeSockets(p)
+	}
+	if c.net != nil {
+		drops, err := c.net.Close(context.Background())
+		c.mu.Lock()
+		c.guardDrops, c.guardErr = drops, err
+		c.mu.Unlock()
+		fmt.Fprintf(c.cfg.Progress, "chaos: netns removed; egress guard dropped %d packets\n", drops)
 	}
 	fmt.Fprintf(c.cfg.Progress, "chaos: cluster stopped\n")
 }
+
+// GuardDrops returns the egress guard's final packet count, valid after
+// Stop in netns mode; err says why it could not be read (or the teardown
+// failed).
+func (c *Cluster) GuardDrops() (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.guardDrops, c.guardErr
+}
+
+// Netns reports whether the pods run in network namespaces.
+func (c *Cluster) Netns() bool { return c.net != nil }
 
 // Running reports whether pod i's simulator and sidecar processes are alive
 // (sidecar is false in a simulator-only cluster).

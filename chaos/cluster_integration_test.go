@@ -43,10 +43,9 @@ func (p progress) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func startCluster(t *testing.T, sidecars bool) *Cluster {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+// testConfig is the tests' 3-pod cluster: fast simulated time, a short
+// stop grace, its own subnet and directory.
+func testConfig(t *testing.T, sidecars bool) ClusterConfig {
 	cfg := LocalConfig()
 	cfg.Dir = shortDir(t)
 	cfg.Subnet = testSubnet()
@@ -55,7 +54,14 @@ func startCluster(t *testing.T, sidecars bool) *Cluster {
 	cfg.Sim.NumGPUBlocks = 2000
 	cfg.Sim.TimeScale = 50
 	cfg.Progress = progress{t}
-	c, err := Start(ctx, cfg)
+	return cfg
+}
+
+func startCluster(t *testing.T, sidecars bool) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Start(ctx, testConfig(t, sidecars))
 	if err != nil {
 		t.Fatal(err)
 	}

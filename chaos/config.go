@@ -62,6 +62,13 @@ type ClusterConfig struct {
 	StopGrace time.Duration
 	// PollInterval is how often readiness is polled (default 50ms).
 	PollInterval time.Duration
+	// Netns runs every pod in its own network namespace (see Netns) with
+	// Subnet as the bridge's /24 (default "10.253.0"): killing a pod
+	// removes a real address, partitions and gossip faults become
+	// possible. Needs root. NetnsPrefix names everything it creates
+	// (default "kvc"); two clusters at once need two prefixes and subnets.
+	Netns       bool
+	NetnsPrefix string
 }
 
 // Ports are a pod's ports. Zero fields take the Kubernetes values.
@@ -122,6 +129,12 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 	}
 	if c.Subnet == "" {
 		c.Subnet = d.Subnet
+		if c.Netns {
+			c.Subnet = "10.253.0"
+		}
+	}
+	if c.NetnsPrefix == "" {
+		c.NetnsPrefix = "kvc"
 	}
 	if c.Ports.API == 0 {
 		c.Ports.API = d.Ports.API
@@ -161,8 +174,12 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 		return c, fmt.Errorf("%w: pods %d not in 1..253", ErrConfig, c.Pods)
 	case c.Dir == "":
 		return c, fmt.Errorf("%w: dir is required", ErrConfig)
-	case !validSubnet(c.Subnet):
+	case !c.Netns && !validSubnet(c.Subnet):
 		return c, fmt.Errorf("%w: subnet %q is not 127.x.y", ErrConfig, c.Subnet)
+	case c.Netns && (!validOctets(c.Subnet) || strings.HasPrefix(c.Subnet, "127.")):
+		return c, fmt.Errorf("%w: netns subnet %q is not a.b.c outside 127/8", ErrConfig, c.Subnet)
+	case c.Netns && !validPrefix(c.NetnsPrefix):
+		return c, fmt.Errorf("%w: netns prefix %q: want 2-6 of [a-z0-9]", ErrConfig, c.NetnsPrefix)
 	case c.Sim.Encoding != "map" && c.Sim.Encoding != "array":
 		return c, fmt.Errorf("%w: encoding %q", ErrConfig, c.Sim.Encoding)
 	}
@@ -174,19 +191,7 @@ func (c ClusterConfig) withDefaults() (ClusterConfig, error) {
 	return c, nil
 }
 
-func validSubnet(s string) bool {
-	parts := strings.Split(s, ".")
-	if len(parts) != 3 || parts[0] != "127" {
-		return false
-	}
-	for _, p := range parts {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 || n > 255 {
-			return false
-		}
-	}
-	return true
-}
+func validSubnet(s string) bool { return strings.HasPrefix(s, "127.") && validOctets(s) }
 
 // PodInfo is where pod i's processes listen.
 type PodInfo struct {
@@ -203,10 +208,15 @@ type PodInfo struct {
 	Events, Replay, Topic string
 }
 
-// pod computes pod i's addresses; it has no side effects.
+// pod computes pod i's addresses at start; it has no side effects.
 func (c ClusterConfig) pod(i int) PodInfo {
-	host := fmt.Sprintf("%s.%d", c.Subnet, i+2)
-	name := fmt.Sprintf("pod%d", i+1)
+	return c.podAt(i, i+2, fmt.Sprintf("pod%d", i+1))
+}
+
+// podAt is pod i's addresses on host Subnet.hostNum under name: a replaced
+// pod gets a new name and a new address, as a Deployment's new pod does.
+func (c ClusterConfig) podAt(i, hostNum int, name string) PodInfo {
+	host := fmt.Sprintf("%s.%d", c.Subnet, hostNum)
 	hp := func(p int) string { return net.JoinHostPort(host, strconv.Itoa(p)) }
 	sim := hp(c.Ports.VLLM)
 	return PodInfo{
@@ -257,6 +267,11 @@ func (c ClusterConfig) sidecarArgs(p PodInfo) []string {
 	for i := 0; i < c.Pods && i < 2; i++ {
 		seeds = append(seeds, c.pod(i).Gossip)
 	}
+	return c.sidecarArgsJoin(p, seeds)
+}
+
+// sidecarArgsJoin is sidecarArgs with the given seeds.
+func (c ClusterConfig) sidecarArgsJoin(p PodInfo, seeds []string) []string {
 	args := []string{
 		"serve",
 		"--listen", p.API,

@@ -23,4 +23,22 @@
 // Dir/logs/<pod>-{sim,sidecar}.log; Stop sends SIGTERM, waits
 // ClusterConfig.StopGrace, then SIGKILLs, reaps every process and removes
 // the sockets, whatever state the fault hooks left the pods in.
+//
+// Two network modes. Loopback (the default, no privileges): the pods share
+// the machine's network stack on 127.x.y.z addresses; kills, engine faults,
+// replacements and drains work, partitions and gossip faults do not.
+// Netns (ClusterConfig.Netns, root): each pod gets its own network
+// namespace with one address on a bridge the harness creates (Netns), so a
+// killed pod's address really goes, a partition cuts real links and
+// gossip loss and delay hit only gossip packets. An egress guard drops and
+// counts anything of the test range that would leave through another
+// interface; Stop removes namespaces, bridge and rules, and CleanupNetns
+// removes what a crashed run left (by name prefix).
+//
+// A chaos run on top (RunScenario) puts a Service in front that behaves
+// like Kubernetes' (readiness probes on the sidecars' /readyz, random per
+// connection, keep-alive connections pinned), sends a loadgen workload
+// through it, applies a Scenario's faults on a timeline, polls every
+// sidecar's /debug/peers to time detection, and classifies every failed
+// request (Result). cmd/chaos is its command line.
 package chaos

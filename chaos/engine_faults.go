@@ -5,19 +5,6 @@ import (
 	"fmt"
 )
 
-// KillSim SIGKILLs pod i's simulator only, as an OOM kill or a crash of the
-// vLLM container would: the sidecar keeps running and must notice.
-func (c *Cluster) KillSim(i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if sim, _ := c.procs(i); sim != nil {
-		sim.kill()
-	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim killed\n", c.cfg.pod(i).Name)
-	return nil
-}
-
 // StartSim starts pod i's simulator again after KillSim, with an empty
 // cache, a new hash seed and event sequence numbers from 0, and waits until
 // it answers /health. The sidecar is left alone: the kubelet restarts only
@@ -27,7 +14,7 @@ func (c *Cluster) StartSim(ctx context.Context, i int) error {
 		return err
 	}
 	if sim, _ := c.procs(i); sim != nil && !sim.exited() {
-		return fmt.Errorf("%s sim: still running", c.cfg.pod(i).Name)
+		return fmt.Errorf("%s sim: still running", c.Pod(i).Name)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
 	defer cancel()
@@ -37,6 +24,6 @@ func (c *Cluster) StartSim(ctx context.Context, i int) error {
 	if err := c.waitSim(ctx, i); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim restarted\n", c.cfg.pod(i).Name)
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim restarted\n", c.Pod(i).Name)
 	return nil
 }

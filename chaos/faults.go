@@ -3,8 +3,11 @@ package chaos
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -14,30 +17,28 @@ import (
 
 // Kill SIGKILLs pod i's simulator and sidecar, as a node failure or an
 // OOM kill of the pod would. Killing a dead pod is not an error.
-func (c *Cluster) Kill(i int) error {
+func (c *Cluster) Kill(i int) error { return c.kill(i, true, true, "") }
+
+// KillSidecar SIGKILLs pod i's sidecar only: its vLLM keeps serving, the
+// mesh must notice the member is gone.
+func (c *Cluster) KillSidecar(i int) error { return c.kill(i, false, true, " sidecar") }
+
+// KillSim SIGKILLs pod i's simulator only, as an OOM kill or a crash of the
+// vLLM container would: the sidecar keeps running and must notice.
+func (c *Cluster) KillSim(i int) error { return c.kill(i, true, false, " sim") }
+
+func (c *Cluster) kill(i int, simToo, sidecarToo bool, what string) error {
 	if err := c.check(i); err != nil {
 		return err
 	}
 	sim, sc := c.procs(i)
-	for _, pr := range []*proc{sc, sim} {
-		if pr != nil {
-			pr.kill()
-		}
-	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s killed\n", c.cfg.pod(i).Name)
-	return nil
-}
-
-// KillSidecar SIGKILLs pod i's sidecar only: its vLLM keeps serving, the
-// mesh must notice the member is gone.
-func (c *Cluster) KillSidecar(i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if _, sc := c.procs(i); sc != nil {
+	if sc != nil && sidecarToo {
 		sc.kill()
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sidecar killed\n", c.cfg.pod(i).Name)
+	if sim != nil && simToo {
+		sim.kill()
+	}
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s%s killed\n", c.Pod(i).Name, what)
 	return nil
 }
 
@@ -49,6 +50,12 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 	if err := c.check(i); err != nil {
 		return err
 	}
+	c.stopPod(i)
+	return c.startPod(ctx, i)
+}
+
+// stopPod ends pod i's processes: SIGTERM, SIGKILL after StopGrace.
+func (c *Cluster) stopPod(i int) {
 	sim, sc := c.procs(i)
 	for _, pr := range []*proc{sc, sim} {
 		if pr != nil {
@@ -56,6 +63,10 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 			pr.stop()
 		}
 	}
+}
+
+// startPod starts pod i's simulator and sidecar and waits as Restart does.
+func (c *Cluster) startPod(ctx context.Context, i int) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
 	defer cancel()
 	if err := c.startSim(i); err != nil {
@@ -65,7 +76,7 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 		return err
 	}
 	if !c.cfg.Sidecars {
-		fmt.Fprintf(c.cfg.Progress, "chaos: %s restarted\n", c.cfg.pod(i).Name)
+		fmt.Fprintf(c.cfg.Progress, "chaos: %s restarted\n", c.Pod(i).Name)
 		return nil
 	}
 	return c.RestartSidecar(ctx, i)
@@ -96,7 +107,7 @@ func (c *Cluster) RestartSidecar(ctx context.Context, i int) error {
 			return err
 		}
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s restarted\n", c.cfg.pod(i).Name)
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s restarted\n", c.Pod(i).Name)
 	return nil
 }
 
@@ -117,12 +128,12 @@ func (c *Cluster) signalSim(i int, sig syscall.Signal, what string) error {
 	}
 	sim, _ := c.procs(i)
 	if sim == nil {
-		return fmt.Errorf("%s sim: not started", c.cfg.pod(i).Name)
+		return fmt.Errorf("%s sim: not started", c.Pod(i).Name)
 	}
 	if err := sim.signal(sig); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim %s\n", c.cfg.pod(i).Name, what)
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s sim %s\n", c.Pod(i).Name, what)
 	return nil
 }
 
@@ -162,7 +173,7 @@ func (c *Cluster) SimCache(ctx context.Context, i int) (SimCache, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.pod(i).SimURL+"/sim/cache", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Pod(i).SimURL+"/sim/cache", nil)
 	if err != nil {
 		return SimCache{}, err
 	}
@@ -180,4 +191,145 @@ func (c *Cluster) SimCache(ctx context.Context, i int) (SimCache, error) {
 		return SimCache{}, fmt.Errorf("sim cache: %w", err)
 	}
 	return sc, nil
+}
+
+// ErrNeedNetns reports a fault that only netns mode can inject.
+var ErrNeedNetns = errors.New("needs netns mode (root; --netns)")
+
+// Replace kills pod i (SIGKILL, as a node loss) and starts a new pod in
+// its place (Renew). It returns once the new pod is ready and every live
+// sidecar sees it.
+func (c *Cluster) Replace(ctx context.Context, i int) error {
+	if err := c.Kill(i); err != nil {
+		return err
+	}
+	return c.Renew(ctx, i)
+}
+
+// Renew ends pod i's processes (SIGTERM, SIGKILL after StopGrace; a killed
+// pod has none left) and starts a new pod in its place under a new name
+// ("pod<i+1>-r<n>") at a new address, with an empty cache, as a
+// Deployment's replacement pod. In netns mode the old address disappears
+// from the network with its namespace. It returns once the new pod is
+// ready and every live sidecar sees it.
+func (c *Cluster) Renew(ctx context.Context, i int) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	c.stopPod(i)
+	old := c.Pod(i)
+	if c.net != nil {
+		if err := c.net.RemovePod(ctx, old.Name); err != nil {
+			return err
+		}
+	}
+	removeSockets(old)
+	c.mu.Lock()
+	c.gen[i]++
+	host := c.next
+	c.next++
+	name := fmt.Sprintf("pod%d-r%d", i+1, c.gen[i])
+	c.mu.Unlock()
+	if host > 254 {
+		return fmt.Errorf("renew %s: subnet %s has no address left", old.Name, c.cfg.Subnet)
+	}
+	p := c.cfg.podAt(i, host, name)
+	if c.net != nil {
+		if _, err := c.net.AddPod(ctx, p.Name, p.Host); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.info[i] = p
+	c.mu.Unlock()
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s replaced by %s at %s\n", old.Name, p.Name, p.Host)
+	return c.startPod(ctx, i)
+}
+
+// Partition cuts pod i from the other pods (gossip and forwards) while the
+// Service and the harness still reach it; on=false heals.
+func (c *Cluster) Partition(ctx context.Context, i int, on bool) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	if c.net == nil {
+		return fmt.Errorf("partition: %w", ErrNeedNetns)
+	}
+	if err := c.net.Partition(ctx, c.Pod(i).Name, on); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.cfg.Progress, "chaos: %s partition %v\n", c.Pod(i).Name, on)
+	return nil
+}
+
+// GossipLoss drops percent of pod i's outgoing gossip packets (0 clears).
+func (c *Cluster) GossipLoss(ctx context.Context, i int, percent float64) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	if c.net == nil {
+		return fmt.Errorf("gossip-loss: %w", ErrNeedNetns)
+	}
+	return c.net.GossipLoss(ctx, c.Pod(i).Name, c.cfg.Ports.Gossip, percent)
+}
+
+// GossipDelay delays pod i's outgoing gossip packets by d (0 clears).
+func (c *Cluster) GossipDelay(ctx context.Context, i int, d time.Duration) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	if c.net == nil {
+		return fmt.Errorf("gossip-delay: %w", ErrNeedNetns)
+	}
+	return c.net.GossipDelay(ctx, c.Pod(i).Name, c.cfg.Ports.Gossip, d)
+}
+
+// SetDropRate makes pod i's simulator drop that fraction of its live
+// KV-event batches (still replayable), through POST /sim/drop-rate.
+func (c *Cluster) SetDropRate(ctx context.Context, i int, rate float64) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	body := fmt.Sprintf(`{"drop_rate":%g}`, rate)
+	st, b, err := c.post(ctx, c.Pod(i).SimURL+"/sim/drop-rate", body)
+	if err != nil {
+		return fmt.Errorf("drop rate %s: %w", c.Pod(i).Name, err)
+	}
+	if st != http.StatusOK {
+		return fmt.Errorf("drop rate %s: status %d: %s", c.Pod(i).Name, st, b)
+	}
+	return nil
+}
+
+// Drain asks pod i's sidecar to drain (POST /drain: leave the mesh, refuse
+// forwards, wait for requests in flight), as a preStop hook does.
+func (c *Cluster) Drain(ctx context.Context, i int) error {
+	if err := c.check(i); err != nil {
+		return err
+	}
+	st, b, err := c.post(ctx, "http://"+c.Pod(i).Admin+"/drain", "")
+	if err != nil {
+		return fmt.Errorf("drain %s: %w", c.Pod(i).Name, err)
+	}
+	if st != http.StatusOK {
+		return fmt.Errorf("drain %s: status %d: %s", c.Pod(i).Name, st, b)
+	}
+	return nil
+}
+
+// post sends body to url with a client that waits as long as ctx allows
+// (a drain waits for requests in flight).
+func (c *Cluster) post(ctx context.Context, url, body string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	return resp.StatusCode, b, err
 }

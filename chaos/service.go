@@ -6,6 +6,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -14,45 +16,123 @@ import (
 type ServiceConfig struct {
 	// Addr is the listen address, e.g. "127.0.0.1:8000"; port 0 picks one.
 	Addr string
-	// Backends are the endpoints' host:port addresses.
+	// Backends are endpoints without a readiness probe, always ready.
 	Backends []string
+	// Endpoints are probed endpoints (see Probe); a Service may have both.
+	Endpoints []Endpoint
 	// Seed seeds the per-connection choice, so a run can be repeated.
 	Seed uint64
 	// DialTimeout bounds connecting to the chosen backend (default 1s).
 	// kube-proxy does not retry another endpoint: a dial failure closes the
 	// client's connection, as a SYN to a dead pod would end in a reset.
 	DialTimeout time.Duration
+	// Probe is the readiness probe of Endpoints.
+	Probe ProbeConfig
+	// Progress gets a line per readiness change; nil: none.
+	Progress io.Writer
+}
+
+// Endpoint is a probed backend: a pod's API address and its readiness URL.
+type Endpoint struct {
+	Name, Addr string
+	// ReadyURL is probed with GET; 200-399 passes. "" means always ready.
+	ReadyURL string
+}
+
+// ProbeConfig is a Kubernetes readinessProbe. The Service learns of a
+// failure only after Period × FailureThreshold, as the endpoints controller
+// does; a new endpoint takes traffic after SuccessThreshold passes.
+type ProbeConfig struct {
+	Period           time.Duration // default 1s (Kubernetes: 10s)
+	Timeout          time.Duration // default 1s, as Kubernetes
+	FailureThreshold int           // default 3, as Kubernetes
+	SuccessThreshold int           // default 1, as Kubernetes
+}
+
+func (p ProbeConfig) withDefaults() ProbeConfig {
+	if p.Period <= 0 {
+		p.Period = time.Second
+	}
+	if p.Timeout <= 0 {
+		p.Timeout = time.Second
+	}
+	if p.FailureThreshold <= 0 {
+		p.FailureThreshold = 3
+	}
+	if p.SuccessThreshold <= 0 {
+		p.SuccessThreshold = 1
+	}
+	return p
+}
+
+// Transition is one readiness change the Service saw.
+type Transition struct {
+	At    time.Time
+	Name  string
+	Ready bool
+	Why   string
+}
+
+// ConnRecord is one accepted client connection: its client address, when
+// it came, the endpoint it was spliced to and whether that dial failed.
+type ConnRecord struct {
+	Client  string
+	At      time.Time
+	Name    string // endpoint name; the address for a plain backend
+	Backend string
+	DialErr bool
+}
+
+// endpoint is an Endpoint's probe state.
+type endpoint struct {
+	Endpoint
+	ready            bool
+	passes, failures int
+	terminating      bool
 }
 
 // Service is a Kubernetes ClusterIP Service as kube-proxy's iptables mode
-// implements it: for every accepted connection it picks a backend uniformly
-// at random and splices bytes both ways. Balancing is per connection, so a
-// keep-alive client sends all its requests to one pod, and per-request
-// connections spread (kubernetes#64580).
+// implements it: for every accepted connection it picks a ready endpoint
+// uniformly at random and splices bytes both ways. Balancing is per
+// connection, so a keep-alive client sends all its requests to one pod
+// until the pod closes the connection, and per-request connections spread
+// (kubernetes#64580). With no ready endpoint a connection is refused
+// (closed at once), as kube-proxy's REJECT rule does.
 type Service struct {
 	cfg ServiceConfig
 	ln  net.Listener
+	hc  *http.Client
 
 	mu       sync.Mutex
 	rng      *rand.Rand
 	backends []string
+	eps      []*endpoint
 	counts   map[string]int // connections accepted per backend
 	failed   int            // dials that failed
+	refused  int            // connections with no ready endpoint
 	conns    map[net.Conn]struct{}
+	log      []ConnRecord
+	trans    []Transition
 	closed   bool
 
-	wg sync.WaitGroup
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 // ListenService listens on cfg.Addr and serves until Close. The accept
-// loop and one goroutine pair per connection exit when Close is called.
+// loop, the probe loop and one goroutine pair per connection exit when
+// Close is called.
 func ListenService(cfg ServiceConfig) (*Service, error) {
-	if len(cfg.Backends) == 0 {
+	if len(cfg.Backends) == 0 && len(cfg.Endpoints) == 0 {
 		return nil, errors.New("service: no backends")
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = time.Second
 	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	cfg.Probe = cfg.Probe.withDefaults()
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("service: %w", err)
@@ -60,12 +140,16 @@ func ListenService(cfg ServiceConfig) (*Service, error) {
 	s := &Service{
 		cfg:      cfg,
 		ln:       ln,
+		hc:       &http.Client{Timeout: cfg.Probe.Timeout, Transport: &http.Transport{DisableKeepAlives: true}},
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		backends: append([]string(nil), cfg.Backends...),
 		counts:   make(map[string]int),
 		conns:    make(map[net.Conn]struct{}),
+		stop:     make(chan struct{}),
 	}
+	s.setEndpoints(cfg.Endpoints, true)
 	s.wg.Go(s.accept)
+	s.wg.Go(s.probeLoop)
 	return s, nil
 }
 
@@ -75,9 +159,8 @@ func (s *Service) Addr() string { return s.ln.Addr().String() }
 // URL returns "http://" + Addr().
 func (s *Service) URL() string { return "http://" + s.Addr() }
 
-// SetBackends replaces the endpoint list for new connections, as the
-// endpoints controller does when a pod turns unready; open connections stay.
-// An empty list is ignored.
+// SetBackends replaces the unprobed endpoint list for new connections;
+// open connections stay. An empty list is ignored.
 func (s *Service) SetBackends(b []string) {
 	if len(b) == 0 {
 		return
@@ -85,6 +168,86 @@ func (s *Service) SetBackends(b []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.backends = append([]string(nil), b...)
+}
+
+// SetEndpoints replaces the probed endpoints, as a Deployment's pods come
+// and go. An endpoint already known (same Name and Addr) keeps its state;
+// a new one takes traffic only after its probe passes.
+func (s *Service) SetEndpoints(eps []Endpoint) { s.setEndpoints(eps, false) }
+
+// setEndpoints: initial endpoints of a new Service start ready, as the
+// pods of an existing Deployment are.
+func (s *Service) setEndpoints(eps []Endpoint, initial bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := make(map[Endpoint]*endpoint, len(s.eps))
+	for _, e := range s.eps {
+		old[e.Endpoint] = e
+	}
+	s.eps = s.eps[:0:0]
+	for _, e := range eps {
+		if o, ok := old[e]; ok {
+			s.eps = append(s.eps, o)
+			continue
+		}
+		s.eps = append(s.eps, &endpoint{Endpoint: e, ready: initial || e.ReadyURL == ""})
+	}
+}
+
+// Terminate takes the endpoint named name out of rotation at once, as the
+// endpoints controller does for a pod being deleted (before its preStop
+// hook runs); open connections stay. SetEndpoints without it forgets it.
+func (s *Service) Terminate(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.eps {
+		if e.Name == name && !e.terminating {
+			e.terminating = true
+			s.transition(e, false, "terminating")
+		}
+	}
+}
+
+// transition records a readiness change; s.mu is held.
+func (s *Service) transition(e *endpoint, ready bool, why string) {
+	if e.ready == ready && why != "terminating" {
+		return
+	}
+	e.ready = ready
+	t := Transition{At: time.Now(), Name: e.Name, Ready: ready, Why: why}
+	s.trans = append(s.trans, t)
+	state := "not ready"
+	if ready {
+		state = "ready"
+	}
+	fmt.Fprintf(s.cfg.Progress, "service: %s %s (%s)\n", e.Name, state, why)
+}
+
+// Ready returns the names of the endpoints new connections may go to.
+func (s *Service) Ready() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, e := range s.eps {
+		if e.ready && !e.terminating {
+			out = append(out, e.Name)
+		}
+	}
+	return out
+}
+
+// Transitions returns every readiness change so far.
+func (s *Service) Transitions() []Transition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.trans)
+}
+
+// Conns returns every accepted connection so far, in order.
+func (s *Service) Conns() []ConnRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.log)
 }
 
 // Counts returns how many connections went to each backend so far, and how
@@ -99,8 +262,8 @@ func (s *Service) Counts() (perBackend map[string]int, failed int) {
 	return out, s.failed
 }
 
-// Close stops accepting, closes every open connection and waits for the
-// Service's goroutines to exit.
+// Close stops accepting and probing, closes every open connection and
+// waits for the Service's goroutines to exit.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -108,6 +271,7 @@ func (s *Service) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.stop)
 	for c := range s.conns {
 		c.Close()
 	}
@@ -115,6 +279,69 @@ func (s *Service) Close() error {
 	err := s.ln.Close()
 	s.wg.Wait()
 	return err
+}
+
+// probeLoop probes every probed endpoint each Period until Close.
+func (s *Service) probeLoop() {
+	t := time.NewTicker(s.cfg.Probe.Period)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		eps := slices.Clone(s.eps)
+		s.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, e := range eps {
+			if e.ReadyURL == "" || e.terminating {
+				continue
+			}
+			wg.Go(func() {
+				ok, why := s.probe(e.ReadyURL)
+				s.record(e, ok, why)
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// probe runs one readiness check.
+func (s *Service) probe(url string) (bool, string) {
+	resp, err := s.hc.Get(url)
+	if err != nil {
+		return false, "probe: " + err.Error()
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode >= 200 && resp.StatusCode < 400 {
+		return true, "probe passed"
+	}
+	return false, fmt.Sprintf("probe status %d", resp.StatusCode)
+}
+
+// record applies one probe result with the thresholds.
+func (s *Service) record(e *endpoint, ok bool, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.terminating {
+		return
+	}
+	if ok {
+		e.failures = 0
+		e.passes++
+		if !e.ready && e.passes >= s.cfg.Probe.SuccessThreshold {
+			s.transition(e, true, why)
+		}
+		return
+	}
+	e.passes = 0
+	e.failures++
+	if e.ready && e.failures >= s.cfg.Probe.FailureThreshold {
+		s.transition(e, false, fmt.Sprintf("%d failed probes, last: %s", e.failures, why))
+	}
 }
 
 // accept runs until the listener is closed.
@@ -130,24 +357,41 @@ func (s *Service) accept() {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
-		backend, ok := s.pick(c)
+		name, backend, ok := s.pick(c)
 		if !ok {
 			c.Close()
-			return
+			continue
 		}
-		s.wg.Go(func() { s.splice(c, backend) })
+		s.wg.Go(func() { s.splice(c, name, backend) })
 	}
 }
 
-// pick chooses a backend and registers c for Close; false when closed.
-func (s *Service) pick(c net.Conn) (string, bool) {
+// pick chooses a ready backend and registers c for Close; false when
+// closed or when no endpoint is ready.
+func (s *Service) pick(c net.Conn) (name, addr string, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return "", false
+		return "", "", false
+	}
+	type cand struct{ name, addr string }
+	var cands []cand
+	for _, b := range s.backends {
+		cands = append(cands, cand{b, b})
+	}
+	for _, e := range s.eps {
+		if e.ready && !e.terminating {
+			cands = append(cands, cand{e.Name, e.Addr})
+		}
+	}
+	if len(cands) == 0 {
+		s.refused++
+		s.log = append(s.log, ConnRecord{Client: c.RemoteAddr().String(), At: time.Now(), DialErr: true})
+		return "", "", false
 	}
 	s.conns[c] = struct{}{}
-	return s.backends[s.rng.IntN(len(s.backends))], true
+	pick := cands[s.rng.IntN(len(cands))]
+	return pick.name, pick.addr, true
 }
 
 func (s *Service) forget(cs ...net.Conn) {
@@ -161,9 +405,11 @@ func (s *Service) forget(cs ...net.Conn) {
 
 // splice connects client to backend and copies both ways until both
 // directions end; it returns when both connections are closed.
-func (s *Service) splice(client net.Conn, backend string) {
+func (s *Service) splice(client net.Conn, name, backend string) {
+	at := time.Now()
 	up, err := net.DialTimeout("tcp", backend, s.cfg.DialTimeout)
 	s.mu.Lock()
+	s.log = append(s.log, ConnRecord{Client: client.RemoteAddr().String(), At: at, Name: name, Backend: backend, DialErr: err != nil})
 	if err != nil {
 		s.failed++
 	} else {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -191,5 +192,101 @@ func TestServiceSetBackends(t *testing.T) {
 		if got := get(t, c, s.URL()); got != "b2" {
 			t.Fatalf("after SetBackends([b2]) a connection went to %s", got)
 		}
+	}
+}
+
+// probedBackend is an HTTP server that answers with its name and whose
+// /readyz can be switched off.
+type probedBackend struct {
+	Endpoint
+	ready atomic.Bool
+}
+
+func newProbed(t *testing.T, name string) *probedBackend {
+	t.Helper()
+	b := &probedBackend{}
+	b.ready.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			if !b.ready.Load() {
+				http.Error(w, "engine down", http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(w, "ok")
+			return
+		}
+		io.WriteString(w, name)
+	}))
+	t.Cleanup(srv.Close)
+	b.Endpoint = Endpoint{Name: name, Addr: strings.TrimPrefix(srv.URL, "http://"), ReadyURL: srv.URL + "/readyz"}
+	return b
+}
+
+// waitFor polls cond every 5ms for up to 5s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestServiceReadinessProbe(t *testing.T) {
+	a, b := newProbed(t, "a"), newProbed(t, "b")
+	s := listenService(t, ServiceConfig{Endpoints: []Endpoint{a.Endpoint, b.Endpoint}, Seed: 3,
+		Probe: ProbeConfig{Period: 10 * time.Millisecond, FailureThreshold: 3}})
+	if got := s.Ready(); len(got) != 2 {
+		t.Fatalf("Ready() = %v at start; want both initial endpoints", got)
+	}
+	b.ready.Store(false)
+	failedAt := time.Now()
+	waitFor(t, "b to leave the endpoints", func() bool { return len(s.Ready()) == 1 })
+	// Three failed probes at a 10ms period: not before ~20ms.
+	if d := time.Since(failedAt); d < 20*time.Millisecond {
+		t.Errorf("b removed %v after its probe failed; want >= 2 periods (threshold 3)", d)
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for range 20 {
+		if got := get(t, hc, s.URL()); got != "a" {
+			t.Fatalf("new connection went to %q while b is unready", got)
+		}
+	}
+	tr := s.Transitions()
+	if len(tr) != 1 || tr[0].Name != "b" || tr[0].Ready || !strings.Contains(tr[0].Why, "status 503") {
+		t.Errorf("Transitions() = %+v; want one: b not ready after status 503", tr)
+	}
+
+	// A new pod takes traffic only once its probe passed.
+	c := newProbed(t, "c")
+	c.ready.Store(false)
+	s.SetEndpoints([]Endpoint{a.Endpoint, b.Endpoint, c.Endpoint})
+	time.Sleep(50 * time.Millisecond) // several periods: c must stay out
+	if got := s.Ready(); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("Ready() = %v with c failing its probe; want [a]", got)
+	}
+	c.ready.Store(true)
+	waitFor(t, "c to become ready", func() bool { return len(s.Ready()) == 2 })
+
+	// Terminating takes a pod out at once, whatever its probe says.
+	s.Terminate("a")
+	if got := s.Ready(); len(got) != 1 || got[0] != "c" {
+		t.Errorf("Ready() = %v after Terminate(a); want [c]", got)
+	}
+	s.Terminate("c")
+	// No endpoint ready: the connection is refused (closed at once).
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := conn.Read(make([]byte, 1)); err == nil {
+		t.Errorf("read %d bytes from a Service without ready endpoints; want the connection closed", n)
+	}
+	logged := s.Conns()
+	if len(logged) == 0 || !logged[len(logged)-1].DialErr {
+		t.Errorf("Conns() last = %+v; want the refused connection recorded", logged)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // waitSim polls pod i's simulator /health until 200, ctx ends or the
 // process exits.
 func (c *Cluster) waitSim(ctx context.Context, i int) error {
-	p := c.cfg.pod(i)
+	p := c.Pod(i)
 	begin := time.Now()
 	sim, _ := c.procs(i)
 	err := c.poll(ctx, sim, func(ctx context.Context) (bool, string) {
@@ -33,14 +33,14 @@ func (c *Cluster) waitSim(ctx context.Context, i int) error {
 // waitSidecar polls pod i's sidecar until /readyz answers 200 and
 // /debug/peers lists every pod whose sidecar runs.
 func (c *Cluster) waitSidecar(ctx context.Context, i int) error {
-	p := c.cfg.pod(i)
+	p := c.Pod(i)
 	begin := time.Now()
 	_, sc := c.procs(i)
 	// Pods a scenario killed are not expected back in the mesh.
 	var want []string
 	for j := range c.cfg.Pods {
 		if _, sc := c.procs(j); sc != nil && !sc.exited() {
-			want = append(want, c.cfg.pod(j).Name)
+			want = append(want, c.Pod(j).Name)
 		}
 	}
 	err := c.poll(ctx, sc, func(ctx context.Context) (bool, string) {

@@ -91,7 +91,7 @@ func TestBadInput(t *testing.T) {
 		{"trailing data", "POST", "/v1/completions", []byte(`{"prompt":"hi"} {}`), 400, "BadRequestError"},
 		{"body over --max-body-bytes", "POST", "/v1/completions", big, 413, "RequestEntityTooLargeError"},
 		// Valid JSON the router cannot route on is served, not refused
-		// (DESIGN.md D6): vLLM's own 400 comes back.
+		// (docs/design.md D6): vLLM's own 400 comes back.
 		{"no prompt", "POST", "/v1/completions", []byte(`{"model":"sim-model"}`), 400, ""},
 		{"unknown model", "POST", "/v1/completions", []byte(`{"model":"nope","prompt":"hi"}`), 404, ""},
 		{"models list passes through", "GET", "/v1/models", nil, 200, ""},

@@ -194,6 +194,19 @@ func runtimeLoadAndUnload(t *testing.T, f *fixture) {
 		}
 	}
 	f.waitRoute(t, 0, bodyFor("carol", join(prompt, tokens(rng, 8)), 4), f.c.Pod(x).Name, 8)
+	// A text prompt for carol is tokenized where it arrives; pod1's vLLM
+	// has no carol and answers its /tokenize with 404, so the sidecar
+	// tokenizes it as the base model's (an adapter shares its tokenizer)
+	// and still finds carol's blocks on the holder.
+	var words []string
+	for range 240 {
+		words = append(words, fmt.Sprintf("w%d", rng.IntN(5000)))
+	}
+	text, _ := json.Marshal(map[string]any{"model": "carol", "prompt": strings.Join(words, " "), "max_tokens": 4})
+	if got, r := f.servedAt(t, x, text); got != x {
+		t.Fatalf("carol text prompt via its holder: served by %s", r.ServedBy)
+	}
+	f.waitRoute(t, 0, text, f.c.Pod(x).Name, 8)
 
 	f.adapterPost(t, f.c.Pod(x).API, "/v1/unload_lora_adapter", "carol")
 	took = f.waitEligible(t, b, x, false, 5*time.Second)

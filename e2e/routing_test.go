@@ -50,7 +50,7 @@ func TestCachedPrefixIsServedByHolder(t *testing.T) {
 // ~25 ms, grows.
 //
 // Size: 2 requests per sidecar, 6 in all, not 24, because the load bound
-// is meant to split a larger burst (DESIGN.md D4: never a hot spot). A
+// is meant to split a larger burst (docs/design.md D4: never a hot spot). A
 // peer is over the bound when Load+1 > max(2·m, m+4), m the mean load
 // counting this request (route.DefaultConfig): with T burst requests in
 // flight on 3 pods the winner spills from T = 6 on. The prefix is 1024

@@ -1,5 +1,5 @@
 // Package engine decides whether the pod's vLLM can serve, as its sidecar
-// sees it (DESIGN.md D10): starting, serving or down.
+// sees it (docs/design.md D10): starting, serving or down.
 //
 // Tracker is the rule, a pure state machine: health probes and failed local
 // requests go in, state transitions come out, time is an argument. Watcher

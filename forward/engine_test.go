@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -110,53 +109,4 @@ func TestLocalEngineDownRoutesToPeers(t *testing.T) {
 			t.Errorf("local candidate excluded %q; want engine down", cd.Excluded)
 		}
 	}
-}
-
-// TestTargetsWithoutLocalEngine checks the attempt order: local last while
-// it serves; replaced by more peers, the loaded ones last, while it does not.
-func TestTargetsWithoutLocalEngine(t *testing.T) {
-	a := newNode(t, "a")
-	peers := []route.PeerView{{ID: "a", Local: true}, {ID: "p", Addr: "p:1"}, {ID: "q", Addr: "q:1"}, {ID: "r", Addr: "r:1"}}
-	d := route.Decision{Target: "p", Candidates: []route.Candidate{
-		{ID: "a", Local: true, Eligible: true},
-		{ID: "p", Eligible: true, Chosen: true, Load: 1},
-		{ID: "q", Eligible: true, Over: true, Load: 9},
-		{ID: "r", Eligible: true, Load: 3},
-	}}
-	names := func(ts []target) []string {
-		var out []string
-		for _, tg := range ts {
-			out = append(out, peerName(tg.Peer))
-		}
-		return out
-	}
-	if got := names(a.h.targets(d, peers)); !equal(got, []string{"p", "r", "local"}) {
-		t.Errorf("local serving: %v; want [p r local]", got)
-	}
-	local := d
-	local.Target, local.Local = "a", true
-	local.Candidates = slices.Clone(d.Candidates)
-	local.Candidates[0].Chosen, local.Candidates[1].Chosen = true, false
-	if got := names(a.h.targets(local, peers)); !equal(got, []string{"local", "p", "r"}) {
-		t.Errorf("local chosen: %v; want [local p r] (peers take a request the engine dies with)", got)
-	}
-	a.h.SetLocalReady(false)
-	if got := names(a.h.targets(d, peers)); !equal(got, []string{"p", "r", "q"}) {
-		t.Errorf("local down: %v; want [p r q]", got)
-	}
-	if got := names(a.h.targets(route.Decision{Reason: route.ReasonNone}, peers)); !equal(got, []string{"local"}) {
-		t.Errorf("local down, no eligible peer: %v; want [local]", got)
-	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -31,6 +30,9 @@ const (
 	// before any byte of an answer: the sender tries its next candidate.
 	RefusedHeader = "X-Kvroute-Refused"
 )
+
+// errModelNotServed is a forwarded request's 404 from the local vLLM.
+var errModelNotServed = errors.New("the local vLLM does not serve the model")
 
 // Peers is the peer table as the front needs it; *gossip.Mesh satisfies it.
 type Peers interface {
@@ -91,6 +93,10 @@ type Config struct {
 	// failed before an answer (the engine watcher: a refused connection
 	// means the engine is gone).
 	LocalFailed func(error)
+	// ModelsChanged, if set, is told when the local vLLM answered a
+	// forwarded request that it does not serve its model (the advertised
+	// list is behind: an adapter was unloaded).
+	ModelsChanged func()
 }
 
 // DefaultConfig returns the defaults described on Config.
@@ -233,7 +239,7 @@ func (h *Handler) SetDraining(d bool) { h.draining.Store(d) }
 // SetLocalReady tells the front whether the local vLLM can take work. When
 // it cannot, routing chooses among peers only, and a forwarded request is
 // refused (503 with RefusedHeader) so that its sender tries another pod
-// (DESIGN.md D6).
+// (docs/design.md D6).
 func (h *Handler) SetLocalReady(ok bool) { h.localReady.Store(ok) }
 
 // Wait blocks until every request in flight has finished or ctx is done.
@@ -350,7 +356,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 }
 
 // keys computes the request's routing keys; any failure returns nil keys and
-// the request is routed by load alone (DESIGN.md D6).
+// the request is routed by load alone (docs/design.md D6).
 func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int) {
 	if perr != nil {
 		return nil, 0
@@ -417,53 +423,28 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 		p.Load.InFlight = h.flights.since(p.ID, p.LoadAt)
 	}
 	d := h.policy.Choose(req, peers, now)
+	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
 	return d, peers
 }
 
-// targets turns a decision into the ordered attempts: the chosen peer, the
-// next best eligible peers, then the local vLLM. While the local engine
-// cannot serve, the local attempt gives its place to another peer, even
-// one over the load bound, and stays only when no peer is eligible: a
-// loaded pod serves, a dead engine does not.
+// targets turns the decision's attempts (route.Attempts: the failover
+// order) into where to send them.
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
-	localOK := h.localReady.Load()
-	addr := make(map[string]string, len(peers))
-	for _, pv := range peers {
-		addr[pv.ID] = pv.Addr
-	}
 	var out []target
-	switch a := addr[d.Target]; {
-	case d.Local && localOK:
-		// Served here; if the engine dies with the request in hand, the
-		// next peers take it (and the local attempt is not repeated).
-		out = append(out, target{URL: h.cfg.VLLM})
-		localOK = false
-	case a != "" && !d.Local:
-		out = append(out, target{Peer: d.Target, URL: &url.URL{Scheme: "http", Host: a}})
-	}
-	var next []route.Candidate
-	for _, cd := range d.Candidates {
-		if cd.Eligible && !cd.Local && !cd.Chosen && (!cd.Over || !localOK) && addr[cd.ID] != "" {
-			next = append(next, cd)
-		}
-	}
-	sort.SliceStable(next, func(i, j int) bool {
-		if next[i].Over != next[j].Over {
-			return !next[i].Over
-		}
-		return next[i].Load < next[j].Load
-	})
-	room := h.cfg.Retry.MaxAttempts
-	if localOK {
-		room-- // the last attempt is local's
-	}
-	for _, cd := range next {
-		if len(out) >= room {
+	for _, id := range d.Attempts {
+		for _, pv := range peers {
+			switch {
+			case pv.ID != id:
+				continue
+			case pv.Local:
+				out = append(out, target{URL: h.cfg.VLLM})
+			case pv.Addr != "":
+				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
+			}
 			break
 		}
-		out = append(out, target{Peer: cd.ID, URL: &url.URL{Scheme: "http", Host: addr[cd.ID]}})
 	}
-	if localOK || len(out) == 0 {
+	if len(out) == 0 { // no candidates at all (an empty peer table)
 		out = append(out, target{URL: h.cfg.VLLM})
 	}
 	return out
@@ -530,6 +511,13 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if served != h.cfg.Self {
 		where = "peer"
 	}
+	if st.reason == "hop" && resp.StatusCode == http.StatusNotFound {
+		// vLLM's 404 on a completions path is a model it does not serve (an
+		// adapter unloaded since the sender's view): refuse, so the sender
+		// tries a pod that serves it.
+		resp.Body.Close()
+		return errModelNotServed
+	}
 	h.metrics.forwardSeconds.WithLabelValues(where).Observe(h.now().Sub(st.started).Seconds())
 	if resp.StatusCode == http.StatusOK && st.reason != "hop" {
 		resp.Body = newUsageTap(resp.Body, func(cached int) {
@@ -549,10 +537,19 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason == "hop" {
 		// Nothing reached the sender's client yet: let it try elsewhere.
-		h.metrics.badRequests.WithLabelValues("upstream").Inc()
+		reason, msg := "engine-unreachable", "the engine of this pod is unreachable: "+err.Error()
+		if errors.Is(err, errModelNotServed) {
+			reason, msg = "model", "this pod does not serve the requested model"
+			if h.cfg.ModelsChanged != nil {
+				h.cfg.ModelsChanged()
+			}
+		} else {
+			h.metrics.badRequests.WithLabelValues("upstream").Inc()
+		}
+		h.metrics.decisions.WithLabelValues("refused", reason).Inc()
 		h.log.Warn().Err(err).Str("req", st.id).Msg("local vLLM failed a forwarded request; refusing it")
-		w.Header().Set(RefusedHeader, "engine-unreachable")
-		writeJSON(w, http.StatusServiceUnavailable, newAPIError(http.StatusServiceUnavailable, "the engine of this pod is unreachable: "+err.Error()))
+		w.Header().Set(RefusedHeader, reason)
+		writeJSON(w, http.StatusServiceUnavailable, newAPIError(http.StatusServiceUnavailable, msg))
 		return
 	}
 	h.metrics.badRequests.WithLabelValues("upstream").Inc()
@@ -577,6 +574,12 @@ func hopReason(err error) string {
 		return "other_node"
 	}
 	return "malformed"
+}
+
+// Excluded returns why the front would choose p for no request now, or ""
+// (route.Excluded with the front's routing config).
+func (h *Handler) Excluded(p route.PeerView, now time.Time) string {
+	return route.Excluded(h.cfg.Route, p, now)
 }
 
 // Explain returns the decision the front would make for a request body,

@@ -12,7 +12,7 @@ import (
 
 // HopHeader marks a request one sidecar forwarded to another. The receiver
 // serves a request carrying a valid header locally: one hop, never a loop
-// (DESIGN.md D5).
+// (docs/design.md D5).
 const HopHeader = "X-Kvroute-Hop"
 
 // Hop errors say why a header was not trusted; the handler counts them and

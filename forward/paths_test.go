@@ -125,3 +125,28 @@ func TestUpstreamDiesMidStream(t *testing.T) {
 		t.Errorf("vLLM saw %d calls; want 1", c)
 	}
 }
+
+// TestHopForUnservedModelIsRefused: a forwarded request whose model the
+// local vLLM does not serve (an adapter unloaded since the sender looked)
+// is refused, so the sender tries a pod that serves it, and the models
+// watcher is told.
+func TestHopForUnservedModelIsRefused(t *testing.T) {
+	n := gatedNode(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"object":"error","message":"The model `+"`alice`"+` does not exist.","type":"NotFoundError","code":404}`)
+	})
+	var told atomic.Int32
+	n.h.cfg.ModelsChanged = func() { told.Add(1) }
+	valid := NewHop([]byte("k"), time.Minute).Sign("b", "a", time.Now())
+	resp := post(t, n.srv.URL+"/v1/completions", `{"model":"alice","prompt":"x"}`, map[string]string{HopHeader: valid})
+	if resp.StatusCode != 503 || resp.Header.Get(RefusedHeader) != "model" {
+		t.Fatalf("hop: %d, refused %q; want 503 model", resp.StatusCode, resp.Header.Get(RefusedHeader))
+	}
+	if told.Load() != 1 {
+		t.Errorf("ModelsChanged called %d times; want 1", told.Load())
+	}
+	own := post(t, n.srv.URL+"/v1/completions", `{"model":"alice","prompt":"x"}`, nil)
+	if own.StatusCode != 404 {
+		t.Errorf("a client's own request: %d; want vLLM's 404 passed through", own.StatusCode)
+	}
+}

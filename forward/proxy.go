@@ -36,7 +36,7 @@ func withPlan(ctx context.Context, p *plan) context.Context {
 // each target in turn while retryable says the failure happened before the
 // upstream could have started serving. ReverseProxy calls it once and writes
 // nothing to the client until it returns, so every retry here is before the
-// first response byte (DESIGN.md D5).
+// first response byte (docs/design.md D5).
 type attempts struct {
 	base  http.RoundTripper
 	hop   Hop

@@ -10,7 +10,7 @@ import (
 )
 
 // RetryConfig bounds how a request is retried before its first response
-// byte reaches the client (DESIGN.md D5).
+// byte reaches the client (docs/design.md D5).
 type RetryConfig struct {
 	// MaxAttempts counts every try, the final local one included.
 	// Default 3: the chosen peer, the next candidate, then local vLLM.

@@ -42,13 +42,14 @@ func benchPropagation(b *testing.B, n, publishers, rate, keysPerDelta int) {
 		fmt.Sscanf(name, "n%d", &i)
 		return i
 	}
-	ms := cluster(b, n, func(i int, c *Config) {
+	ms := clusterWith(b, n, func(i int, c *Config) {
 		c.Memberlist = nil
 		c.local = false // memberlist's DefaultLANConfig timings, as in pods
 		c.FullDigestInterval = 10 * time.Second
 		c.MetaInterval = time.Second
+	}, func(i int, h *hooks) {
 		o := recv[i]
-		c.applied = func(from string, v uint64) {
+		h.applied = func(from string, v uint64) {
 			now := time.Now()
 			o.mu.Lock()
 			defer o.mu.Unlock()

@@ -29,7 +29,7 @@ type Config struct {
 
 	// AdvertiseAddr and AdvertisePort are what peers dial, normally $POD_IP
 	// and BindPort. Empty lets memberlist pick a private IP, which fails on
-	// pod networks outside RFC 1918 (libraries.md §1.8), so set it in pods.
+	// pod networks outside RFC 1918 (docs/reference/libraries.md §1.8), so set it in pods.
 	// AdvertisePort 0 means BindPort.
 	AdvertiseAddr string
 	AdvertisePort int
@@ -42,7 +42,7 @@ type Config struct {
 
 	// RejoinInterval is how often seeds not in the member list are joined
 	// again, which heals partitions and startup races that memberlist never
-	// heals by itself (libraries.md §1.9). Each wait is jittered by ±20%.
+	// heals by itself (docs/reference/libraries.md §1.9). Each wait is jittered by ±20%.
 	// Default 30 s; 0 disables periodic rejoin (the first join still retries
 	// with backoff until it reaches someone).
 	RejoinInterval time.Duration
@@ -134,7 +134,7 @@ type Config struct {
 
 	// PacketBytes is the largest message sent by UDP; larger deltas go by
 	// TCP. Default 1200: memberlist's 1400-byte packet less the label,
-	// encryption and compound overhead (libraries.md §1.3).
+	// encryption and compound overhead (docs/reference/libraries.md §1.3).
 	PacketBytes int
 
 	// Log receives the mesh's and memberlist's logs; memberlist's "[LEVEL]"
@@ -146,9 +146,7 @@ type Config struct {
 	// tests, a CIDRsAllowed, or timings.
 	Memberlist func(*memberlist.Config)
 
-	local   bool                                // LocalConfig: memberlist.DefaultLocalConfig timings
-	dropOut func(peer string, b []byte) bool    // tests: lose chosen outgoing messages
-	applied func(origin string, version uint64) // tests: origin's copy is now at version; runs under the mesh lock
+	local bool // LocalConfig: memberlist.DefaultLocalConfig timings
 }
 
 // Resolver looks up seed host names. *net.Resolver satisfies it.

@@ -1,5 +1,5 @@
 // Package gossip is the sidecars' membership and their view of each other
-// (DESIGN.md D3): who is alive, where to forward, what each peer serves, how
+// (docs/design.md D3): who is alive, where to forward, what each peer serves, how
 // loaded it is, and which blocks its vLLM holds.
 //
 // Two channels carry this, for different reasons:
@@ -37,5 +37,39 @@
 // Inside, memberlist's callbacks only copy and hand off: NotifyMsg pushes a
 // copy onto a bounded inbox (dropped and counted when full) and one loop
 // decodes and applies messages; each peer has its own sender goroutine, so a
-// dead peer stalls only its own queue.
+// dead peer stalls only its own queue. Shutdown returns only once every
+// goroutine the mesh started has ended.
+//
+// Each job has its own file and, where its state is its own, its own lock:
+//
+//	msg.go        the message kinds: kind byte, name, decoder
+//	digest.go     the local digest, deltas, the full resend and repair (digest, delta)
+//	needfull.go   asking an origin for its full digest (need-full)
+//	load.go       load, engine state and claims pushed to every member; the push loop
+//	loadreport.go the load report's wire form and what a received one does (load)
+//	textprefix.go learned text prefixes shared with every member (text_prefix)
+//	advert.go     the node meta this node advertises; the meta loop
+//	members.go    the live peers and their senders (sender.go)
+//	table.go      the peers' state: plain data, time passed in
+//	meta.go       the node meta's wire form
+//	join.go       joining the seeds, and rejoining them
+//	stats.go      the counters, per kind by the kind byte
+//	config.go     Config and its presets
+//	mesh.go       Join, the receive loop, Snapshot, Shutdown
+//
+// # Adding a gossip message
+//
+// A new message touches two files. Write its own file with a type that
+// implements payload: encode (the kind byte, then the body), a decode
+// function for the body (bounded, never aliasing its input, every
+// malformation an error) and apply, which the receive loop calls with the
+// decoded message and the time; apply must not block and takes the mesh's
+// locks only in the order Mesh documents. Then add the kind byte to the
+// constants in msg.go and one line to its kinds table: the message is then
+// decoded, dispatched, counted in Stats (ByKind.All, by its name) and
+// round-tripped by FuzzDigestMsg (seed it there), with no switch to edit.
+// To send it, encode it and queue it on the senders (members.each with
+// sender.enqueue; reliable for what must not be lost). The load report's
+// decoder ignores bytes after the fields it knows, so a field appended to
+// it touches loadreport.go alone.
 package gossip

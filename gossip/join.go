@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
-	"strconv"
 	"time"
 )
 
@@ -17,7 +16,7 @@ const (
 // joiner joins the seeds: once at start, then with backoff until it reaches
 // someone, then every RejoinInterval, each time only the seed addresses that
 // are not live members. memberlist never heals a partition by itself
-// (libraries.md §1.9); this does.
+// (docs/reference/libraries.md §1.9); this does.
 type joiner struct {
 	m        *Mesh
 	seeds    []string
@@ -27,11 +26,12 @@ type joiner struct {
 }
 
 // loop runs the join schedule: a first attempt at once, whose result goes to
-// first (buffered), then retries. It returns when Shutdown closes done, or
-// after the first successful join when RejoinInterval is 0.
-func (j *joiner) loop(first chan<- bool) {
+// first (buffered), then retries. ctx, cancelled by Shutdown, ends seed
+// lookups in progress. It returns when Shutdown closes done, or after the
+// first successful join when RejoinInterval is 0.
+func (j *joiner) loop(ctx context.Context, first chan<- bool) {
 	defer j.m.wg.Done()
-	joined := j.attempt(context.Background())
+	joined := j.attempt(ctx)
 	first <- joined
 	every := j.m.cfg.RejoinInterval
 	backoff := firstBackoff
@@ -53,7 +53,7 @@ func (j *joiner) loop(first chan<- bool) {
 			return
 		case <-t.C:
 		}
-		ok := j.attempt(context.Background())
+		ok := j.attempt(ctx)
 		joined = joined || ok
 	}
 }
@@ -79,10 +79,7 @@ func (j *joiner) attempt(ctx context.Context) bool {
 		return true
 	}
 	ml := j.m.ml.Load()
-	live := map[string]bool{}
-	for _, n := range ml.Members() {
-		live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
-	}
+	live := j.m.members.addrs()
 	var todo []string
 	for _, a := range j.resolve(ctx) {
 		if !live[a] {

@@ -68,3 +68,38 @@ func TestResolveKeepsLastOnFailure(t *testing.T) {
 		t.Errorf("resolve with default port mismatch (-want +got):\n%s", diff)
 	}
 }
+
+// TestAttemptSkipsLiveSeeds checks a seed that is already a member is not
+// joined again, and that the live set comes from the nodes copied in the
+// event callbacks: n0's meta updates make memberlist rewrite its Node in
+// place at n1 all along, which -race reports if attempt reads memberlist's.
+func TestAttemptSkipsLiveSeeds(t *testing.T) {
+	ms := cluster(t, 2, nil)
+	live := ms[1].members.addrs()
+	if !live[gossipAddr(ms[0])] || !live[gossipAddr(ms[1])] || len(live) != 2 {
+		t.Fatalf("n1's live addresses = %v; want n0's %s and its own %s", live, gossipAddr(ms[0]), gossipAddr(ms[1]))
+	}
+	j := &joiner{m: ms[1], seeds: []string{gossipAddr(ms[0]), gossipAddr(ms[1])}, resolver: fakeResolver{}, last: map[string][]string{}}
+	before := ms[1].Stats().JoinAttempts
+	done := make(chan struct{})
+	go func() { // meta updates at once, one after another
+		defer close(done)
+		for i := range 100 {
+			ms[0].SetDraining(i%2 == 0)
+			time.Sleep(time.Millisecond) // pacing, so the updates go out one by one
+		}
+	}()
+	for i := 0; ; i++ {
+		if !j.attempt(context.Background()) {
+			t.Fatalf("attempt %d = false with every seed live; want true", i)
+		}
+		select {
+		case <-done:
+			if got := ms[1].Stats().JoinAttempts - before; got != 0 {
+				t.Errorf("%d join attempts with every seed live; want 0", got)
+			}
+			return
+		default:
+		}
+	}
+}

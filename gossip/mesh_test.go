@@ -36,15 +36,23 @@ func testConfig(name string) Config {
 	return c
 }
 
+// gossipAddr reads the copy NotifyJoin took: the Node LocalNode returns is
+// rewritten by memberlist as the mesh runs.
 func gossipAddr(m *Mesh) string {
-	n := m.ml.Load().LocalNode()
+	n := m.members.self.Load()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 
 // start joins one mesh and shuts it down when the test ends.
 func start(t testing.TB, c Config) *Mesh {
 	t.Helper()
-	m, err := Join(context.Background(), c)
+	return startWith(t, c, hooks{})
+}
+
+// startWith is start with test hooks; it is the only place they are set.
+func startWith(t testing.TB, c Config, h hooks) *Mesh {
+	t.Helper()
+	m, err := joinWith(context.Background(), c, h)
 	if err != nil {
 		t.Fatalf("Join(%s) error %v", c.NodeName, err)
 	}
@@ -56,6 +64,12 @@ func start(t testing.TB, c Config) *Mesh {
 // waits until each sees all n members.
 func cluster(t testing.TB, n int, edit func(i int, c *Config)) []*Mesh {
 	t.Helper()
+	return clusterWith(t, n, edit, nil)
+}
+
+// clusterWith is cluster with test hooks for each mesh.
+func clusterWith(t testing.TB, n int, edit func(i int, c *Config), hook func(i int, h *hooks)) []*Mesh {
+	t.Helper()
 	ms := make([]*Mesh, n)
 	for i := range ms {
 		c := testConfig(fmt.Sprintf("n%d", i))
@@ -65,7 +79,11 @@ func cluster(t testing.TB, n int, edit func(i int, c *Config)) []*Mesh {
 		if edit != nil {
 			edit(i, &c)
 		}
-		ms[i] = start(t, c)
+		var h hooks
+		if hook != nil {
+			hook(i, &h)
+		}
+		ms[i] = startWith(t, c, h)
 	}
 	defer func() {
 		if t.Failed() {
@@ -191,10 +209,11 @@ func TestMeshLostDeltaIsRepaired(t *testing.T) {
 		x, err := bloom.UnmarshalDelta(b[1:])
 		return err == nil && ((peer == "n1" && x.To == 3) || (peer == "n2" && x.To == 4))
 	}
-	ms := cluster(t, 3, func(i int, c *Config) {
+	ms := clusterWith(t, 3, func(i int, c *Config) {
 		c.FullDigestInterval = time.Hour // only the repair paths may heal
+	}, func(i int, h *hooks) {
 		if i == 0 {
-			c.dropOut = lose
+			h.dropOut = lose
 		}
 	})
 	a := ms[0]
@@ -513,5 +532,31 @@ func TestMeshEngineDownWithdrawsAtOnce(t *testing.T) {
 		if v, _ := view(m, "n0"); v.Digest.PrefixLen([]blockkey.Key{10, 11}) != 0 {
 			t.Errorf("%s matches the old engine's keys", m.cfg.NodeName)
 		}
+	}
+}
+
+// TestMeshFullDigestResend checks the periodic full digest heals a copy
+// that nothing else would: n0's only delta to n1 is lost, and the repair
+// by meta lag is an hour away, so n1 catches up by the resend alone.
+func TestMeshFullDigestResend(t *testing.T) {
+	ms := clusterWith(t, 2, func(i int, c *Config) {
+		c.FullDigestInterval = 100 * time.Millisecond
+		c.RepairAfter = time.Hour
+	}, func(i int, h *hooks) {
+		if i == 0 {
+			h.dropOut = func(peer string, b []byte) bool { return len(b) > 0 && b[0] == kindDelta }
+		}
+	})
+	if err := ms[0].PublishDigest(testDigest("n0", 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "first digest on n1", func() bool { return digestVersion(ms[1], "n0") == 1 })
+	before := ms[0].Stats().Sent.Digest.Msgs
+	if err := ms[0].PublishDelta(bloom.Delta{Node: "n0", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{2}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the lost delta's key on n1 by a full digest", func() bool { return holds(ms[1], "n0", 1, 2) })
+	if s := ms[0].Stats(); s.Sent.Digest.Msgs <= before || s.Sent.Delta.Msgs != 0 || s.FullServed != 0 {
+		t.Errorf("n0 Stats() = %+v; want more full digests, no delta sent, no need-full served", s)
 	}
 }

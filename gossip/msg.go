@@ -1,71 +1,70 @@
 package gossip
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
-
-	"github.com/kvroute/kvroute/blockkey"
-	"github.com/kvroute/kvroute/bloom"
-	"github.com/kvroute/kvroute/route"
+	"time"
 )
 
-// Message kinds: the first byte of every user message the mesh sends. The
-// rest is bloom's own encoding, or for a need-full request two names.
+// Message kinds: the first byte of every user message the mesh sends. Each
+// is listed once more in kinds, which is what decodes and counts it.
 const (
-	kindDigest   byte = 0xD1 // full digest: bloom.(*Digest).MarshalBinary
-	kindDelta    byte = 0xD2 // delta: bloom.MarshalDelta
-	kindNeedFull byte = 0xD3 // "send me your full digest": requester, origin
-	kindLoad     byte = 0xD4 // the sender's load, pushed on change (loadReport)
-	kinds             = 4
+	kindDigest   byte = 0xD1 // full digest (digest.go)
+	kindDelta    byte = 0xD2 // delta (digest.go)
+	kindNeedFull byte = 0xD3 // "send me your full digest" (needfull.go)
+	kindLoad     byte = 0xD4 // the sender's load and engine state (loadreport.go)
+	// A learned text prefix (textprefix.go).
+	kindTextPrefix byte = 0xD5
 )
 
-// kindIndex maps a kind to its slot in Stats' per-kind counters.
-func kindIndex(k byte) int { return int(k - kindDigest) }
+// payload is one decoded message. Each kind's file holds its type, its
+// encoder, its decoder and its apply.
+type payload interface {
+	// encode returns the whole message, kind byte first; decoding it gives
+	// the payload back.
+	encode() ([]byte, error)
+	// apply makes a received message take effect at now. It runs on the mesh
+	// loop, one message at a time, and must not block: it may take the
+	// mesh's locks (in the order Mesh documents), never wait on the network.
+	apply(m *Mesh, now time.Time)
+}
+
+// kindSpec is one message kind.
+type kindSpec struct {
+	kind byte
+	name string // its key in ByKind.All; unique
+	// decode parses the bytes after the kind byte. The result must not
+	// alias them: memberlist reuses its buffers.
+	decode func(b []byte) (payload, error)
+}
+
+// kinds lists every message the mesh accepts, and names it in Stats
+// (ByKind.All); a byte not listed is a decode error.
+var kinds = [...]kindSpec{
+	{kindDigest, "digest", decodeDigestMsg},
+	{kindDelta, "delta", decodeDeltaMsg},
+	{kindNeedFull, "need_full", decodeNeedFullMsg},
+	{kindLoad, "load", decodeLoadMsg},
+	{kindTextPrefix, "text_prefix", decodeTextPrefixMsg},
+}
+
+// slotOf returns k's index in kinds, or -1 for a kind not listed.
+func slotOf(k byte) int {
+	for i := range kinds {
+		if kinds[i].kind == k {
+			return i
+		}
+	}
+	return -1
+}
 
 // ErrMsg is wrapped by every decodeMsg error.
 var ErrMsg = errors.New("malformed gossip message")
 
-// message is one decoded user message. Exactly one of digest, delta,
-// needFull or load is set, as kind says.
+// message is one decoded user message.
 type message struct {
-	kind     byte
-	digest   *bloom.Digest
-	delta    bloom.Delta
-	needFull needFull
-	load     loadReport
-}
-
-// needFull asks Origin to send its full digest to Requester.
-type needFull struct{ Requester, Origin string }
-
-func encodeDigest(d *bloom.Digest) ([]byte, error) {
-	b, err := d.MarshalBinary()
-	if err != nil {
-		return nil, err
-	}
-	return append([]byte{kindDigest}, b...), nil
-}
-
-func encodeDelta(x bloom.Delta) ([]byte, error) {
-	b, err := bloom.MarshalDelta(x)
-	if err != nil {
-		return nil, err
-	}
-	return append([]byte{kindDelta}, b...), nil
-}
-
-func encodeNeedFull(n needFull) ([]byte, error) {
-	if len(n.Requester) > 255 || len(n.Origin) > 255 {
-		return nil, fmt.Errorf("encode need-full: name over 255 bytes")
-	}
-	b := make([]byte, 0, 3+len(n.Requester)+len(n.Origin))
-	b = append(b, kindNeedFull, byte(len(n.Requester)))
-	b = append(b, n.Requester...)
-	b = append(b, byte(len(n.Origin)))
-	b = append(b, n.Origin...)
-	return b, nil
+	kind byte
+	body payload
 }
 
 // decodeMsg parses a user message. The result does not alias b.
@@ -73,171 +72,13 @@ func decodeMsg(b []byte) (message, error) {
 	if len(b) == 0 {
 		return message{}, fmt.Errorf("empty: %w", ErrMsg)
 	}
-	m := message{kind: b[0]}
-	var err error
-	switch m.kind {
-	case kindDigest:
-		m.digest, err = bloom.Unmarshal(b[1:])
-	case kindDelta:
-		m.delta, err = bloom.UnmarshalDelta(b[1:])
-	case kindNeedFull:
-		m.needFull, err = decodeNeedFull(b[1:])
-	case kindLoad:
-		m.load, err = decodeLoad(b[1:])
-	default:
-		return message{}, fmt.Errorf("kind %#x: %w", m.kind, ErrMsg)
+	i := slotOf(b[0])
+	if i < 0 {
+		return message{}, fmt.Errorf("kind %#x: %w", b[0], ErrMsg)
 	}
+	p, err := kinds[i].decode(b[1:])
 	if err != nil {
-		return message{}, fmt.Errorf("decode kind %#x: %w: %w", m.kind, ErrMsg, err)
+		return message{}, fmt.Errorf("decode kind %#x: %w: %w", b[0], ErrMsg, err)
 	}
-	return m, nil
-}
-
-func decodeNeedFull(b []byte) (needFull, error) {
-	var names [2]string
-	for i := range names {
-		if len(b) < 1 || len(b) < 1+int(b[0]) {
-			return needFull{}, fmt.Errorf("truncated need-full")
-		}
-		names[i] = string(b[1 : 1+int(b[0])])
-		b = b[1+int(b[0]):]
-	}
-	if len(b) != 0 || names[0] == "" || names[1] == "" {
-		return needFull{}, fmt.Errorf("need-full with %d trailing bytes or an empty name", len(b))
-	}
-	return needFull{Requester: names[0], Origin: names[1]}, nil
-}
-
-// loadReport is a node's load, pushed straight to every member whenever it
-// changes (at most once per Config.LoadPushInterval). Seq orders reports
-// from one node: UDP may deliver them reversed. Wire form:
-//
-//	kind | name len u8 | name | seq uvarint | running uvarint |
-//	waiting uvarint | kv usage milli uvarint | serving uvarint |
-//	queued prefill uvarint | claim count uvarint |
-//	(peer len u8 | peer | key u64 LE | keys uvarint)* |
-//	engine u8 | digest epoch uvarint
-//
-// Decoders ignore bytes after the last field, so a later version may
-// append fields; a report without the claims part has none. A pushed load
-// is Fronted: only sidecars push, and they count every request their pod
-// serves.
-type loadReport struct {
-	Node   string
-	Seq    uint64
-	Load   route.Load
-	Claims []peerClaim // what the sender just placed where (route.Claim)
-	// Engine and Epoch are the sender's engine and the epoch of the digest
-	// it advertises (0: none, withdrawn). A report only as far as the claims
-	// (an earlier version) has HasState false: it says nothing of either.
-	Engine   route.Engine
-	Epoch    uint64
-	HasState bool
-}
-
-// peerClaim is a route.Claim about Peer, as it travels (no time).
-type peerClaim struct {
-	Peer string
-	Key  blockkey.Key
-	Keys int
-}
-
-// maxClaims bounds the claims one report carries, so it stays one UDP
-// packet: 24 claims of 64-byte names is under 2.1 KB, of pod names under 1 KB.
-const maxClaims = 24
-
-func encodeLoad(r loadReport) ([]byte, error) {
-	if len(r.Node) == 0 || len(r.Node) > 255 {
-		return nil, fmt.Errorf("encode load: node name of %d bytes", len(r.Node))
-	}
-	l := r.Load
-	b := make([]byte, 0, 2+len(r.Node)+6*binary.MaxVarintLen64)
-	b = append(b, kindLoad, byte(len(r.Node)))
-	b = append(b, r.Node...)
-	b = binary.AppendUvarint(b, r.Seq)
-	for _, v := range []int{l.Running, l.Waiting, kvMilli(l.KVUsage), l.Serving, l.QueuedPrefillTokens} {
-		b = binary.AppendUvarint(b, uint64(max(v, 0)))
-	}
-	if len(r.Claims) > maxClaims {
-		return nil, fmt.Errorf("encode load: %d claims, at most %d", len(r.Claims), maxClaims)
-	}
-	b = binary.AppendUvarint(b, uint64(len(r.Claims)))
-	for _, c := range r.Claims {
-		if len(c.Peer) == 0 || len(c.Peer) > 255 || c.Keys < 1 {
-			return nil, fmt.Errorf("encode load: claim on %q of %d keys", c.Peer, c.Keys)
-		}
-		b = append(b, byte(len(c.Peer)))
-		b = append(b, c.Peer...)
-		b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
-		b = binary.AppendUvarint(b, uint64(c.Keys))
-	}
-	b = append(b, byte(r.Engine))
-	return binary.AppendUvarint(b, r.Epoch), nil
-}
-
-func decodeLoad(b []byte) (loadReport, error) {
-	if len(b) < 1 || int(b[0]) == 0 || len(b) < 1+int(b[0]) {
-		return loadReport{}, fmt.Errorf("truncated or empty node name")
-	}
-	r := loadReport{Node: string(b[1 : 1+int(b[0])])}
-	b = b[1+int(b[0]):]
-	var f [6]uint64
-	for i := range f {
-		v, n := binary.Uvarint(b)
-		if n <= 0 {
-			return loadReport{}, fmt.Errorf("load field %d: truncated or over 64 bits", i)
-		}
-		f[i], b = v, b[n:]
-	}
-	for i, v := range f[1:] {
-		if v > math.MaxInt32 {
-			return loadReport{}, fmt.Errorf("load field %d: %d out of range", i+1, v)
-		}
-	}
-	r.Seq = f[0]
-	r.Load = route.Load{Running: int(f[1]), Waiting: int(f[2]), KVUsage: float64(f[3]) / 1000,
-		Serving: int(f[4]), Fronted: true, QueuedPrefillTokens: int(f[5])}
-	if len(b) == 0 {
-		return r, nil // an earlier version: no claims
-	}
-	n, k := binary.Uvarint(b)
-	if k <= 0 || n > maxClaims {
-		return loadReport{}, fmt.Errorf("claim count: truncated or over %d", maxClaims)
-	}
-	b = b[k:]
-	for i := range int(n) {
-		if len(b) < 1 || b[0] == 0 || len(b) < 1+int(b[0])+8 {
-			return loadReport{}, fmt.Errorf("claim %d: truncated or empty peer", i)
-		}
-		c := peerClaim{Peer: string(b[1 : 1+int(b[0])])}
-		b = b[1+int(b[0]):]
-		c.Key = blockkey.Key(binary.LittleEndian.Uint64(b))
-		v, k := binary.Uvarint(b[8:])
-		if k <= 0 || v < 1 || v > math.MaxInt32 {
-			return loadReport{}, fmt.Errorf("claim %d: bad prefix length", i)
-		}
-		c.Keys, b = int(v), b[8+k:]
-		r.Claims = append(r.Claims, c)
-	}
-	if len(b) == 0 {
-		return r, nil // an earlier version: no engine state
-	}
-	if route.Engine(b[0]) > route.EngineDown {
-		return loadReport{}, fmt.Errorf("engine state %d", b[0])
-	}
-	r.Engine, b = route.Engine(b[0]), b[1:]
-	v, k := binary.Uvarint(b)
-	if k <= 0 {
-		return loadReport{}, fmt.Errorf("digest epoch: truncated or over 64 bits")
-	}
-	r.Epoch, r.HasState = v, true
-	return r, nil
-}
-
-// kvMilli is KV usage in thousandths, clamped to what the wire carries.
-func kvMilli(kv float64) int {
-	if !(kv > 0) { // also NaN
-		return 0
-	}
-	return int(math.Min(kv, math.MaxInt32/1000)*1000 + 0.5)
+	return message{kind: b[0], body: p}, nil
 }

@@ -15,6 +15,12 @@ func testDigest(node string, epoch, version uint64, keys ...blockkey.Key) *bloom
 	return bloom.Build(bloom.Header{Node: node, Epoch: epoch, Version: version, Params: bloom.ParamsFor(1000, 0.01)}, keys)
 }
 
+// The payload of a decoded message, by kind; zero for another kind.
+func digestOf(m message) *bloom.Digest { d, _ := m.body.(digestMsg); return d.Digest }
+func deltaOf(m message) bloom.Delta    { x, _ := m.body.(deltaMsg); return x.Delta }
+func needFullOf(m message) needFull    { n, _ := m.body.(needFull); return n }
+func reportOf(m message) loadReport    { r, _ := m.body.(loadReport); return r }
+
 func TestMsgRoundTrip(t *testing.T) {
 	d := testDigest("a", 1, 5, 10, 11, 12)
 	db, err := encodeDigest(d)
@@ -33,18 +39,18 @@ func TestMsgRoundTrip(t *testing.T) {
 	}
 
 	got, err := decodeMsg(db)
-	if err != nil || got.kind != kindDigest || got.digest.Header() != d.Header() || got.digest.PrefixLen([]blockkey.Key{10, 11, 12}) != 3 {
+	if err != nil || got.kind != kindDigest || digestOf(got).Header() != d.Header() || digestOf(got).PrefixLen([]blockkey.Key{10, 11, 12}) != 3 {
 		t.Errorf("decodeMsg(digest) = %+v, %v; want digest %+v", got, err, d.Header())
 	}
 	got, err = decodeMsg(xb)
 	if err != nil || got.kind != kindDelta {
 		t.Fatalf("decodeMsg(delta) = %+v, %v", got, err)
 	}
-	if diff := cmp.Diff(x, got.delta); diff != "" {
+	if diff := cmp.Diff(x, deltaOf(got)); diff != "" {
 		t.Errorf("decodeMsg(delta) mismatch (-want +got):\n%s", diff)
 	}
 	got, err = decodeMsg(nb)
-	if err != nil || got.kind != kindNeedFull || got.needFull != nf {
+	if err != nil || got.kind != kindNeedFull || needFullOf(got) != nf {
 		t.Errorf("decodeMsg(need-full) = %+v, %v; want %+v", got, err, nf)
 	}
 	lr := loadReport{Node: "a", Seq: 1 << 62, Load: route.Load{Running: 3, Waiting: 2, KVUsage: 0.875, Serving: 7, Fronted: true, QueuedPrefillTokens: 9000},
@@ -58,22 +64,21 @@ func TestMsgRoundTrip(t *testing.T) {
 	if err != nil || got.kind != kindLoad {
 		t.Fatalf("decodeMsg(load) = %+v, %v", got, err)
 	}
-	if diff := cmp.Diff(lr, got.load); diff != "" {
+	if diff := cmp.Diff(lr, reportOf(got)); diff != "" {
 		t.Errorf("decodeMsg(load) mismatch (-want +got):\n%s", diff)
 	}
 	// A report of the version before the engine state says nothing of it.
-	stateless, _ := encodeLoad(loadReport{Node: "a", Seq: 3, Claims: lr.Claims})
-	stateless = stateless[:len(stateless)-2] // engine 0, epoch 0
-	if got, err := decodeMsg(stateless); err != nil || got.load.HasState || len(got.load.Claims) != 2 {
-		t.Errorf("decodeMsg(load without state) = %+v, %v; want claims and HasState false", got.load, err)
+	stateless, _ := encodeLoad(loadReport{Node: "a", Seq: 3, Claims: lr.Claims}) // HasState false: no engine, no epoch
+	if got, err := decodeMsg(stateless); err != nil || reportOf(got).HasState || len(reportOf(got).Claims) != 2 {
+		t.Errorf("decodeMsg(load without state) = %+v, %v; want claims and HasState false", reportOf(got), err)
 	}
 	// A report of the version before claims decodes with none.
 	noClaims := lr
-	noClaims.Claims, noClaims.Epoch, noClaims.Engine = nil, 0, 0
+	noClaims.Claims, noClaims.HasState = nil, false
 	old, _ := encodeLoad(noClaims)
-	old = old[:len(old)-3] // the claim count, engine and epoch
-	if got, err := decodeMsg(old); err != nil || len(got.load.Claims) != 0 || got.load.Load != lr.Load {
-		t.Errorf("decodeMsg(load without claims) = %+v, %v; want the load and no claims", got.load, err)
+	old = old[:len(old)-1] // the claim count
+	if got, err := decodeMsg(old); err != nil || len(reportOf(got).Claims) != 0 || reportOf(got).Load != lr.Load {
+		t.Errorf("decodeMsg(load without claims) = %+v, %v; want the load and no claims", reportOf(got), err)
 	}
 	for _, bad := range []loadReport{{}, {Node: "a", Claims: []peerClaim{{Peer: "", Keys: 1}}}, {Node: "a", Claims: []peerClaim{{Peer: "b"}}},
 		{Node: "a", Claims: make([]peerClaim, maxClaims+1)}} {
@@ -121,7 +126,12 @@ func FuzzDigestMsg(f *testing.F) {
 	xb, _ := encodeDelta(bloom.Delta{Node: "n", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{3, 4}})
 	nb, _ := encodeNeedFull(needFull{Requester: "r", Origin: "n"})
 	lb, _ := encodeLoad(loadReport{Node: "n", Seq: 5, Load: route.Load{Running: 1, KVUsage: 0.5, Serving: 2}, Claims: []peerClaim{{Peer: "p", Key: 9, Keys: 4}}})
-	for _, b := range [][]byte{db, xb, nb, lb, {kindDigest}, {}} {
+	sb, _ := encodeLoad(loadReport{Node: "n", Seq: 6, Engine: route.EngineDown, Epoch: 7, HasState: true})
+	// A report of the version before claims and state: it must re-encode as
+	// it came (the fuzzer's first find after the state was added).
+	pre := []byte("\xd4\x010000000")
+	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, tb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -129,19 +139,10 @@ func FuzzDigestMsg(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var again []byte
-		switch m.kind {
-		case kindDigest:
-			again, err = encodeDigest(m.digest)
-		case kindDelta:
-			again, err = encodeDelta(m.delta)
-		case kindNeedFull:
-			again, err = encodeNeedFull(m.needFull)
-		case kindLoad:
-			again, err = encodeLoad(m.load)
-		default:
+		if slotOf(m.kind) < 0 {
 			t.Fatalf("decodeMsg returned kind %#x", m.kind)
 		}
+		again, err := m.body.encode()
 		if err != nil {
 			t.Fatalf("re-encode kind %#x: %v", m.kind, err)
 		}
@@ -149,11 +150,14 @@ func FuzzDigestMsg(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decodeMsg(re-encoded) error %v", err)
 		}
-		if m.kind == kindLoad && !cmp.Equal(m2.load, m.load) {
-			t.Fatalf("load %+v after round trip; want %+v", m2.load, m.load)
+		if m2.kind != m.kind {
+			t.Fatalf("kind %#x after round trip; want %#x", m2.kind, m.kind)
 		}
-		if m.kind == kindDigest && m2.digest.Header() != m.digest.Header() {
-			t.Fatalf("digest header %+v after round trip; want %+v", m2.digest.Header(), m.digest.Header())
+		if m.kind == kindLoad && !cmp.Equal(reportOf(m2), reportOf(m)) {
+			t.Fatalf("load %+v after round trip; want %+v", reportOf(m2), reportOf(m))
+		}
+		if m.kind == kindDigest && digestOf(m2).Header() != digestOf(m).Header() {
+			t.Fatalf("digest header %+v after round trip; want %+v", digestOf(m2).Header(), digestOf(m).Header())
 		}
 	})
 }

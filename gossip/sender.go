@@ -84,7 +84,7 @@ func (s *sender) send(o out) {
 		s.m.stats.sendErrors.Add(1)
 		return
 	}
-	if drop := s.m.dropOut; drop != nil && drop(s.id, o.b) {
+	if drop := s.m.hooks.dropOut; drop != nil && drop(s.id, o.b) {
 		return
 	}
 	var err error

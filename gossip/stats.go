@@ -7,7 +7,13 @@ import "sync/atomic"
 type Traffic struct{ Msgs, Bytes uint64 }
 
 // ByKind splits traffic by message kind.
-type ByKind struct{ Digest, Delta, NeedFull, Load Traffic }
+type ByKind struct {
+	Digest, Delta, NeedFull, Load Traffic
+	// All holds every kind by name ("digest", "delta", "need_full", "load"
+	// and any kind added later), so a new kind is counted and exported
+	// without a field of its own.
+	All map[string]Traffic
+}
 
 // Stats are the mesh's counters since Join, for export as Prometheus
 // counters (kvroute_gossip_*_total) by the caller.
@@ -40,24 +46,23 @@ type counters struct {
 
 type traffic struct{ msgs, bytes atomic.Uint64 }
 
-type kindTraffic [kinds]traffic
+// kindTraffic counts traffic per kind, indexed by the kind byte itself, so
+// no kind can miss its slot; byKind exports the kinds listed in kinds.
+type kindTraffic [256]traffic
 
-// count adds one message of b's kind; b must be non-empty with a known kind.
+// count adds one message of b's kind; b must be non-empty.
 func (t *kindTraffic) count(b []byte) {
-	i := kindIndex(b[0])
-	if i < 0 || i >= kinds {
-		return
-	}
-	t[i].msgs.Add(1)
-	t[i].bytes.Add(uint64(len(b)))
+	t[b[0]].msgs.Add(1)
+	t[b[0]].bytes.Add(uint64(len(b)))
 }
 
 func (t *kindTraffic) byKind() ByKind {
-	get := func(k byte) Traffic {
-		x := &t[kindIndex(k)]
-		return Traffic{Msgs: x.msgs.Load(), Bytes: x.bytes.Load()}
+	all := make(map[string]Traffic, len(kinds))
+	for _, k := range kinds {
+		x := &t[k.kind]
+		all[k.name] = Traffic{Msgs: x.msgs.Load(), Bytes: x.bytes.Load()}
 	}
-	return ByKind{Digest: get(kindDigest), Delta: get(kindDelta), NeedFull: get(kindNeedFull), Load: get(kindLoad)}
+	return ByKind{Digest: all["digest"], Delta: all["delta"], NeedFull: all["need_full"], Load: all["load"], All: all}
 }
 
 func (c *counters) snapshot() Stats {

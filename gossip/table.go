@@ -11,7 +11,7 @@ import (
 )
 
 // table is the view of every live peer: its meta, its digest and its recent
-// failures. It is plain data, with time passed in; Mesh serialises access.
+// failures. It is plain data, with time passed in; Mesh.tableMu guards it.
 type table struct {
 	peers map[string]*peer
 }
@@ -348,10 +348,4 @@ func loadOf(m Meta) route.Load {
 		Serving:             m.Serving,
 		QueuedPrefillTokens: m.QueuedPrefill,
 	}
-}
-
-// metaLoad is loadOf's inverse, up to the meta's 1/1000 KV-usage precision.
-func metaLoad(m *Meta, l route.Load) {
-	m.Running, m.Waiting, m.Serving, m.QueuedPrefill = l.Running, l.Waiting, l.Serving, l.QueuedPrefillTokens
-	m.KVUsageMilli = kvMilli(l.KVUsage)
 }

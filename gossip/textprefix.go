@@ -4,17 +4,17 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
 )
 
-// kindTextPrefix carries one learned text prefix (TextPrefix): a
-// conversation's turns enter random sidecars, and the sidecar a turn
+// A text-prefix message (kindTextPrefix) carries one learned text prefix:
+// a conversation's turns enter random sidecars, and the sidecar a turn
 // enters should not have to tokenize what another sidecar already did.
 // Wire form: kind | hash u64 LE | tokens uvarint | bytes uvarint |
 // key count uvarint | keys u64 LE*. It goes by TCP (a 32k-token prefix is
 // 4 KiB of keys at the default stride).
-const kindTextPrefix byte = 0xD5
 
 // maxTextPrefixKeys bounds a received prefix (a 1M-token prompt at one
 // key per 16 tokens), so a bad message cannot make us allocate more.
@@ -71,35 +71,28 @@ func decodeTextPrefix(b []byte) (TextPrefix, error) {
 	return p, nil
 }
 
-// ShareTextPrefix sends p to every member, reliably. A peer whose queue is
-// full misses it: it tokenizes that prefix itself when it needs it.
-func (m *Mesh) ShareTextPrefix(p TextPrefix) error {
-	b, err := encodeTextPrefix(p)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, s := range m.senders {
-		s.enqueue(out{b: b, reliable: true})
-	}
-	return nil
-}
+func decodeTextPrefixMsg(b []byte) (payload, error) { return decodeTextPrefix(b) }
 
-// OnTextPrefix sets the function that receives the text prefixes peers
-// share (call before Join's mesh receives any; f must not block).
-func (m *Mesh) OnTextPrefix(f func(TextPrefix)) { m.textPrefix.Store(&f) }
+func (p TextPrefix) encode() ([]byte, error) { return encodeTextPrefix(p) }
 
-// handleTextPrefix delivers a received text prefix; bad input is counted
-// and dropped.
-func (m *Mesh) handleTextPrefix(b []byte) {
-	p, err := decodeTextPrefix(b[1:])
-	if err != nil {
-		m.stats.decodeErrors.Add(1)
-		m.log.Debug().Err(err).Int("bytes", len(b)).Msg("dropped text prefix")
-		return
-	}
+// apply hands the prefix to the OnTextPrefix function; it takes no lock.
+func (p TextPrefix) apply(m *Mesh, _ time.Time) {
 	if f := m.textPrefix.Load(); f != nil {
 		(*f)(p)
 	}
 }
+
+// ShareTextPrefix sends p to every member, reliably. A peer whose queue is
+// full misses it: it tokenizes that prefix itself when it needs it.
+func (m *Mesh) ShareTextPrefix(p TextPrefix) error {
+	b, err := p.encode()
+	if err != nil {
+		return err
+	}
+	m.members.each(func(s *sender) { s.enqueue(out{b: b, reliable: true}) })
+	return nil
+}
+
+// OnTextPrefix sets the function that receives the text prefixes peers
+// share (call it before peers share any; f must not block).
+func (m *Mesh) OnTextPrefix(f func(TextPrefix)) { m.textPrefix.Store(&f) }

@@ -7,77 +7,11 @@ import (
 	"slices"
 )
 
-// field names one event field; its wire name is fieldNames[f].
-type field uint8
-
-const (
-	fHashes field = iota
-	fParent
-	fTokens
-	fBlockSize
-	fLoRAID
-	fMedium
-	fLoRAName
-	fExtraKeys
-	fGroupIdx
-	fSpecKind
-	fSlidingWindow
-	fLocality
-)
-
-var fieldNames = [...]string{
-	fHashes:        "block_hashes",
-	fParent:        "parent_block_hash",
-	fTokens:        "token_ids",
-	fBlockSize:     "block_size",
-	fLoRAID:        "lora_id",
-	fMedium:        "medium",
-	fLoRAName:      "lora_name",
-	fExtraKeys:     "extra_keys",
-	fGroupIdx:      "group_idx",
-	fSpecKind:      "kv_cache_spec_kind",
-	fSlidingWindow: "kv_cache_spec_sliding_window",
-	fLocality:      "locality",
-}
-
-// Field order is msgspec's declaration order (vllm-interface.md §2.3); the
-// positional form is [tag, fields[0], fields[1], ...]. required counts the
-// leading fields without a default, which msgspec always writes.
-var (
-	storedFields = []field{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium,
-		fLoRAName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow, fLocality}
-	removedFields = []field{fHashes, fMedium, fGroupIdx, fLocality}
-)
-
-const (
-	storedRequired  = 7 // through lora_name
-	removedRequired = 2 // block_hashes, medium
-)
-
-func fieldsOf(k Kind) []field {
-	switch k {
-	case BlockStored:
-		return storedFields
-	case BlockRemoved:
-		return removedFields
-	}
-	return nil
-}
-
-func fieldByName(name []byte) (field, bool) {
-	for f, n := range fieldNames {
-		if string(name) == n {
-			return field(f), true
-		}
-	}
-	return 0, false
-}
-
 // kindOf maps a wire tag to its Kind and returns the tag as a string,
 // without allocating for the known ones.
 func kindOf(tag []byte) (Kind, string) {
-	for _, k := range [...]Kind{BlockStored, BlockRemoved, AllBlocksCleared} {
-		if s := k.String(); string(tag) == s {
+	for k := Unknown + 1; int(k) < len(kinds); k++ {
+		if s := kinds[k].tag; string(tag) == s {
 			return k, s
 		}
 	}
@@ -216,57 +150,57 @@ func (d *decoder) events() ([]Event, error) {
 	evs := make([]Event, 0, min(n, 64))
 	for i := range n {
 		d.event = i
-		e, err := d.decodeEvent()
-		if err != nil {
+		// Decoded in place: the table's accessors would make a local
+		// Event escape to the heap.
+		evs = append(evs, Event{})
+		if err := d.decodeEvent(&evs[i]); err != nil {
 			return nil, err
 		}
-		evs = append(evs, e)
 	}
 	d.event, d.field = -1, ""
 	return evs, nil
 }
 
-func (d *decoder) decodeEvent() (Event, error) {
-	var e Event
+func (d *decoder) decodeEvent(e *Event) error {
 	d.field = "type"
 	c, err := d.r.peek()
 	if err != nil {
-		return e, err
+		return err
 	}
 	switch {
 	case isArray(c):
 		n, err := d.r.arrayLen()
 		if err != nil {
-			return e, err
+			return err
 		}
 		if n == 0 {
-			return e, fmt.Errorf("%w: empty event array", ErrShape)
+			return fmt.Errorf("%w: empty event array", ErrShape)
 		}
-		if err := d.tag(&e); err != nil {
-			return e, err
+		if err := d.tag(e); err != nil {
+			return err
 		}
-		fields := fieldsOf(e.Kind)
+		fields := kinds[e.Kind].fields
 		for j := 1; j < n; j++ {
 			if j-1 >= len(fields) {
 				d.field = ""
 				if err := d.r.skip(1); err != nil {
-					return e, err
+					return err
 				}
 				continue
 			}
-			if err := d.decodeField(&e, fields[j-1]); err != nil {
-				return e, err
+			if err := d.decodeField(e, &fields[j-1]); err != nil {
+				return err
 			}
 		}
-		return e, nil
+		return nil
 	case isMap(c):
 		n, err := d.r.mapLen()
 		if err != nil {
-			return e, err
+			return err
 		}
-		return e, d.mapEvent(&e, n)
+		return d.mapEvent(e, n)
 	}
-	return e, fmt.Errorf("%w: 0x%02x, want event array or map", ErrType, c)
+	return fmt.Errorf("%w: 0x%02x, want event array or map", ErrType, c)
 }
 
 // mapEvent decodes the n entries of a map event. Fields are looked up by
@@ -296,25 +230,35 @@ func (d *decoder) mapEvent(e *Event, n int) error {
 		return fmt.Errorf("%w: event map without type", ErrShape)
 	}
 	d.r.off = start
+	fields := kinds[e.Kind].fields
 	for range n {
 		d.field = ""
 		key, _, err := d.r.raw()
 		if err != nil {
 			return err
 		}
-		f, ok := fieldByName(key)
-		if !ok || !slices.Contains(fieldsOf(e.Kind), f) {
+		i := fieldIndex(fields, key)
+		if i < 0 {
 			// "type" (already read), unknown keys and fields of other kinds.
 			if err := d.r.skip(1); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := d.decodeField(e, f); err != nil {
+		if err := d.decodeField(e, &fields[i]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func fieldIndex(fields []fieldSpec, name []byte) int {
+	for i := range fields {
+		if string(name) == fields[i].name {
+			return i
+		}
+	}
+	return -1
 }
 
 func (d *decoder) tag(e *Event) error {
@@ -327,53 +271,34 @@ func (d *decoder) tag(e *Event) error {
 	return nil
 }
 
-func (d *decoder) decodeField(e *Event, f field) error {
-	d.field = fieldNames[f]
-	var err error
-	switch f {
-	case fHashes:
-		e.BlockHashes, err = d.hashes()
-	case fParent:
-		e.Parent = nil
-		if !d.r.nil() {
-			var h uint64
-			if h, err = d.r.hash(); err == nil && h != 0 {
-				e.Parent = &h
-			}
-		}
-	case fTokens:
-		e.TokenIDs, err = d.tokens()
-	case fBlockSize:
-		e.BlockSize = 0
-		if !d.r.nil() {
-			var v int64
-			start := d.r.off
-			if v, err = d.r.int64(); err == nil {
-				if v < 0 || v > math.MaxInt {
-					d.r.off = start
-					err = fmt.Errorf("%w: block size %d", ErrRange, v)
-				}
-				e.BlockSize = int(v)
-			}
-		}
-	case fLoRAID:
-		e.LoRAID, err = d.optInt()
-	case fMedium:
-		e.Medium, err = d.optStr()
-	case fLoRAName:
-		e.LoRAName, err = d.optStr()
-	case fExtraKeys:
-		e.ExtraKeys, err = d.extraKeys()
-	case fGroupIdx:
-		e.GroupIdx, err = d.optInt()
-	case fSpecKind:
-		e.KVCacheSpecKind, err = d.optStr()
-	case fSlidingWindow:
-		e.KVCacheSpecSlidingWindow, err = d.optInt()
-	case fLocality:
-		e.Locality, err = d.optStr()
+// parent decodes parent_block_hash; nil and 0 both mean the chain starts
+// at token 0.
+func (d *decoder) parent() (*uint64, error) {
+	if d.r.nil() {
+		return nil, nil
 	}
-	return err
+	h, err := d.r.hash()
+	if err != nil || h == 0 {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// blockSize decodes block_size, which must fit an int; nil gives 0.
+func (d *decoder) blockSize() (int, error) {
+	if d.r.nil() {
+		return 0, nil
+	}
+	start := d.r.off
+	v, err := d.r.int64()
+	if err != nil {
+		return 0, err
+	}
+	if v < 0 || v > math.MaxInt {
+		d.r.off = start
+		return 0, fmt.Errorf("%w: block size %d", ErrRange, v)
+	}
+	return int(v), nil
 }
 
 // hashes decodes a hash array; an empty or nil array gives nil.

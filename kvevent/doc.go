@@ -1,6 +1,6 @@
 // Package kvevent holds vLLM's KV-cache event values and their wire codec:
 // bytes in, values out. It has no sockets, so the core packages and the
-// simulator's encoder never link libzmq (see vllm-interface.md §1–§2).
+// simulator's encoder never link libzmq (see docs/reference/vllm-interface.md §1–§2).
 //
 // # Messages
 //
@@ -50,6 +50,18 @@
 // ts as float64, omit_defaults), in either the positional or the map
 // generation, so the simulator and the sidecar share one wire definition.
 // For any Batch b returned by Decode, Decode(Encode(b, enc)) equals b.
+//
+// # How to add a KV-event field
+//
+// Two places: the field itself in Event (event.go), and one row — wire
+// name and accessor — in its kind's entry of the kinds table (fields.go),
+// at the field's position in vLLM's declaration order (vLLM appends new
+// fields with a default, so the row goes last). The decoder (both
+// encodings), the encoder and Event.Fields, which `sidecar events`
+// prints, all read that table. The field's Go type picks its wire form
+// from the types listed on fieldSpec; a field needing a new form adds one
+// case to each switch beside it. TestTableRoundTrip fails until the
+// field has a row that round-trips.
 //
 // # Safety
 //

@@ -65,115 +65,51 @@ type encoder struct {
 }
 
 func (e *encoder) event(ev *Event) error {
-	tag := ev.Kind.String()
-	var fields []field
-	required := 0
-	switch ev.Kind {
-	case BlockStored:
-		fields, required = storedFields, storedRequired
-	case BlockRemoved:
-		fields, required = removedFields, removedRequired
-	case AllBlocksCleared:
-	case Unknown:
-		tag = ev.Tag
-	default:
+	s := ev.Kind.spec()
+	if s == nil {
 		return fmt.Errorf("%w: kind %d", ErrEncode, ev.Kind)
 	}
-	if ev.Kind == BlockStored && ev.BlockSize < 0 {
-		return fmt.Errorf("%w: block size %d", ErrEncode, ev.BlockSize)
+	tag := s.tag
+	if ev.Kind == Unknown {
+		tag = ev.Tag
 	}
 	if e.enc == ArrayEncoding {
-		// omit_defaults in array form can drop only a nil tail.
-		n := len(fields)
-		for n > required && isNil(ev, fields[n-1]) {
+		// omit_defaults in array form can drop only a None tail.
+		n := len(s.fields)
+		for n > s.always && s.fields[n-1].none(ev) {
 			n--
 		}
 		e.arrayHeader(1 + n)
 		e.str(tag)
-		for _, f := range fields[:n] {
-			if err := e.field(ev, f); err != nil {
+		for i := range s.fields[:n] {
+			if err := e.field(ev, &s.fields[i]); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
+	// The header needs the count first; set remembers which fields count
+	// so none runs once per field (kinds has at most 64, see
+	// TestTableRoundTrip).
+	var set uint64
 	n := 1
-	for i, f := range fields {
-		if i < required || !isNil(ev, f) {
+	for i := range s.fields {
+		if i < s.always || !s.fields[i].none(ev) {
+			set |= 1 << i
 			n++
 		}
 	}
 	e.mapHeader(n)
 	e.str("type")
 	e.str(tag)
-	for i, f := range fields {
-		if i < required || !isNil(ev, f) {
-			e.str(fieldNames[f])
+	for i := range s.fields {
+		if set&(1<<i) != 0 {
+			f := &s.fields[i]
+			e.str(f.name)
 			if err := e.field(ev, f); err != nil {
 				return err
 			}
 		}
-	}
-	return nil
-}
-
-// isNil reports whether f holds Python's None, its default.
-func isNil(ev *Event, f field) bool {
-	switch f {
-	case fParent:
-		return ev.Parent == nil
-	case fLoRAID:
-		return ev.LoRAID == nil
-	case fMedium:
-		return ev.Medium == nil
-	case fLoRAName:
-		return ev.LoRAName == nil
-	case fExtraKeys:
-		return ev.ExtraKeys == nil
-	case fGroupIdx:
-		return ev.GroupIdx == nil
-	case fSpecKind:
-		return ev.KVCacheSpecKind == nil
-	case fSlidingWindow:
-		return ev.KVCacheSpecSlidingWindow == nil
-	case fLocality:
-		return ev.Locality == nil
-	}
-	return false // block_hashes, token_ids and block_size are never None
-}
-
-func (e *encoder) field(ev *Event, f field) error {
-	switch f {
-	case fHashes:
-		e.arrayHeader(len(ev.BlockHashes))
-		for _, h := range ev.BlockHashes {
-			e.uint(h)
-		}
-	case fParent:
-		e.optUint(ev.Parent)
-	case fTokens:
-		e.arrayHeader(len(ev.TokenIDs))
-		for _, t := range ev.TokenIDs {
-			e.uint(uint64(t))
-		}
-	case fBlockSize:
-		e.int(int64(ev.BlockSize))
-	case fLoRAID:
-		e.optInt(ev.LoRAID)
-	case fMedium:
-		e.optStr(ev.Medium)
-	case fLoRAName:
-		e.optStr(ev.LoRAName)
-	case fExtraKeys:
-		return e.extraKeys(ev.ExtraKeys)
-	case fGroupIdx:
-		e.optInt(ev.GroupIdx)
-	case fSpecKind:
-		e.optStr(ev.KVCacheSpecKind)
-	case fSlidingWindow:
-		e.optInt(ev.KVCacheSpecSlidingWindow)
-	case fLocality:
-		e.optStr(ev.Locality)
 	}
 	return nil
 }

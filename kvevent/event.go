@@ -17,13 +17,8 @@ const (
 
 // String returns vLLM's class name for k (the wire tag).
 func (k Kind) String() string {
-	switch k {
-	case BlockStored:
-		return "BlockStored"
-	case BlockRemoved:
-		return "BlockRemoved"
-	case AllBlocksCleared:
-		return "AllBlocksCleared"
+	if s := k.spec(); s != nil {
+		return s.tag
 	}
 	return "Unknown"
 }
@@ -38,7 +33,7 @@ type Event struct {
 	Tag string
 
 	// BlockHashes are vLLM's block hashes folded to 64 bits: ints as sent,
-	// byte strings as their last 8 bytes read big-endian (vllm-interface.md §2.5).
+	// byte strings as their last 8 bytes read big-endian (docs/reference/vllm-interface.md §2.5).
 	BlockHashes []uint64
 	// Parent is the hash of the block before BlockHashes[0]; nil when the
 	// chain starts at token 0 (absent, nil or 0 on the wire).
@@ -57,7 +52,7 @@ type Event struct {
 	// GroupIdx is the KV-cache group (hybrid models), or nil.
 	GroupIdx *int64
 	// ExtraKeys are vLLM's per-block extra hash inputs (BlockStored only;
-	// vllm-interface.md §4.2): one entry per stored block, each the tuple
+	// docs/reference/vllm-interface.md §4.2): one entry per stored block, each the tuple
 	// of keys for that block (LoRA name, multimodal ids, cache salt on the
 	// block at token 0, ...) or nil when the block has none. The outer
 	// slice is nil when the event does not carry the field. Entries hold

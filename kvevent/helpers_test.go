@@ -61,7 +61,7 @@ func loadBase(t testing.TB) baseCapture {
 }
 
 // fixtureBatch is what both testdata/*.msgpack vectors hold (README of
-// shared/fixtures/vllm-events); mapForm adds the fields only v0.26 sends.
+// kvevent/testdata); mapForm adds the fields only v0.26 sends.
 func fixtureBatch(t testing.TB, mapForm bool) Batch {
 	c := loadBase(t)
 	stored := Event{

@@ -289,7 +289,7 @@ func (r *reader) hash() (uint64, error) {
 }
 
 // fold names a byte-string hash by its last 8 bytes read big-endian, the
-// same number vLLM sends when it sends ints (vllm-interface.md §2.5).
+// same number vLLM sends when it sends ints (docs/reference/vllm-interface.md §2.5).
 // Shorter strings are read as if left-padded with zeros.
 func fold(p []byte) uint64 {
 	if len(p) >= 8 {

@@ -1,5 +1,5 @@
 // Package kvindex is the exact index of what the local vLLM holds in its
-// GPU prefix cache (DESIGN.md D2, D7). It is a pure state machine: the
+// GPU prefix cache (docs/design.md D2, D7). It is a pure state machine: the
 // event loop in vllmclient feeds it decoded batches and passes on the
 // Change it returns; it has no sockets, clocks or goroutines.
 //

@@ -4,7 +4,7 @@ package kvindex
 // keyed by that parent, until the parent arrives (replay, or a later store
 // of the same prefix) or they expire. Without the parent's key their own
 // keys cannot be computed: treating them as chain roots would give wrong
-// keys (vllm-interface.md §5.3).
+// keys (docs/reference/vllm-interface.md §5.3).
 type orphans struct {
 	byParent map[uint64][]*group // missing parent hash → groups waiting on it
 	held     map[uint64][]slot   // held hash → where it is held, for removals

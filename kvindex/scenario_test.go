@@ -355,7 +355,7 @@ func (s *scenario) state() string {
 	return b.String()
 }
 
-// fixtureEvent is the JSON shape of shared/fixtures/vllm-events/kv_event_*.json.
+// fixtureEvent is the JSON shape of kvevent/testdata/kv_event_*.json.
 type fixtureEvent struct {
 	ModelName   string   `json:"model_name"`
 	LoRAName    *string  `json:"lora_name"`

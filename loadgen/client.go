@@ -9,13 +9,19 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"time"
 )
 
 // ServedByHeader names the pod that served a request; kvroute's sidecar and
-// the baseline proxy set it.
-const ServedByHeader = "X-Kvroute-Served-By"
+// the baseline proxy set it. DecisionHeader is the sidecar's routing reason
+// ("affinity", "least-load", ...; "-retried" appended when the first
+// target failed before its first byte).
+const (
+	ServedByHeader = "X-Kvroute-Served-By"
+	DecisionHeader = "X-Kvroute-Decision"
+)
 
 // maxSSELine bounds one server-sent event line (a usage chunk is small; a
 // non-streaming body with a long answer is bounded by maxBody).
@@ -47,6 +53,12 @@ type Call struct {
 	Prompt    []uint32  // Completion
 	Messages  []Message // Chat
 	MaxTokens int
+	// Plain sends this call without streaming even when the client streams.
+	Plain bool
+	// ID, when set, goes out as X-Request-Id (kvroute's sidecar logs it
+	// as the request's id), so a harness can join a server's logs to the
+	// samples.
+	ID string
 }
 
 // SimTiming is the simulator's "sim" object: simulated seconds since the
@@ -69,6 +81,18 @@ type Reply struct {
 	// (streaming) or to the response headers (non-streaming).
 	WallTTFT time.Duration
 	WallE2E  time.Duration
+	// Decision is the DecisionHeader of the answer ("" without one).
+	Decision string
+	// LocalAddr is the client side of the connection the last attempt used
+	// ("" when no connection was made): a harness that splices connections
+	// can tell from it which backend the request entered through.
+	LocalAddr string
+	// Attempts is how many times the call was sent (1 without retries).
+	Attempts int
+	// Status is the HTTP status of the last attempt (0: no answer).
+	Status int
+	// Streamed: the call asked for SSE.
+	Streamed bool
 }
 
 // StatusError is a non-2xx answer.
@@ -91,6 +115,70 @@ type Client struct {
 	// Stream asks for SSE with stream_options.include_usage, so the client
 	// sees its first token (default in NewClient: true).
 	Stream bool
+	// Retry is the client's own retry policy; the zero value never retries,
+	// so a result shows what the server side absorbed.
+	Retry RetryPolicy
+	// sleep waits between retries; nil means a timer (tests replace it).
+	sleep func(context.Context, time.Duration) bool
+}
+
+// RetryPolicy retries a call as the OpenAI SDKs do: on a connection error,
+// or on status 408, 409, 429 or 5xx, before any answer was read. A stream
+// cut after its headers is never retried (the SDKs surface that error to
+// the caller's iteration). The wait before retry k (1-based) is
+// Backoff·2^(k-1), at most MaxBackoff, times a jitter in [0.75, 1].
+type RetryPolicy struct {
+	// Retries is the number of retries after the first attempt (0: none).
+	Retries    int
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+	// Jitter returns a value in [0, 1); nil means no jitter (factor 1).
+	Jitter func() float64
+}
+
+// SDKRetry is the OpenAI Python and Node SDKs' default: two retries, 0.5 s
+// initial backoff doubling up to 8 s, with up to 25% jitter.
+func SDKRetry(jitter func() float64) RetryPolicy {
+	return RetryPolicy{Retries: 2, Backoff: 500 * time.Millisecond, MaxBackoff: 8 * time.Second, Jitter: jitter}
+}
+
+// wait is the backoff before retry k (1-based).
+func (p RetryPolicy) wait(k int) time.Duration {
+	d := p.Backoff << (k - 1)
+	if p.MaxBackoff > 0 && (d > p.MaxBackoff || d <= 0) {
+		d = p.MaxBackoff
+	}
+	f := 1.0
+	if p.Jitter != nil {
+		f = 1 - 0.25*p.Jitter()
+	}
+	return time.Duration(float64(d) * f)
+}
+
+// retryableStatus are the statuses the SDKs retry.
+func retryableStatus(st int) bool {
+	return st == http.StatusRequestTimeout || st == http.StatusConflict ||
+		st == http.StatusTooManyRequests || st >= 500
+}
+
+// shouldRetry decides one retry: err is the attempt's error, answered
+// whether response headers arrived, streamed whether the call was SSE.
+func shouldRetry(err error, answered, streamed bool) bool {
+	var se *StatusError
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return false
+	case errors.As(err, &se):
+		return retryableStatus(se.Status)
+	case !answered:
+		return true // connection error: nothing was read
+	default:
+		// A body that failed to arrive: the SDKs read a plain body inside
+		// the retried send, but hand a stream to the caller.
+		return !streamed
+	}
 }
 
 // NewClient returns a streaming client for model over h (nil: a client
@@ -168,10 +256,44 @@ func (r *Reply) take(c chunk) {
 	}
 }
 
-// Do sends one call to ep and reads the whole answer. It blocks until the
-// answer is complete, ctx ends, or the connection fails.
+// Do sends one call to ep and reads the whole answer, retrying as c.Retry
+// says. It blocks until the answer is complete, ctx ends, or the last
+// attempt failed.
 func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) {
-	body := requestBody{Model: c.Model, MaxTokens: call.MaxTokens, Stream: c.Stream}
+	start := time.Now()
+	var rep Reply
+	var err error
+	last := start
+	for k := 0; ; k++ {
+		if k > 0 {
+			wait := c.sleep
+			if wait == nil {
+				wait = sleep
+			}
+			if !wait(ctx, c.Retry.wait(k)) {
+				break
+			}
+		}
+		var answered bool
+		last = time.Now()
+		rep, answered, err = c.once(ctx, ep, call)
+		rep.Attempts = k + 1
+		if k >= c.Retry.Retries || !shouldRetry(err, answered, rep.Streamed) {
+			break
+		}
+	}
+	// Client-side times span every attempt, as a user of the SDK sees them.
+	if rep.WallTTFT > 0 {
+		rep.WallTTFT += last.Sub(start)
+	}
+	rep.WallE2E = time.Since(start)
+	return rep, err
+}
+
+// once sends one attempt; answered reports whether response headers came.
+func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, answered bool, err error) {
+	stream := c.Stream && !call.Plain
+	body := requestBody{Model: c.Model, MaxTokens: call.MaxTokens, Stream: stream}
 	if call.Model != "" {
 		body.Model = call.Model
 	}
@@ -182,31 +304,43 @@ func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) 
 	} else {
 		body.Prompt = call.Prompt
 	}
-	if c.Stream {
+	if stream {
 		body.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
+	rep = Reply{Pod: ep.Pod, Streamed: stream}
 	b, err := json.Marshal(body)
 	if err != nil {
-		return Reply{}, fmt.Errorf("encode request: %w", err)
+		return rep, false, fmt.Errorf("encode request: %w", err)
 	}
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		if a := i.Conn.LocalAddr(); a != nil {
+			rep.LocalAddr = a.String()
+		}
+	}}
+	ctx = httptrace.WithClientTrace(ctx, trace)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(ep.URL, "/")+path, bytes.NewReader(b))
 	if err != nil {
-		return Reply{}, fmt.Errorf("new request: %w", err)
+		return rep, false, fmt.Errorf("new request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if call.ID != "" {
+		req.Header.Set("X-Request-Id", call.ID)
+	}
 	start := time.Now()
+	defer func() { rep.WallE2E = time.Since(start) }()
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return Reply{}, err
+		return rep, false, err
 	}
 	defer resp.Body.Close()
-	rep := Reply{Pod: ep.Pod}
+	rep.Status = resp.StatusCode
+	rep.Decision = resp.Header.Get(DecisionHeader)
 	if p := resp.Header.Get(ServedByHeader); p != "" {
 		rep.Pod = p
 	}
 	if resp.StatusCode/100 != 2 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return rep, &StatusError{Status: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
+		return rep, true, &StatusError{Status: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
 	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		err = readStream(resp.Body, &rep, start)
@@ -214,8 +348,7 @@ func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) 
 		rep.WallTTFT = time.Since(start)
 		err = readBody(resp.Body, &rep)
 	}
-	rep.WallE2E = time.Since(start)
-	return rep, err
+	return rep, true, err
 }
 
 func readBody(r io.Reader, rep *Reply) error {

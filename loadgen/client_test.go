@@ -1,8 +1,15 @@
 package loadgen
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -51,4 +58,82 @@ func FuzzReadStream(f *testing.F) {
 			return
 		}
 	})
+}
+
+func TestShouldRetry(t *testing.T) {
+	conn := errors.New("connection reset by peer")
+	tests := []struct {
+		name               string
+		err                error
+		answered, streamed bool
+		want               bool
+	}{
+		{"success", nil, true, false, false},
+		{"connection error", conn, false, true, true},
+		{"canceled", context.Canceled, false, false, false},
+		{"deadline", fmt.Errorf("do: %w", context.DeadlineExceeded), false, false, false},
+		{"408", &StatusError{Status: 408}, true, false, true},
+		{"409", &StatusError{Status: 409}, true, false, true},
+		{"429", &StatusError{Status: 429}, true, true, true},
+		{"503", &StatusError{Status: 503}, true, false, true},
+		{"400", &StatusError{Status: 400}, true, false, false},
+		{"404", &StatusError{Status: 404}, true, false, false},
+		{"plain body cut", io.ErrUnexpectedEOF, true, false, true},
+		{"stream cut", ErrTruncated, true, true, false},
+	}
+	for _, tc := range tests {
+		if got := shouldRetry(tc.err, tc.answered, tc.streamed); got != tc.want {
+			t.Errorf("%s: shouldRetry(%v, %v, %v) = %v; want %v", tc.name, tc.err, tc.answered, tc.streamed, got, tc.want)
+		}
+	}
+}
+
+func TestRetryPolicyWait(t *testing.T) {
+	p := SDKRetry(nil)
+	for k, want := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+		if got := p.wait(k + 1); got != want {
+			t.Errorf("wait(%d) = %v; want %v", k+1, got, want)
+		}
+	}
+	p.Retries = 10
+	if got := p.wait(10); got != 8*time.Second {
+		t.Errorf("wait(10) = %v; want the 8s cap", got)
+	}
+	p.Jitter = func() float64 { return 0.999999 }
+	if got := p.wait(1); got < 375*time.Millisecond || got > 376*time.Millisecond {
+		t.Errorf("wait(1) with full jitter = %v; want 375ms", got)
+	}
+}
+
+// A server that fails twice with 503 and then answers: the SDK policy
+// succeeds on the third attempt, the zero policy reports the first 503.
+func TestClientRetries(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1)%3 != 0 {
+			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set(DecisionHeader, "affinity")
+		io.WriteString(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+	}))
+	defer srv.Close()
+	var waits []time.Duration
+	c := NewClient(nil, "m")
+	c.Stream = false
+	c.Retry = SDKRetry(nil)
+	c.sleep = func(_ context.Context, d time.Duration) bool { waits = append(waits, d); return true }
+	rep, err := c.Do(context.Background(), Endpoint{URL: srv.URL}, Call{Kind: Completion, Prompt: []uint32{1, 2, 3}, MaxTokens: 1})
+	if err != nil || rep.Attempts != 3 || rep.Text != "ok" || rep.Decision != "affinity" || rep.LocalAddr == "" {
+		t.Fatalf("Do = %+v, %v; want ok after 3 attempts, decision and local address set", rep, err)
+	}
+	if want := []time.Duration{500 * time.Millisecond, time.Second}; !slices.Equal(waits, want) {
+		t.Errorf("backoffs %v; want %v", waits, want)
+	}
+	c.Retry = RetryPolicy{}
+	rep, err = c.Do(context.Background(), Endpoint{URL: srv.URL}, Call{Kind: Completion, Prompt: []uint32{1}, MaxTokens: 1})
+	var se *StatusError
+	if !errors.As(err, &se) || se.Status != 503 || rep.Attempts != 1 || rep.Status != 503 {
+		t.Errorf("Do without retries = %+v, %v; want one attempt ending in 503", rep, err)
+	}
 }

@@ -27,6 +27,9 @@ type PolicyResult struct {
 	E2EP99      float64 `json:"e2e_p99_s"`
 	OutputTokS  float64 `json:"output_tok_s"`
 	MaxMeanLoad float64 `json:"max_mean_load"`
+	// HitByModel is HitRate per model ("base" for the default), for a
+	// workload whose sessions name models (multi-lora); nil otherwise.
+	HitByModel map[string]float64 `json:"hit_rate_by_model,omitempty"`
 
 	// Not published in the JSON:
 
@@ -71,6 +74,9 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 	}
 	var ttft, e2e, wall []float64
 	var prompt, cached, out int
+	type tokens struct{ prompt, cached int }
+	byModel := map[string]tokens{}
+	named := false
 	var first, last time.Duration = math.MaxInt64, 0
 	for _, s := range samples {
 		first = min(first, s.Sent)
@@ -84,6 +90,15 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 		prompt += s.PromptTokens
 		cached += s.CachedTokens
 		out += s.OutputTokens
+		m := s.Model
+		if m == "" {
+			m = "base"
+		} else {
+			named = true
+		}
+		t := byModel[m]
+		t.prompt, t.cached = t.prompt+s.PromptTokens, t.cached+s.CachedTokens
+		byModel[m] = t
 		if s.Pod != "" {
 			res.PerPod[s.Pod]++
 		}
@@ -93,6 +108,14 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 	}
 	if prompt > 0 {
 		res.HitRate = float64(cached) / float64(prompt)
+	}
+	if named {
+		res.HitByModel = make(map[string]float64, len(byModel))
+		for m, t := range byModel {
+			if t.prompt > 0 {
+				res.HitByModel[m] = float64(t.cached) / float64(t.prompt)
+			}
+		}
 	}
 	slices.Sort(ttft)
 	slices.Sort(e2e)
@@ -159,6 +182,23 @@ func Markdown(r Report) string {
 		fmt.Fprintf(&b, "\n%s requests per pod:", p.Name)
 		for _, k := range pods {
 			fmt.Fprintf(&b, " %s=%d", k, p.PerPod[k])
+		}
+	}
+	gap := "\n"
+	for _, p := range r.Policies {
+		if len(p.HitByModel) == 0 {
+			continue
+		}
+		b.WriteString(gap)
+		gap = ""
+		models := make([]string, 0, len(p.HitByModel))
+		for m := range p.HitByModel {
+			models = append(models, m)
+		}
+		slices.Sort(models)
+		fmt.Fprintf(&b, "\n%s hit rate by model:", p.Name)
+		for _, m := range models {
+			fmt.Fprintf(&b, " %s=%.1f%%", m, 100*p.HitByModel[m])
 		}
 	}
 	b.WriteString("\n")

@@ -115,6 +115,29 @@ func keys(m map[string]any) []string {
 	return out
 }
 
+// With sessions naming models, the hit rate is also given per model,
+// token-weighted like the total; failures do not count.
+func TestSummarizeByModel(t *testing.T) {
+	samples := []Sample{
+		{Model: "", PromptTokens: 1000, CachedTokens: 900},
+		{Model: "lora-a", PromptTokens: 1000, CachedTokens: 200},
+		{Model: "lora-a", PromptTokens: 3000, CachedTokens: 1800},
+		{Model: "lora-b", Err: "status 404", PromptTokens: 5000},
+	}
+	got := Summarize("kvroute", samples, nil, 1).HitByModel
+	want := map[string]float64{"base": 0.9, "lora-a": 0.5}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("HitByModel (-want +got):\n%s", d)
+	}
+	if got := Summarize("x", samples[:1], nil, 1).HitByModel; got != nil {
+		t.Errorf("no session names a model: HitByModel = %v; want nil", got)
+	}
+	md := Markdown(Report{Policies: []PolicyResult{{Name: "service"}, {Name: "kvroute", HitByModel: want}}})
+	if !strings.Contains(md, "\n\nkvroute hit rate by model: base=90.0% lora-a=50.0%") {
+		t.Errorf("Markdown lacks the per-model line:\n%s", md)
+	}
+}
+
 func TestMarkdown(t *testing.T) {
 	r := Report{Workload: "w", Pods: 2, Policies: []PolicyResult{
 		{Name: "service", Requests: 10, SuccessRate: 1, HitRate: 0.25, TTFTP90: 1.5, PerPod: map[string]int{"b": 4, "a": 6}},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,13 @@ type RunConfig struct {
 	Stop time.Duration
 	// RequestTimeout bounds one request (default 5 minutes).
 	RequestTimeout time.Duration
+	// RequestIDs sends every request with X-Request-Id RequestID(session,
+	// turn).
+	RequestIDs bool
+	// PlainEvery sends every PlainEvery-th session without streaming
+	// (0: all as the client says), so a run mixes streaming and plain
+	// answers deterministically.
+	PlainEvery int
 	// Progress, when set, gets a line every ProgressEvery (default 5 s):
 	// sent, done, errors, in flight, send rate.
 	Progress      io.Writer
@@ -39,6 +47,7 @@ type RunConfig struct {
 // Sample is the outcome of one request.
 type Sample struct {
 	Session string
+	Model   string // the session's model; "" for the client's
 	Turn    int
 	// Scheduled and Sent are offsets from the start of the run.
 	Scheduled, Sent time.Duration
@@ -52,6 +61,12 @@ type Sample struct {
 	TTFT, E2E         float64
 	Sim               bool
 	WallTTFT, WallE2E time.Duration
+	// Decision, LocalAddr, Attempts, Status and Streamed are the Reply's.
+	Decision  string
+	LocalAddr string
+	Attempts  int
+	Status    int
+	Streamed  bool
 }
 
 // OK reports whether the request succeeded.
@@ -59,7 +74,9 @@ func (s Sample) OK() bool { return s.Err == "" }
 
 func sampleOf(rep Reply) Sample {
 	s := Sample{Pod: rep.Pod, PromptTokens: rep.PromptTokens, CachedTokens: rep.CachedTokens,
-		OutputTokens: rep.OutputTokens, WallTTFT: rep.WallTTFT, WallE2E: rep.WallE2E}
+		OutputTokens: rep.OutputTokens, WallTTFT: rep.WallTTFT, WallE2E: rep.WallE2E,
+		Decision: rep.Decision, LocalAddr: rep.LocalAddr, Attempts: rep.Attempts, Status: rep.Status,
+		Streamed: rep.Streamed}
 	if s.WallTTFT == 0 {
 		s.WallTTFT = s.WallE2E
 	}
@@ -112,6 +129,7 @@ func Run(ctx context.Context, c RunConfig, s Schedule) ([]Sample, error) {
 launch:
 	for i := range s.Sessions {
 		x := &s.Sessions[i]
+		plain := c.PlainEvery > 0 && i%c.PlainEvery == c.PlainEvery-1
 		if wait := x.At - time.Since(r.start); wait > 0 {
 			t.Reset(wait)
 			select {
@@ -122,7 +140,7 @@ launch:
 			}
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); r.session(ctx, x) }()
+		go func() { defer wg.Done(); r.session(ctx, x, plain) }()
 	}
 	wg.Wait()
 	close(progDone)
@@ -167,7 +185,7 @@ func (r *run) record(s Sample) {
 
 // session sends x's turns in order; a chat session ends at its first
 // failed turn, since later turns need the answer.
-func (r *run) session(ctx context.Context, x *Session) {
+func (r *run) session(ctx context.Context, x *Session, plain bool) {
 	var history []Message
 	if x.Kind == Chat && x.System != "" {
 		history = append(history, Message{Role: "system", Content: x.System})
@@ -190,7 +208,10 @@ func (r *run) session(ctx context.Context, x *Session) {
 		case <-ctx.Done():
 			return
 		}
-		call := Call{Kind: x.Kind, Model: x.Model, MaxTokens: turn.MaxTokens}
+		call := Call{Kind: x.Kind, Model: x.Model, MaxTokens: turn.MaxTokens, Plain: plain}
+		if r.cfg.RequestIDs {
+			call.ID = RequestID(x.ID, k)
+		}
 		if x.Kind == Chat {
 			history = append(history, Message{Role: "user", Content: turn.User})
 			call.Messages = history
@@ -204,7 +225,7 @@ func (r *run) session(ctx context.Context, x *Session) {
 		cancel()
 		<-r.sem
 		s := sampleOf(rep)
-		s.Session, s.Turn, s.Scheduled, s.Sent = x.ID, k, scheduled, sent
+		s.Session, s.Model, s.Turn, s.Scheduled, s.Sent = x.ID, x.Model, k, scheduled, sent
 		if err != nil {
 			s.Err = err.Error()
 		}
@@ -217,6 +238,10 @@ func (r *run) session(ctx context.Context, x *Session) {
 		}
 	}
 }
+
+// RequestID is the X-Request-Id of a session's turn when
+// RunConfig.RequestIDs is set.
+func RequestID(session string, turn int) string { return session + "." + strconv.Itoa(turn) }
 
 // sleep waits d; false if ctx ended first.
 func sleep(ctx context.Context, d time.Duration) bool {

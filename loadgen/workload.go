@@ -27,7 +27,7 @@ type Config struct {
 	// blocks per pod × block size).
 	CacheTokens int
 	// Fill is the fraction of CacheTokens the distinct prefixes occupy.
-	// Default 0.73, the KV fill of llm-d's published comparison (anchors §2).
+	// Default 0.73, the KV fill of llm-d's published comparison (docs/reference/anchors.md §2).
 	Fill float64
 	// MaxPromptTokens caps any prompt (the server's context length minus the
 	// output); 0 means no cap.

@@ -189,7 +189,7 @@ func subset(sel, labels map[string]string) bool {
 	return true
 }
 
-// eventsConfig is vLLM's --kv-events-config (vllm-interface.md §1.1), decoded
+// eventsConfig is vLLM's --kv-events-config (docs/reference/vllm-interface.md §1.1), decoded
 // strictly so that a misspelt field is caught.
 type eventsConfig struct {
 	Enable         bool   `json:"enable_kv_cache_events"`

@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// requiredMetrics must each have a panel (DESIGN.md D8; the manifests brief).
+// requiredMetrics must each have a panel (docs/design.md D8; the manifests brief).
 var requiredMetrics = []string{
 	"kvroute_routing_decisions_total",
 	"kvroute_cached_tokens_total",

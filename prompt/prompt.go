@@ -40,7 +40,7 @@ var ErrBadJSON = errors.New("request body is not a valid JSON object")
 
 // ErrNoPrompt means the body is valid JSON but routing cannot predict its
 // blocks (no prompt or messages, several prompts): it is served without
-// prefix prediction, never refused here (DESIGN.md D6).
+// prefix prediction, never refused here (docs/design.md D6).
 var ErrNoPrompt = errors.New("no single prompt to route on")
 
 // Parse reads the routing-relevant fields of an OpenAI request body.

@@ -13,7 +13,7 @@ import (
 // rendezvous or least-load choice still shows what every peer held.
 type Chain []Policy
 
-// DefaultChain is the kvroute choice (DESIGN.md D4): cache affinity within
+// DefaultChain is the kvroute choice (docs/design.md D4): cache affinity within
 // the load bound, then rendezvous for prefixes nobody holds, then least
 // load. r may be nil.
 func DefaultChain(cfg Config, r *Recent) Chain {

@@ -73,6 +73,12 @@ func (a *assessment) inBound(i int) bool {
 	return c.Eligible && (!c.Over || a.allOver)
 }
 
+// Excluded returns why p may serve no request at all now (its engine down,
+// draining, silent, a failed forward), or "": what /debug/peers shows.
+func Excluded(cfg Config, p PeerView, now time.Time) string {
+	return excluded(cfg, p, Request{}, now)
+}
+
 // excluded returns why p may not serve req, or "".
 func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
 	switch {
@@ -80,6 +86,8 @@ func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
 		return "engine " + p.Engine.String()
 	case p.Draining:
 		return "draining"
+	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && !p.LoadAt.IsZero() && now.Sub(p.LoadAt) > cfg.SilentFor:
+		return fmt.Sprintf("silent %s", now.Sub(p.LoadAt).Round(time.Millisecond))
 	case !p.LastFailure.IsZero() && now.Sub(p.LastFailure) < cfg.FailFor:
 		return fmt.Sprintf("failed %s ago", now.Sub(p.LastFailure).Round(time.Millisecond))
 	case req.Model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, req.Model):

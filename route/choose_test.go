@@ -54,6 +54,10 @@ func TestExcluded(t *testing.T) {
 		{"request without model", PeerView{Models: []string{"qwen"}}, "", ""},
 		{"draining wins over failure", PeerView{Draining: true, LastFailure: t0}, "", "draining"},
 		{"engine down", PeerView{Engine: EngineDown}, "llama", "engine down"},
+		{"pushes stopped 3.5s ago", PeerView{Load: Load{Fronted: true}, LoadAt: t0.Add(-3500 * time.Millisecond)}, "", "silent 3.5s"},
+		{"pushed 2s ago", PeerView{Load: Load{Fronted: true}, LoadAt: t0.Add(-2 * time.Second)}, "", ""},
+		{"scraped load 9s old is no silence", PeerView{LoadAt: t0.Add(-9 * time.Second)}, "", ""},
+		{"the local pod is never silent", PeerView{Local: true, Load: Load{Fronted: true}, LoadAt: t0.Add(-time.Minute)}, "", ""},
 		{"engine starting", PeerView{Engine: EngineStarting}, "", "engine starting"},
 		{"engine down wins over draining", PeerView{Engine: EngineDown, Draining: true}, "", "engine down"},
 	}

@@ -6,10 +6,18 @@ import "time"
 // zero field means what its comment says, never a panic.
 type Config struct {
 	// FailFor keeps a peer out of every choice for this long after a
-	// forward to it failed (style.md P5: health from evidence). Default
+	// forward to it failed (docs/reference/style.md P5: health from evidence). Default
 	// 10s. Longer protects clients from a flapping pod; shorter brings a
 	// recovered pod's cache back sooner. 0 ignores failures.
 	FailFor time.Duration
+
+	// SilentFor keeps a Fronted peer (one whose sidecar pushes its load,
+	// at least every second) out of every choice once its last push is this
+	// old: a pod that died whole, sidecar and engine, goes silent at once,
+	// while memberlist's failure detection takes 5-10 s to remove it. A
+	// push brings the peer back. Default 3 s, three missed refreshes. 0
+	// ignores silence.
+	SilentFor time.Duration
 
 	// LoadTTL is how long a peer's reported load is trusted. Older reports
 	// count as unknown and only InFlight is used. Default 5s, a few gossip
@@ -26,7 +34,7 @@ type Config struct {
 	// with m the eligible peers' mean load counting this request,
 	// Bound = max(m*(1+Slack), m+MinHeadroom), and a peer with Load+1 >
 	// Bound is over it. Slack caps max/mean load at 1+Slack under pressure;
-	// default 1. KubeAI's 0.25 (anchors §5.8) sheds holders exactly when
+	// default 1. KubeAI's 0.25 (docs/reference/anchors.md §5.8) sheds holders exactly when
 	// the cluster saturates and hits matter most: on the doc-QA workload
 	// (4 pods, 32k-token documents) kvroute's hit rate was 51% at 0.25, 64%
 	// at 0.5 and 81% at 1, with max/mean requests per pod 1.17, 1.06, 1.13
@@ -45,7 +53,7 @@ type Config struct {
 
 	// MinMatchFraction is the smallest share of the prompt a match must
 	// cover for Affinity to act on it. Default 0.25 (SGLang's cache-aware
-	// router uses a 0.3 match rate, anchors §1): a short shared preamble in
+	// router uses a 0.3 match rate, docs/reference/anchors.md §1): a short shared preamble in
 	// front of long unrelated prompts is not worth a queue, so such requests
 	// are balanced by Rendezvous instead. 0 acts on any match.
 	MinMatchFraction float64
@@ -100,6 +108,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		FailFor:              10 * time.Second,
+		SilentFor:            3 * time.Second,
 		LoadTTL:              5 * time.Second,
 		Slack:                1,
 		MinHeadroom:          4,

@@ -1,5 +1,5 @@
 // Package route chooses the pod that serves a request and explains why
-// (DESIGN.md D4, D6). It is pure: peers, the request and now come in, a
+// (docs/design.md D4, D6). It is pure: peers, the request and now come in, a
 // Decision comes out. There are no clocks, goroutines, locks or logs.
 //
 // # The choice

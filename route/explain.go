@@ -22,6 +22,9 @@ func (d Decision) Table() string {
 	if d.Note != "" {
 		fmt.Fprintf(&b, "note %s\n", d.Note)
 	}
+	if len(d.Attempts) > 0 {
+		fmt.Fprintf(&b, "attempts %s\n", strings.Join(d.Attempts, " > "))
+	}
 	w := len("peer")
 	for _, c := range d.Candidates {
 		w = max(w, len(c.ID))

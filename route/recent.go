@@ -8,7 +8,7 @@ import (
 )
 
 // Recent remembers, for a short TTL, which keys this sidecar just sent to
-// which peer (DESIGN.md D4), so the next request of a burst or a
+// which peer (docs/design.md D4), so the next request of a burst or a
 // conversation follows the first before the target's digest shows it.
 //
 // A Recent is a value machine like the rest of the package: it takes now

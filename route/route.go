@@ -40,7 +40,7 @@ type Load struct {
 	QueuedPrefillTokens int `json:"queued_prefill_tokens"`
 }
 
-// Engine is a pod's vLLM as its sidecar sees it (DESIGN.md D10). The zero
+// Engine is a pod's vLLM as its sidecar sees it (docs/design.md D10). The zero
 // value is EngineServing, so a peer that advertises nothing (a baseline's
 // pod, a sidecar of an earlier version) is taken as serving.
 type Engine uint8
@@ -165,6 +165,9 @@ type Decision struct {
 	Eligible   int         `json:"eligible"`       // eligible peers
 	Note       string      `json:"note,omitempty"` // why earlier policies of a Chain declined
 	Candidates []Candidate `json:"candidates"`
+	// Attempts is the failover order, filled by the caller with Attempts
+	// (the policies leave it empty): candidate IDs, first to last.
+	Attempts []string `json:"attempts,omitempty"`
 }
 
 // Policy chooses the peer that serves a request. Implementations are pure:

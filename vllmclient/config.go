@@ -16,7 +16,7 @@ type Config struct {
 	Endpoint string
 	// Bind makes the SUB socket bind Endpoint instead of connecting, for a
 	// vLLM configured to connect out (an endpoint without "*"; see
-	// vllm-interface.md §1.2). Default false.
+	// docs/reference/vllm-interface.md §1.2). Default false.
 	Bind bool
 	// Topic is the subscription prefix; "" (default) receives every topic.
 	// Replay replies from vLLM <= v0.25 carry no topic: batches replayed at
@@ -31,7 +31,7 @@ type Config struct {
 	ReplayEndpoint string
 	// DPRanks is the number of data-parallel ranks (default 1). vLLM offsets
 	// both endpoints per rank: rank r uses port+r for tcp:// and name_dp<r>
-	// for ipc:// and inproc:// (vllm-interface.md §1.2). One SUB (and DEALER)
+	// for ipc:// and inproc:// (docs/reference/vllm-interface.md §1.2). One SUB (and DEALER)
 	// is opened per rank; items carry the rank in Stream.Rank. The ranks of
 	// one vLLM restart together: a restart is reported once, by the rank
 	// that shows it first, and the others start afresh at their own next

@@ -2,7 +2,7 @@
 // cache and the clock of one vLLM process, without a GPU. cmd/vllm-sim puts
 // vLLM's HTTP API and ZMQ KV events in front of it.
 //
-// What is faithful to vLLM (v1 engine; vllm-interface.md §3, §4, §7):
+// What is faithful to vLLM (v1 engine; docs/reference/vllm-interface.md §3, §4, §7):
 //   - The KV cache: NumGPUBlocks blocks of BlockSize tokens; only full blocks
 //     are hashed and cached, prompt and generated tokens alike; a request
 //     reuses the longest cached prefix of its block hashes, at most

@@ -24,11 +24,11 @@ const (
 type digest [32]byte
 
 // wire is the form events carry: the last 8 bytes read big-endian
-// (vllm-interface.md §2.5, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+// (docs/reference/vllm-interface.md §2.5, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
 func (d digest) wire() uint64 { return binary.BigEndian.Uint64(d[24:]) }
 
 // hasher computes chained block hashes exactly as vLLM's hash_block_tokens
-// (vllm-interface.md §4.1). It is immutable once built; Restart builds a new
+// (docs/reference/vllm-interface.md §4.1). It is immutable once built; Restart builds a new
 // one when the seed is random.
 type hasher struct {
 	fast bool

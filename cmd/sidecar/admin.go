@@ -79,6 +79,10 @@ type peerJSON struct {
 	LoadAgeS        float64    `json:"load_age_s"`
 	LastFailure     *time.Time `json:"last_failure,omitempty"`
 	Draining        bool       `json:"draining"`
+	// Excluded says why this sidecar chooses the peer for no request now
+	// (route's rules: engine down, draining, silent, a failed forward);
+	// empty while it is a candidate. Not set for this pod itself.
+	Excluded string `json:"excluded,omitempty"`
 	// Local entry only: why the engine is in its state, and how far the
 	// local index can be trusted.
 	EngineReason string `json:"engine_reason,omitempty"`
@@ -104,6 +108,9 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 			KeyScheme: p.KeyScheme, HasDigest: p.Digest != nil, Draining: p.Draining,
 			Load: loadJSON{Running: p.Load.Running, Waiting: p.Load.Waiting, KVUsage: p.Load.KVUsage,
 				Serving: p.Load.Serving, Fronted: p.Load.Fronted}}
+		if !p.Local {
+			j.Excluded = a.front.Excluded(p, now)
+		}
 		if p.Local {
 			var st route.Engine
 			st, j.EngineReason = a.cache.Engine()

@@ -61,7 +61,7 @@ func envName(flagName string) string {
 
 // parseServe parses the serve flags. A flag not given on the command line
 // takes its KVROUTE_<NAME> environment twin when that is set.
-func parseServe(args []string, getenv func(string) string, out io.Writer) (config, error) {
+func parseServe(args []string, getenv func(string) string, stdout, stderr io.Writer) (config, error) {
 	var c config
 	var join string
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
@@ -102,7 +102,7 @@ func parseServe(args []string, getenv func(string) string, out io.Writer) (confi
 			"to the pod that holds the longest cached prefix of its prompt.\n"+
 			"Every flag has an environment twin KVROUTE_<NAME> (e.g. --vllm-url: KVROUTE_VLLM_URL);\n"+
 			"a flag on the command line wins over its twin.")
-	if err := cli.Parse(fs, args, out, out); err != nil {
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {

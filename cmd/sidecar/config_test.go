@@ -15,7 +15,7 @@ func TestParseServeEnvTwins(t *testing.T) {
 		"POD_NAME":               "pod-1",
 		"POD_IP":                 "10.0.0.7",
 	}
-	c, err := parseServe([]string{"--listen", ":8080"}, func(k string) string { return env[k] }, io.Discard)
+	c, err := parseServe([]string{"--listen", ":8080"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestParseServeErrors(t *testing.T) {
 		{"--nope"},
 		{"extra"},
 	} {
-		if _, err := parseServe(args, none, io.Discard); err == nil {
+		if _, err := parseServe(args, none, io.Discard, io.Discard); err == nil {
 			t.Errorf("parseServe(%q) succeeded; want error", args)
 		}
 	}
@@ -43,7 +43,7 @@ func TestParseServeErrors(t *testing.T) {
 		}
 		return ""
 	}
-	if _, err := parseServe(nil, bad, io.Discard); err == nil {
+	if _, err := parseServe(nil, bad, io.Discard, io.Discard); err == nil {
 		t.Error("parseServe with KVROUTE_GOSSIP_PORT=x succeeded; want error")
 	}
 }

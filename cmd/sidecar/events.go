@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,13 +20,16 @@ import (
 
 // runEvents implements `sidecar events`: subscribe to a vLLM KV-event stream
 // and print one JSON object per event or notice until --count events,
-// SIGINT or SIGTERM.
+// SIGINT or SIGTERM. An event's object carries every wire field the
+// decoder knows for its kind, null when the event did not send it (bin
+// values in extra_keys print as base64, as encoding/json writes []byte).
 func runEvents(args []string, stdout, stderr io.Writer) error {
 	cfg := vllmclient.DefaultConfig()
 	fs := flag.NewFlagSet("sidecar events", flag.ContinueOnError)
 	cli.Usage(fs, "sidecar events [flags]",
 		"Prints a vLLM KV-event stream as JSON lines on stdout, one per event or notice (gap,\n"+
-			"restart, decode error), until --count events, SIGINT or SIGTERM: a debugging tap.")
+			"restart, decode error), until --count events, SIGINT or SIGTERM: a debugging tap.\n"+
+			"An event line carries every field of its kind, null where the event sent none.")
 	fs.StringVar(&cfg.Endpoint, "endpoint", cfg.Endpoint, "vLLM KV-event PUB endpoint")
 	fs.BoolVar(&cfg.Bind, "bind", cfg.Bind, "bind the endpoint (for a vLLM that connects out)")
 	fs.StringVar(&cfg.Topic, "topic", cfg.Topic, "topic prefix to subscribe to")
@@ -88,7 +92,8 @@ func remaining(count, done int) int {
 	return count - done
 }
 
-// line shapes, field order as printed.
+// line shapes, field order as printed. An event line is eventHead
+// followed by the event's wire fields (kvevent.Event.Fields).
 type (
 	eventHead struct {
 		Kind   string  `json:"kind"`
@@ -97,20 +102,6 @@ type (
 		TS     float64 `json:"ts"`
 		DPRank int64   `json:"dp_rank"`
 		Type   string  `json:"type"`
-	}
-	storedLine struct {
-		eventHead
-		BlockHashes []uint64 `json:"block_hashes"`
-		Parent      *uint64  `json:"parent_block_hash"`
-		TokenIDs    []uint32 `json:"token_ids"`
-		BlockSize   int      `json:"block_size"`
-		LoRAName    *string  `json:"lora_name"`
-		Medium      *string  `json:"medium"`
-	}
-	removedLine struct {
-		eventHead
-		BlockHashes []uint64 `json:"block_hashes"`
-		Medium      *string  `json:"medium"`
 	}
 	gapLine struct {
 		Kind     string `json:"kind"`
@@ -136,18 +127,26 @@ type (
 // dp_rank is the batch's data_parallel_rank, or the socket's rank when the
 // batch omits it.
 func writeItem(w io.Writer, it vllmclient.Item, max int) (int, error) {
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false) // topics and errors stay readable
+	var err error
 	switch it.Kind {
 	case vllmclient.KindGap:
-		return 0, enc.Encode(gapLine{"gap", it.Stream.Topic, it.Expected, it.Got})
+		err = enc.Encode(gapLine{"gap", it.Stream.Topic, it.Expected, it.Got})
 	case vllmclient.KindRestart:
-		return 0, enc.Encode(restartLine{"restart", it.Stream.Topic, it.Seq})
+		err = enc.Encode(restartLine{"restart", it.Stream.Topic, it.Seq})
 	case vllmclient.KindDecodeError:
-		return 0, enc.Encode(errorLine{"error", it.Stream.Topic, it.Seq, errString(it.Err)})
+		err = enc.Encode(errorLine{"error", it.Stream.Topic, it.Seq, errString(it.Err)})
 	case vllmclient.KindBatch:
 	default:
 		return 0, nil
+	}
+	if it.Kind != vllmclient.KindBatch {
+		if err == nil {
+			_, err = w.Write(buf.Bytes())
+		}
+		return 0, err
 	}
 	b := it.Batch
 	h := eventHead{Kind: "event", Topic: it.Stream.Topic, Seq: b.Seq, TS: b.TS, DPRank: int64(it.Stream.Rank)}
@@ -155,23 +154,15 @@ func writeItem(w io.Writer, it vllmclient.Item, max int) (int, error) {
 		h.DPRank = *b.DPRank
 	}
 	n := 0
-	for _, e := range b.Events {
+	for i := range b.Events {
 		if max > 0 && n >= max {
 			break
 		}
-		h.Type = e.Kind.String()
-		var v any = h
-		switch e.Kind {
-		case kvevent.BlockStored:
-			v = storedLine{h, orEmpty(e.BlockHashes), e.Parent, orEmpty(e.TokenIDs), e.BlockSize, e.LoRAName, e.Medium}
-		case kvevent.BlockRemoved:
-			v = removedLine{h, orEmpty(e.BlockHashes), e.Medium}
-		case kvevent.AllBlocksCleared:
-		default:
-			h.Type = e.Tag // show what arrived rather than "Unknown"
-			v = h
+		buf.Reset()
+		if err := eventLine(enc, &buf, h, &b.Events[i]); err != nil {
+			return n, err
 		}
-		if err := enc.Encode(v); err != nil {
+		if _, err := w.Write(buf.Bytes()); err != nil {
 			return n, err
 		}
 		n++
@@ -179,12 +170,32 @@ func writeItem(w io.Writer, it vllmclient.Item, max int) (int, error) {
 	return n, nil
 }
 
-// orEmpty makes a nil slice print as [] rather than null.
-func orEmpty[T any](s []T) []T {
-	if s == nil {
-		return []T{}
+// eventLine writes e's line to buf through enc, which writes to buf: the
+// head, then every field the decoder's table has, so a field added to
+// kvevent is printed without a change here.
+func eventLine(enc *json.Encoder, buf *bytes.Buffer, h eventHead, e *kvevent.Event) error {
+	h.Type = e.Kind.String()
+	if e.Kind == kvevent.Unknown {
+		h.Type = e.Tag // show what arrived rather than "Unknown"
 	}
-	return s
+	if err := enc.Encode(h); err != nil {
+		return err
+	}
+	buf.Truncate(buf.Len() - len("}\n"))
+	for name, v := range e.Fields() {
+		buf.WriteByte(',')
+		if err := enc.Encode(name); err != nil {
+			return err
+		}
+		buf.Truncate(buf.Len() - 1) // the encoder's newline
+		buf.WriteByte(':')
+		if err := enc.Encode(v); err != nil {
+			return fmt.Errorf("event field %s: %w", name, err)
+		}
+		buf.Truncate(buf.Len() - 1)
+	}
+	buf.WriteString("}\n")
+	return nil
 }
 
 func errString(err error) string {

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +25,8 @@ var updateEvents = flag.Bool("update-events", false, "rewrite testdata/events.go
 func p[T any](v T) *T { return &v }
 
 // eventItems covers every line shape: all three event types with set and
-// nil optional fields, a hash above 2^63 (printed as an unsigned integer),
+// nil optional fields (one BlockStored and one BlockRemoved with every
+// field set), a hash above 2^63 (printed as an unsigned integer),
 // a batch without dp rank, and each notice.
 func eventItems() []vllmclient.Item {
 	s := vllmclient.Stream{Topic: "kv@10.0.0.1@qwen", Rank: 1}
@@ -36,6 +39,11 @@ func eventItems() []vllmclient.Item {
 				{Kind: kvevent.BlockStored, Tag: "BlockStored", BlockHashes: []uint64{9}, Parent: p(uint64(7)),
 					TokenIDs: []uint32{9, 10, 11, 12}, BlockSize: 4, LoRAName: p("Alice"), Medium: p("GPU")},
 				{Kind: kvevent.BlockStored, Tag: "BlockStored", BlockHashes: []uint64{10}, BlockSize: 4, Medium: p("CPU")},
+				{Kind: kvevent.BlockStored, Tag: "BlockStored", BlockHashes: []uint64{11}, Parent: p(uint64(10)),
+					TokenIDs: []uint32{13, 14, 15, 16}, BlockSize: 4, LoRAID: p(int64(2)), Medium: p("GPU"),
+					LoRAName: p("Bob"), ExtraKeys: [][]any{{"Bob", []any{"mm-hash", int64(0)}, []byte{1, 2}}, nil},
+					GroupIdx: p(int64(1)), KVCacheSpecKind: p("sliding_window"), KVCacheSpecSlidingWindow: p(int64(4096)),
+					Locality: p("local")},
 			},
 		}},
 		{Kind: vllmclient.KindGap, Stream: s, Expected: 42, Got: 45},
@@ -44,6 +52,8 @@ func eventItems() []vllmclient.Item {
 			Events: []kvevent.Event{
 				{Kind: kvevent.BlockRemoved, Tag: "BlockRemoved", BlockHashes: []uint64{15760518052499183552}, Medium: p("GPU")},
 				{Kind: kvevent.BlockRemoved, Tag: "BlockRemoved", BlockHashes: []uint64{9}},
+				{Kind: kvevent.BlockRemoved, Tag: "BlockRemoved", BlockHashes: []uint64{11}, Medium: p("GPU"),
+					GroupIdx: p(int64(1)), Locality: p("local")},
 				{Kind: kvevent.AllBlocksCleared, Tag: "AllBlocksCleared"},
 				{Kind: kvevent.Unknown, Tag: "BlockMoved"},
 			},
@@ -63,8 +73,8 @@ func TestWriteItemGolden(t *testing.T) {
 		}
 		events += n
 	}
-	if events != 7 {
-		t.Errorf("events written = %d; want 7", events)
+	if events != 9 {
+		t.Errorf("events written = %d; want 9", events)
 	}
 	path := filepath.Join("testdata", "events.golden")
 	if *updateEvents {
@@ -79,6 +89,79 @@ func TestWriteItemGolden(t *testing.T) {
 	if got := buf.String(); got != string(want) {
 		t.Errorf("output differs from %s:\n got:\n%s\nwant:\n%s", path, got, want)
 	}
+}
+
+// TestWriteItemEveryField checks that an event line is the head and then
+// every field of the decoder's table, in its order and with the value the
+// event holds, so the tap cannot fall behind the decoder again.
+func TestWriteItemEveryField(t *testing.T) {
+	head := []string{"kind", "topic", "seq", "ts", "dp_rank", "type"}
+	seen := map[string]bool{}
+	for _, it := range eventItems() {
+		if it.Kind != vllmclient.KindBatch {
+			continue
+		}
+		var buf bytes.Buffer
+		if _, err := writeItem(&buf, it, 0); err != nil {
+			t.Fatalf("writeItem: %v", err)
+		}
+		lines := strings.SplitAfter(buf.String(), "\n")
+		for i, e := range it.Batch.Events {
+			want := slices.Clone(head)
+			wantVals := map[string]string{}
+			for name, v := range e.Fields() {
+				want = append(want, name)
+				j, err := json.Marshal(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantVals[name] = string(j)
+				seen[name] = true
+			}
+			keys, vals := lineFields(t, lines[i])
+			if !slices.Equal(keys, want) {
+				t.Errorf("%s line keys = %v; want %v", e.Tag, keys, want)
+			}
+			for name, j := range wantVals {
+				if vals[name] != j {
+					t.Errorf("%s line %s = %s; want %s", e.Tag, name, vals[name], j)
+				}
+			}
+		}
+	}
+	// The fields the tap used to omit.
+	for _, name := range []string{"lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind",
+		"kv_cache_spec_sliding_window", "locality"} {
+		if !seen[name] {
+			t.Errorf("no event line has %s", name)
+		}
+	}
+}
+
+// lineFields returns the top-level keys of a JSON object in the order they
+// appear, and each one's raw value.
+func lineFields(t *testing.T, line string) ([]string, map[string]string) {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("line %q: want an object (%v)", line, err)
+	}
+	var keys []string
+	vals := map[string]string{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		k := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("line %q key %s: %v", line, k, err)
+		}
+		keys = append(keys, k)
+		vals[k] = string(v)
+	}
+	return keys, vals
 }
 
 func TestWriteItemLimit(t *testing.T) {

@@ -41,17 +41,8 @@ func run(args []string, stdout io.Writer) error {
 	if len(args) > 0 && args[0] == "serve" {
 		args = args[1:]
 	}
-	// runServe reports bad flags on stderr itself; --help and --version are
-	// answered here, on stdout, before it starts anything.
-	if _, err := parseServe(args, os.Getenv, io.Discard); errors.Is(err, cli.ErrDone) {
-		_, err = parseServe(args, os.Getenv, stdout)
-		if errors.Is(err, cli.ErrDone) {
-			return nil
-		}
-		return err
-	}
 	plainConsole(os.Stderr, os.Setenv)
-	return runServe(args)
+	return runServe(args, stdout, os.Stderr)
 }
 
 // plainConsole turns off --log-format console's ANSI colours when the logs

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
@@ -181,4 +182,28 @@ func baseModel(ctx context.Context, vllm modelLister) (string, error) {
 		}
 	}
 	return "", errors.New("/v1/models lists no base model")
+}
+
+// promptTokenizer is what forward tokenizes with; the sidecar's vLLM
+// client adapter (tokenizer) satisfies it.
+type promptTokenizer interface {
+	Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error)
+}
+
+// adapterFallback tokenizes a request for an adapter that the local vLLM
+// does not serve (its /tokenize answers 404: "The model ... does not
+// exist") as the base model's. LoRA adapters share the base model's
+// tokenizer and chat template unless they ship their own, and the request
+// will be served by a pod that has the adapter: its keys must still find
+// that pod's blocks, or it is routed by load alone.
+type adapterFallback struct{ next promptTokenizer }
+
+func (a adapterFallback) Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, error) {
+	ids, err := a.next.Tokenize(ctx, p)
+	var he *vllmclient.HTTPError
+	if p.Model == "" || !errors.As(err, &he) || he.Status != http.StatusNotFound {
+		return ids, err
+	}
+	p.Model = "" // vLLM's base model
+	return a.next.Tokenize(ctx, p)
 }

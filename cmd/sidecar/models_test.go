@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
@@ -189,4 +190,39 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+type fakeTokenizer struct{ models []string }
+
+func (f *fakeTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, error) {
+	f.models = append(f.models, p.Model)
+	switch p.Model {
+	case "", "m", "alice":
+		return []uint32{uint32(len(p.Text))}, nil
+	case "broken":
+		return nil, &vllmclient.HTTPError{Status: http.StatusInternalServerError}
+	}
+	return nil, &vllmclient.HTTPError{Status: http.StatusNotFound, Body: "The model does not exist."}
+}
+
+// A request for an adapter the local vLLM does not serve is tokenized as
+// the base model's; other failures are not retried.
+func TestAdapterFallbackTokenizes(t *testing.T) {
+	tests := []struct {
+		model   string
+		wantErr bool
+		calls   []string
+	}{
+		{"alice", false, []string{"alice"}},
+		{"carol", false, []string{"carol", ""}},
+		{"", false, []string{""}},
+		{"broken", true, []string{"broken"}},
+	}
+	for _, tt := range tests {
+		f := &fakeTokenizer{}
+		ids, err := adapterFallback{f}.Tokenize(context.Background(), prompt.Prompt{Model: tt.model, Text: "abc"})
+		if (err != nil) != tt.wantErr || (err == nil && !slices.Equal(ids, []uint32{3})) || !slices.Equal(f.models, tt.calls) {
+			t.Errorf("Tokenize(model %q) = %v, %v after calls %q; want error %v after %q", tt.model, ids, err, f.models, tt.wantErr, tt.calls)
+		}
+	}
 }

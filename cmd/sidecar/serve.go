@@ -38,9 +38,9 @@ import (
 // runServe is `sidecar serve`: it wires the cache-state flow (events →
 // index → digest → mesh) and the request flow (front → choice → proxy), and
 // drains on SIGTERM.
-func runServe(args []string) error {
-	cfg, err := parseServe(args, os.Getenv, os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
+func runServe(args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseServe(args, os.Getenv, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) { // --help or --version, answered
 		return nil
 	}
 	if err != nil {
@@ -148,9 +148,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.Models = []string{cfg.Model}
 	gcfg.Engine = route.EngineStarting // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
-	// Peers balance on the load they see: advertise it as often as it is
-	// scraped, or a sidecar acts on load up to a second older than that.
-	gcfg.MetaInterval = cfg.LoadInterval
+	// The meta keeps gossip's default interval (1 s): load, engine state
+	// and digest epoch reach peers by the direct push, and a meta update
+	// every scrape (250 ms) outran memberlist's broadcast of the last one
+	// ("timeout waiting for update broadcast", 2.4 a second per pod).
 	mesh, err := gossip.Join(runCtx, gcfg)
 	if err != nil {
 		return fmt.Errorf("join mesh: %w", err)
@@ -165,11 +166,12 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.IsAdapter = models.IsAdapter
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
-	fcfg.LocalFailed = watcher.Report
-	front := forward.New(fcfg, mesh, tokenizer{vc}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
+	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
+	tok := adapterFallback{tokenizer{vc}}
+	front := forward.New(fcfg, mesh, tok, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
 	if cfg.TextPrefixKeys > 0 {
-		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tokenizer{vc}, reg)
+		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tok, reg)
 		front.SetTextPrefixes(text)
 		// Learned prefixes go to every peer, and theirs come here: a
 		// conversation's next turn enters a random sidecar.
@@ -187,7 +189,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	ccfg := cachestate.DefaultConfig()
 	ccfg.Node, ccfg.PublishInterval, ccfg.Replay = cfg.NodeName, cfg.DigestInterval, cfg.EventsReplayEndpoint != ""
 	ccfg.Params = bloom.ParamsFor(capacity/max(cfg.RoutingStride, 1)+1, cfg.FPRate)
-	ccfg.SilenceWindow, ccfg.SilenceTokens = cfg.SilenceWindow, cfg.BlockSize
+	ccfg.SilenceWindow, ccfg.SilenceTokens, ccfg.OnServing = cfg.SilenceWindow, cfg.BlockSize, models.Kick
 	cs := cachestate.New(ccfg, ix, mesh, front, cachestate.NewMetrics(reg), log.With().Str("component", "index").Logger())
 	registerViews(reg, ix, sub, mesh, cs)
 	scrapes := make(chan vllmclient.Load, 1)

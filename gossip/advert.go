@@ -1,0 +1,137 @@
+package gossip
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// advert is the node meta this node advertises through memberlist, and
+// its encoding, which NodeMeta returns from a memberlist callback and so
+// is built in advance by metaLoop.
+type advert struct {
+	mu    sync.Mutex
+	meta  Meta
+	bytes []byte // meta encoded at maxMetaBytes
+	dirty bool   // meta changed since bytes were built
+	kick  chan struct{}
+}
+
+// edit applies f to the meta; f reports whether it changed anything, and
+// a change goes out with the next meta update.
+func (a *advert) edit(f func(*Meta) bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if f(&a.meta) {
+		a.dirty = true
+	}
+}
+
+// view returns a copy of the meta that shares nothing with it.
+func (a *advert) view() Meta {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.meta
+	m.Models = slices.Clone(m.Models)
+	return m
+}
+
+// encodeLocked rebuilds bytes from meta. The caller holds mu.
+func (a *advert) encodeLocked() error {
+	b, err := EncodeMeta(a.meta, maxMetaBytes)
+	if err != nil {
+		return err
+	}
+	a.bytes, a.dirty = b, false
+	return nil
+}
+
+// nodeMeta returns the meta encoded in at most limit bytes, nil if it does
+// not fit.
+func (a *advert) nodeMeta(limit int) []byte {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.bytes) <= limit {
+		return a.bytes
+	}
+	b, err := EncodeMeta(a.meta, limit)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// kickNow wakes metaLoop for an update without waiting for MetaInterval.
+func (a *advert) kickNow() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// maxMetaWait bounds metaLoop's wait for a meta update to leave, and so
+// how long Shutdown can wait for it.
+const maxMetaWait = time.Second
+
+// metaLoop re-advertises the node meta when it changed, at most once per
+// MetaInterval, or at once when kicked (draining, engine, models). It
+// returns when Shutdown closes done.
+func (m *Mesh) metaLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.MetaInterval)
+	defer t.Stop()
+	a := &m.advert
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+		case <-a.kick:
+		}
+		a.mu.Lock()
+		dirty := a.dirty
+		if dirty {
+			if err := a.encodeLocked(); err != nil {
+				m.log.Error().Err(err).Msg("encode node meta")
+				dirty = false
+			}
+		}
+		a.mu.Unlock()
+		if !dirty {
+			continue
+		}
+		// UpdateNode waits for the broadcast to leave, and does not stop
+		// waiting when memberlist shuts down: bound it so Shutdown is not
+		// held up for a long MetaInterval. A broadcast still queued when the
+		// wait ends goes out all the same.
+		if err := m.ml.Load().UpdateNode(min(m.cfg.MetaInterval, maxMetaWait)); err != nil {
+			m.log.Debug().Err(err).Msg("update node meta")
+		}
+	}
+}
+
+// SetModels replaces the models this node advertises (base model first,
+// then adapters, as Config.Models) and, when they changed, re-advertises
+// the meta at once: a pod that loads an adapter becomes a candidate for it
+// as soon as the update reaches its peers, and one that unloads it stops
+// being one. Names that do not fit the meta are left out and the meta says
+// so (Meta.ModelsTruncated); route decides what peers make of that.
+func (m *Mesh) SetModels(models []string) {
+	changed := false
+	m.advert.edit(func(mt *Meta) bool {
+		if slices.Equal(models, mt.Models) {
+			return false
+		}
+		mt.Models, changed = slices.Clone(models), true
+		return true
+	})
+	if changed {
+		m.advert.kickNow()
+	}
+}
+
+// SetDraining sets the draining flag and advertises it at once.
+func (m *Mesh) SetDraining(draining bool) {
+	m.advert.edit(func(mt *Meta) bool { mt.Draining = draining; return true })
+	m.advert.kickNow()
+}

@@ -1,0 +1,201 @@
+package gossip
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/route"
+)
+
+// pusher is what this node pushes to every member in its load reports: its
+// load, its engine state and digest epoch, and the claims it just made. It
+// also keeps the claims on this node, which are void while the engine does
+// not serve.
+type pusher struct {
+	mu        sync.Mutex
+	load      route.Load
+	at        time.Time     // when load was last set
+	seq       uint64        // Seq of the last report; starts at the join time
+	engine    route.Engine  // also in the advertised meta (advert)
+	epoch     uint64        // of the advertised digest; 0 for none
+	stateSent bool          // the last report carried engine and epoch as they are
+	claims    []peerClaim   // to go out with the next report
+	self      []route.Claim // claims on this node, by us or peers
+	kick      chan struct{} // wakes loadLoop: something changed
+}
+
+// setEpoch records a new digest epoch for the next report, which goes by
+// TCP and soon.
+func (p *pusher) setEpoch(e uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.epoch = e
+	p.stateChangedLocked()
+}
+
+// withdraw records that no digest is advertised: the next report says
+// epoch 0, and the claims on this node are void with the cache.
+func (p *pusher) withdraw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.epoch, p.self = 0, nil
+	p.stateChangedLocked()
+}
+
+// stateChangedLocked makes the next report carry a changed engine or
+// epoch, reliably, and soon.
+func (p *pusher) stateChangedLocked() {
+	p.stateSent = false
+	p.pushSoon()
+}
+
+// pushSoon wakes loadLoop, which pushes within LoadPushInterval.
+func (p *pusher) pushSoon() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// SetLoad records the local vLLM's scraped load (Running, Waiting,
+// KVUsage, QueuedPrefillTokens; Serving and InFlight are ignored). Peers
+// get it pushed within LoadPushInterval, and in the next meta update.
+func (m *Mesh) SetLoad(l route.Load) {
+	m.load.mu.Lock()
+	l.Serving, l.InFlight = m.load.load.Serving, 0
+	m.setLoadLocked(l)
+	m.load.mu.Unlock()
+}
+
+// SetServing records how many requests the local front has at its vLLM
+// right now. It is cheap: call it on every change.
+func (m *Mesh) SetServing(n int) {
+	m.load.mu.Lock()
+	l := m.load.load
+	l.Serving = n
+	m.setLoadLocked(l)
+	m.load.mu.Unlock()
+}
+
+func (m *Mesh) setLoadLocked(l route.Load) {
+	p := &m.load
+	changed := l != p.load
+	p.load, p.at = l, m.now()
+	if changed {
+		m.advert.edit(func(mt *Meta) bool { metaLoad(mt, l); return true })
+		p.pushSoon()
+	}
+}
+
+// SetEngine records the local vLLM's state and advertises it at once: in
+// a push to every member (by TCP) and in the node meta. Peers choose a
+// node only while its engine is serving; a node whose engine is not also
+// withdraws its digest (WithdrawDigest).
+func (m *Mesh) SetEngine(e route.Engine) {
+	p := &m.load
+	p.mu.Lock()
+	if p.engine != e {
+		p.engine = e
+		p.self = nil // about the cache before the change
+		p.stateChangedLocked()
+		m.advert.edit(func(mt *Meta) bool { mt.Engine = e; return true })
+	}
+	p.mu.Unlock()
+	m.advert.kickNow()
+}
+
+// Claim records that this node just sent a request to peer (this node's
+// own name included) whose prefix cs claim, and shares the claims with
+// every member in the next load push.
+func (m *Mesh) Claim(peer string, cs []route.Claim) {
+	if len(cs) == 0 || peer == "" {
+		return
+	}
+	now := m.now()
+	p := &m.load
+	p.mu.Lock()
+	for _, c := range cs {
+		c.At = now
+		m.claimLocked(peer, c)
+		if len(p.claims) >= maxClaims {
+			p.claims = slices.Delete(p.claims, 0, 1)
+		}
+		p.claims = append(p.claims, peerClaim{Peer: peer, Key: c.Key, Keys: c.Keys})
+	}
+	p.mu.Unlock()
+	p.pushSoon()
+}
+
+// claimLocked records a claim on peer: on this node unless its engine does
+// not serve (a claim on no cache is void), else in the table. The caller
+// holds load.mu.
+func (m *Mesh) claimLocked(peer string, c route.Claim) {
+	if peer == m.cfg.NodeName {
+		if m.load.engine == route.EngineServing {
+			m.load.self = addClaim(m.load.self, c)
+		}
+		return
+	}
+	m.tableMu.Lock()
+	m.table.claim(peer, c)
+	m.tableMu.Unlock()
+}
+
+// loadRefresh re-pushes an unchanged load, so peers can tell a steady load
+// from a silent node (route.Config.LoadTTL, 5 s by default).
+const loadRefresh = time.Second
+
+// loadLoop pushes the local load to every member when it changed, at most
+// once per LoadPushInterval, and every loadRefresh regardless. It returns
+// when Shutdown closes done.
+func (m *Mesh) loadLoop() {
+	defer m.wg.Done()
+	refresh := time.NewTimer(loadRefresh)
+	defer refresh.Stop()
+	p := &m.load
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-p.kick:
+		case <-refresh.C:
+		}
+		refresh.Reset(loadRefresh)
+		if o, ok := m.nextReport(); ok {
+			m.members.each(func(s *sender) { s.enqueue(o) })
+		}
+		select {
+		case <-m.done:
+			return
+		case <-time.After(m.cfg.LoadPushInterval):
+		}
+	}
+}
+
+// nextReport builds the next load report, taking the claims it carries.
+func (m *Mesh) nextReport() (out, bool) {
+	p := &m.load
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq++
+	r := loadReport{Node: m.cfg.NodeName, Seq: p.seq, Load: p.load, Claims: p.claims,
+		Engine: p.engine, Epoch: p.epoch, HasState: true}
+	p.claims = nil
+	b, err := encodeLoad(r)
+	if err != nil {
+		m.log.Error().Err(err).Msg("encode load report")
+		return out{}, false
+	}
+	// A change of engine or epoch goes by TCP: a lost one would leave peers
+	// routing to a dead engine until the next refresh.
+	o := out{b: b, reliable: !p.stateSent}
+	p.stateSent = true
+	return o, true
+}
+
+// metaLoad is loadOf's inverse, up to the meta's 1/1000 KV-usage precision.
+func metaLoad(m *Meta, l route.Load) {
+	m.Running, m.Waiting, m.Serving, m.QueuedPrefill = l.Running, l.Waiting, l.Serving, l.QueuedPrefillTokens
+	m.KVUsageMilli = kvMilli(l.KVUsage)
+}

@@ -1,0 +1,178 @@
+package gossip
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/route"
+)
+
+// loadReport is a node's load, pushed straight to every member whenever it
+// changes (at most once per Config.LoadPushInterval). Seq orders reports
+// from one node: UDP may deliver them reversed. Wire form:
+//
+//	kind | name len u8 | name | seq uvarint | running uvarint |
+//	waiting uvarint | kv usage milli uvarint | serving uvarint |
+//	queued prefill uvarint | claim count uvarint |
+//	(peer len u8 | peer | key u64 LE | keys uvarint)* |
+//	engine u8 | digest epoch uvarint
+//
+// Decoders ignore bytes after the last field, so a later version may
+// append fields; a report without the claims part has none. A pushed load
+// is Fronted: only sidecars push, and they count every request their pod
+// serves.
+type loadReport struct {
+	Node   string
+	Seq    uint64
+	Load   route.Load
+	Claims []peerClaim // what the sender just placed where (route.Claim)
+	// Engine and Epoch are the sender's engine and the epoch of the digest
+	// it advertises (0: none, withdrawn). A report only as far as the claims
+	// (an earlier version) has HasState false: it says nothing of either,
+	// and encodeLoad writes such a report without them.
+	Engine   route.Engine
+	Epoch    uint64
+	HasState bool
+}
+
+// peerClaim is a route.Claim about Peer, as it travels (no time).
+type peerClaim struct {
+	Peer string
+	Key  blockkey.Key
+	Keys int
+}
+
+// maxClaims bounds the claims one report carries, so it stays one UDP
+// packet: 24 claims of 64-byte names is under 2.1 KB, of pod names under 1 KB.
+const maxClaims = 24
+
+func encodeLoad(r loadReport) ([]byte, error) {
+	if len(r.Node) == 0 || len(r.Node) > 255 {
+		return nil, fmt.Errorf("encode load: node name of %d bytes", len(r.Node))
+	}
+	l := r.Load
+	b := make([]byte, 0, 2+len(r.Node)+6*binary.MaxVarintLen64)
+	b = append(b, kindLoad, byte(len(r.Node)))
+	b = append(b, r.Node...)
+	b = binary.AppendUvarint(b, r.Seq)
+	for _, v := range []int{l.Running, l.Waiting, kvMilli(l.KVUsage), l.Serving, l.QueuedPrefillTokens} {
+		b = binary.AppendUvarint(b, uint64(max(v, 0)))
+	}
+	if len(r.Claims) > maxClaims {
+		return nil, fmt.Errorf("encode load: %d claims, at most %d", len(r.Claims), maxClaims)
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.Claims)))
+	for _, c := range r.Claims {
+		if len(c.Peer) == 0 || len(c.Peer) > 255 || c.Keys < 1 {
+			return nil, fmt.Errorf("encode load: claim on %q of %d keys", c.Peer, c.Keys)
+		}
+		b = append(b, byte(len(c.Peer)))
+		b = append(b, c.Peer...)
+		b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
+		b = binary.AppendUvarint(b, uint64(c.Keys))
+	}
+	if !r.HasState {
+		return b, nil // as an earlier version sent it: engine and epoch unknown
+	}
+	b = append(b, byte(r.Engine))
+	return binary.AppendUvarint(b, r.Epoch), nil
+}
+
+func decodeLoad(b []byte) (loadReport, error) {
+	if len(b) < 1 || int(b[0]) == 0 || len(b) < 1+int(b[0]) {
+		return loadReport{}, fmt.Errorf("truncated or empty node name")
+	}
+	r := loadReport{Node: string(b[1 : 1+int(b[0])])}
+	b = b[1+int(b[0]):]
+	var f [6]uint64
+	for i := range f {
+		v, n := binary.Uvarint(b)
+		if n <= 0 {
+			return loadReport{}, fmt.Errorf("load field %d: truncated or over 64 bits", i)
+		}
+		f[i], b = v, b[n:]
+	}
+	for i, v := range f[1:] {
+		if v > math.MaxInt32 {
+			return loadReport{}, fmt.Errorf("load field %d: %d out of range", i+1, v)
+		}
+	}
+	r.Seq = f[0]
+	r.Load = route.Load{Running: int(f[1]), Waiting: int(f[2]), KVUsage: float64(f[3]) / 1000,
+		Serving: int(f[4]), Fronted: true, QueuedPrefillTokens: int(f[5])}
+	if len(b) == 0 {
+		return r, nil // an earlier version: no claims
+	}
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > maxClaims {
+		return loadReport{}, fmt.Errorf("claim count: truncated or over %d", maxClaims)
+	}
+	b = b[k:]
+	for i := range int(n) {
+		if len(b) < 1 || b[0] == 0 || len(b) < 1+int(b[0])+8 {
+			return loadReport{}, fmt.Errorf("claim %d: truncated or empty peer", i)
+		}
+		c := peerClaim{Peer: string(b[1 : 1+int(b[0])])}
+		b = b[1+int(b[0]):]
+		c.Key = blockkey.Key(binary.LittleEndian.Uint64(b))
+		v, k := binary.Uvarint(b[8:])
+		if k <= 0 || v < 1 || v > math.MaxInt32 {
+			return loadReport{}, fmt.Errorf("claim %d: bad prefix length", i)
+		}
+		c.Keys, b = int(v), b[8+k:]
+		r.Claims = append(r.Claims, c)
+	}
+	if len(b) == 0 {
+		return r, nil // an earlier version: no engine state
+	}
+	if route.Engine(b[0]) > route.EngineDown {
+		return loadReport{}, fmt.Errorf("engine state %d", b[0])
+	}
+	r.Engine, b = route.Engine(b[0]), b[1:]
+	v, k := binary.Uvarint(b)
+	if k <= 0 {
+		return loadReport{}, fmt.Errorf("digest epoch: truncated or over 64 bits")
+	}
+	r.Epoch, r.HasState = v, true
+	return r, nil
+}
+
+// kvMilli is KV usage in thousandths, clamped to what the wire carries.
+func kvMilli(kv float64) int {
+	if !(kv > 0) { // also NaN
+		return 0
+	}
+	return int(math.Min(kv, math.MaxInt32/1000)*1000 + 0.5)
+}
+
+func decodeLoadMsg(b []byte) (payload, error) {
+	r, err := decodeLoad(b)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r loadReport) encode() ([]byte, error) { return encodeLoad(r) }
+
+// apply records the sender's load and state, then the claims it carries.
+// Claims hold whatever the report's order: each is a fact of its own.
+func (r loadReport) apply(m *Mesh, now time.Time) {
+	m.tableMu.Lock()
+	o := m.table.applyLoad(r, now)
+	m.tableMu.Unlock()
+	if o == unknown {
+		m.stats.unknownOrigin.Add(1)
+	}
+	if len(r.Claims) == 0 {
+		return
+	}
+	m.load.mu.Lock()
+	defer m.load.mu.Unlock()
+	for _, c := range r.Claims {
+		m.claimLocked(c.Peer, route.Claim{Key: c.Key, Keys: c.Keys, At: now})
+	}
+}

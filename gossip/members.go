@@ -1,0 +1,129 @@
+package gossip
+
+import (
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// members is the live membership as the mesh sends to it: one sender per
+// peer, started when memberlist reports the peer joined and stopped when it
+// leaves or dies. After Shutdown (closed) no sender starts.
+//
+// Every memberlist.Node here is a copy taken in an event callback, which
+// memberlist runs under its node lock: the *Node that Members and
+// LocalNode return is rewritten in place by memberlist's alive handling,
+// so reading its fields later races (hashicorp/memberlist#306).
+type members struct {
+	mu      sync.Mutex
+	closed  bool
+	senders map[string]*sender
+	self    atomic.Pointer[memberlist.Node] // this node, as memberlist last announced it
+}
+
+// addrs returns the gossip address (ip:port) of every live member, this
+// node included.
+func (ms *members) addrs() map[string]bool {
+	live := map[string]bool{}
+	add := func(n *memberlist.Node) {
+		if n != nil {
+			live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
+		}
+	}
+	add(ms.self.Load())
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, s := range ms.senders {
+		add(s.node.Load())
+	}
+	return live
+}
+
+// each calls f for every peer's sender; f must not block.
+func (ms *members) each(f func(*sender)) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, s := range ms.senders {
+		f(s)
+	}
+}
+
+// get returns the sender to id, nil for no live peer of that name.
+func (ms *members) get(id string) *sender {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.senders[id]
+}
+
+// close stops any sender from starting. It reports false if it was
+// already closed.
+func (ms *members) close() bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed {
+		return false
+	}
+	ms.closed = true
+	return true
+}
+
+// peerJoined adds the peer to the table, starts its sender and queues our
+// full digest for it (the sender skips it while we have none).
+func (m *Mesh) peerJoined(n *memberlist.Node, meta Meta, metaOK bool) {
+	node := *n // memberlist owns n and updates it under its own lock
+	m.tableMu.Lock()
+	m.table.upsert(n.Name, meta, metaOK, m.now())
+	m.tableMu.Unlock()
+	ms := &m.members
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed {
+		return
+	}
+	s := ms.senders[n.Name]
+	if s == nil {
+		s = newSender(m, n.Name, m.cfg.OutboxDepth)
+		ms.senders[n.Name] = s
+		m.wg.Add(1) // under mu, before Shutdown can close and Wait
+		go s.run()
+	}
+	s.node.Store(&node)
+	s.requestFull()
+}
+
+// peerLeft removes the peer and its digest at once and stops its sender.
+func (m *Mesh) peerLeft(id string) {
+	m.tableMu.Lock()
+	m.table.remove(id)
+	m.tableMu.Unlock()
+	ms := &m.members
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if s := ms.senders[id]; s != nil {
+		close(s.stop)
+		delete(ms.senders, id)
+	}
+}
+
+// peerUpdated records a peer's new meta and address. When the meta moves
+// the digest epoch on, the old copy is dropped and a full digest requested
+// at once.
+func (m *Mesh) peerUpdated(n *memberlist.Node, meta Meta, metaOK bool) {
+	node := *n
+	now := m.now()
+	if s := m.members.get(n.Name); s != nil {
+		s.node.Store(&node)
+	}
+	m.tableMu.Lock()
+	defer m.tableMu.Unlock()
+	if _, known := m.table.peers[n.Name]; !known {
+		return // an update for a node we never saw join, or that left
+	}
+	if m.table.upsert(n.Name, meta, metaOK, now) {
+		m.stats.epochDrops.Add(1)
+		m.askLocked(n.Name, now)
+	}
+}
