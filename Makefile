@@ -66,9 +66,9 @@ fuzz:
 
 # CI's bounded fuzz step: the decoders of bytes from other processes (vLLM's
 # KV events, peers' node meta and messages, clients' request bodies), 20000
-# execs each, one line per target. Three instrumented package builds: about
-# four minutes on a busy 2-core machine, most of it compiling.
-FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./prompt:FuzzScanObject
+# execs each, one line per target. Four instrumented package builds: about
+# five minutes on a busy 2-core machine, most of it compiling.
+FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./gossip:FuzzTextPrefix ./prompt:FuzzScanObject ./forward:FuzzSplitMessages
 fuzz-ci:
 	@for t in $(FUZZ_CI); do dir=$${t%%:*}; name=$${t##*:}; \
 	  out=$$($(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=20000x $$dir 2>&1) \

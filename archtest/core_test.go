@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids", "prompt"}
+var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids", "prompt", "textprefix"}
 
 var forbidden = []string{
 	"net/http",

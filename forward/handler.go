@@ -119,6 +119,7 @@ type Handler struct {
 	cfg     Config
 	peers   Peers
 	tok     Tokenizer
+	text    TextPrefixes // nil: chat prompts are tokenized on the request path
 	log     zerolog.Logger
 	metrics *Metrics
 	proxy   *httputil.ReverseProxy
@@ -321,7 +322,8 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			writeError(c, http.StatusBadRequest, perr.Error())
 			return
 		}
-		keys, tokens := h.keys(r.Context(), p, perr)
+		keys, tokens, after := h.routeKeys(r.Context(), p, perr)
+		defer after()
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, keys, tokens)
 		targets := h.targets(st.decision, peers)
@@ -376,11 +378,17 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 	if len(tokens) == 0 {
 		return nil, 0
 	}
+	return h.keysOf(p, tokens), len(tokens)
+}
+
+// keysOf is the request-to-keys rule: p's model root, tokens cut by the
+// scheme.
+func (h *Handler) keysOf(p prompt.Prompt, tokens []uint32) []blockkey.Key {
 	model := p.Model
 	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
 		model = h.cfg.Model // another served name of the base model
 	}
-	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens), len(tokens)
+	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's

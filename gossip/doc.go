@@ -47,6 +47,7 @@
 //	needfull.go   asking an origin for its full digest (need-full)
 //	load.go       load, engine state and claims pushed to every member; the push loop
 //	loadreport.go the load report's wire form and what a received one does (load)
+//	textprefix.go learned text prefixes shared with every member (text_prefix)
 //	advert.go     the node meta this node advertises; the meta loop
 //	members.go    the live peers and their senders (sender.go)
 //	table.go      the peers' state: plain data, time passed in

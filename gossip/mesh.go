@@ -36,6 +36,8 @@ type Mesh struct {
 	done     chan struct{} // closed by Shutdown
 	stopJoin context.CancelFunc
 	wg       sync.WaitGroup // every goroutine the mesh starts
+	// textPrefix receives the text prefixes peers share (OnTextPrefix).
+	textPrefix atomic.Pointer[func(TextPrefix)]
 
 	digests exchange
 	load    pusher

@@ -13,6 +13,8 @@ const (
 	kindDelta    byte = 0xD2 // delta (digest.go)
 	kindNeedFull byte = 0xD3 // "send me your full digest" (needfull.go)
 	kindLoad     byte = 0xD4 // the sender's load and engine state (loadreport.go)
+	// A learned text prefix (textprefix.go).
+	kindTextPrefix byte = 0xD5
 )
 
 // payload is one decoded message. Each kind's file holds its type, its
@@ -43,6 +45,7 @@ var kinds = [...]kindSpec{
 	{kindDelta, "delta", decodeDeltaMsg},
 	{kindNeedFull, "need_full", decodeNeedFullMsg},
 	{kindLoad, "load", decodeLoadMsg},
+	{kindTextPrefix, "text_prefix", decodeTextPrefixMsg},
 }
 
 // slotOf returns k's index in kinds, or -1 for a kind not listed.

@@ -130,7 +130,8 @@ func FuzzDigestMsg(f *testing.F) {
 	// A report of the version before claims and state: it must re-encode as
 	// it came (the fuzzer's first find after the state was added).
 	pre := []byte("\xd4\x010000000")
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, {kindDigest}, {}} {
+	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, tb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -88,6 +88,7 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	cfg.Model = model
 	cfg.Subnet = o.Subnet
 	cfg.Sidecars = policy == policyKVRoute
+	cfg.SidecarArgs = o.SidecarArgs
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.ExtraArgs = simArgs(o.Workload)
@@ -127,6 +128,9 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	}, s)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
+	}
+	if cfg.Sidecars {
+		reportSidecars(ctx, c, progress)
 	}
 	return loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale), nil
 }

@@ -56,6 +56,8 @@ type options struct {
 	Story bool
 	// Build runs go build for the binaries in BinDir first.
 	Build bool
+	// SidecarArgs are added to every sidecar's command line.
+	SidecarArgs []string
 }
 
 func allPolicies() []string {
@@ -97,6 +99,10 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.Subnet, "subnet", "127.0.90", "loopback /24 of the cluster (127.x.y): pods on .2.., the Service on .1")
 	fs.DurationVar(&o.Drain, "drain", 60*time.Second, "how long to wait for answers after the last arrival")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress lines")
+	fs.Func("sidecar-args", "space-separated flags added to every kvroute sidecar (e.g. '--text-prefix-keys 0')", func(s string) error {
+		o.SidecarArgs = append(o.SidecarArgs, strings.Fields(s)...)
+		return nil
+	})
 	fs.BoolVar(&o.Build, "build", true, "go build vllm-sim and sidecar into --bin first (cheap when they are up to date); false uses the binaries there as they are")
 	fs.BoolVar(&o.Story, "story", false, "first play the scene: five requests sharing one long system prompt on 3 pods, through the plain Service, then through kvroute")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {

@@ -38,6 +38,7 @@ type config struct {
 	FPRate         float64
 
 	MaxBodyBytes   int64
+	TextPrefixKeys int // 0: chat prompts are tokenized on the request path
 	DrainTimeout   time.Duration
 	LoadInterval   time.Duration
 	DigestInterval time.Duration
@@ -84,6 +85,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
+	fs.IntVar(&c.TextPrefixKeys, "text-prefix-keys", 1<<20, "routing keys of learned chat prefixes held (8 bytes each); chats whose leading messages were seen are routed without a /tokenize call; 0: off")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long a drain (POST /drain, GET /drain/prestop, SIGTERM) waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
@@ -141,6 +143,8 @@ func (c config) validate() error {
 		return errors.New("--digest-fp-rate must be in (0, 1)")
 	case c.DPRanks < 1:
 		return errors.New("--kv-events-dp-ranks must be at least 1")
+	case c.TextPrefixKeys < 0:
+		return errors.New("--text-prefix-keys must not be negative")
 	case c.ModelsInterval <= 0:
 		return errors.New("--models-interval must be positive")
 	case c.MaxBodyBytes <= 0:

@@ -30,6 +30,8 @@ import (
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/textprefix"
+	"github.com/kvroute/kvroute/textroute"
 	"github.com/kvroute/kvroute/vllmclient"
 )
 
@@ -165,8 +167,24 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
-	front := forward.New(fcfg, mesh, adapterFallback{tokenizer{vc}}, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
+	tok := adapterFallback{tokenizer{vc}}
+	front := forward.New(fcfg, mesh, tok, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
+	if cfg.TextPrefixKeys > 0 {
+		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tok, reg)
+		front.SetTextPrefixes(text)
+		// Learned prefixes go to every peer, and theirs come here: a
+		// conversation's next turn enters a random sidecar.
+		mesh.OnTextPrefix(func(p gossip.TextPrefix) {
+			text.Accept(textprefix.Hash(p.Hash), textprefix.Entry{Keys: p.Keys, Tokens: p.Tokens, Bytes: p.Bytes})
+		})
+		text.SetShare(func(h textprefix.Hash, e textprefix.Entry) {
+			if err := mesh.ShareTextPrefix(gossip.TextPrefix{Hash: uint64(h), Tokens: e.Tokens, Bytes: e.Bytes, Keys: e.Keys}); err != nil {
+				log.Debug().Err(err).Msg("text prefix not shared")
+			}
+		})
+		go text.Run(runCtx) // exits when runCtx ends
+	}
 
 	ccfg := cachestate.DefaultConfig()
 	ccfg.Node, ccfg.PublishInterval, ccfg.Replay = cfg.NodeName, cfg.DigestInterval, cfg.EventsReplayEndpoint != ""

@@ -42,6 +42,9 @@ type options struct {
 	RestartDown    time.Duration
 	ShutdownWait   time.Duration
 	BodyLimitBytes int64
+	// Tokenization charge (vllmsim.TokenizeCost): us per token, workers.
+	TokenizeUS      float64
+	TokenizeWorkers int
 }
 
 // kvEventsConfig is vLLM's --kv-events-config JSON (KVEventsConfig in vLLM's
@@ -184,6 +187,8 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	fs.DurationVar(&o.RestartDown, "sim-restart-downtime", 2*time.Second, "how long /health is 503 after /sim/restart")
 	fs.DurationVar(&o.ShutdownWait, "sim-shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
 	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
+	fs.Float64Var(&o.TokenizeUS, "sim-tokenize-us-per-token", float64(vllmsim.DefaultTokenizeCost)/1e3, "wall time charged per prompt token tokenized (/tokenize, render, text prompts); 0: free")
+	fs.IntVar(&o.TokenizeWorkers, "sim-tokenize-workers", vllmsim.DefaultTokenizeWorkers, "tokenizations that run at once (vLLM: one thread per API server)")
 	if err := cli.Parse(fs, expandMulti(args), stdout, stderr); err != nil {
 		return o, err
 	}
@@ -222,6 +227,9 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	}
 	if o.TimeScale <= 0 {
 		return o, fmt.Errorf("--sim-time-scale %v must be positive", o.TimeScale)
+	}
+	if o.TokenizeUS < 0 || o.TokenizeUS != o.TokenizeUS || o.TokenizeWorkers <= 0 {
+		return o, fmt.Errorf("--sim-tokenize-us-per-token %v must be >= 0 and --sim-tokenize-workers %d positive", o.TokenizeUS, o.TokenizeWorkers)
 	}
 	if o.DataParallel < 1 || o.DataParallel > 64 {
 		return o, fmt.Errorf("--data-parallel-size %d: want 1..64", o.DataParallel)

@@ -71,6 +71,8 @@ type serverConfig struct {
 	BodyLimitBytes int64
 	// Now is the wall clock (for "created" and the restart window).
 	Now func() time.Time
+	// TokenizeCost charges tokenization time (nil: free).
+	TokenizeCost *vllmsim.TokenizeCost
 }
 
 type server struct {
@@ -129,6 +131,7 @@ func (s *server) handler() http.Handler {
 	r.GET("/health", s.health)
 	r.POST("/tokenize", s.tokenize)
 	r.POST("/detokenize", s.detokenize)
+	s.registerRender(r)
 	r.POST("/reset_prefix_cache", s.resetPrefixCache)
 	if s.cfg.RuntimeLoRA {
 		r.POST("/v1/load_lora_adapter", s.loadLoRA)
@@ -236,9 +239,8 @@ func (s *server) chat(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
-	ids, err := s.tok.Chat(msgs, r.options())
-	if err != nil {
-		writeError(c, badRequest("%v", err))
+	ids, ok := s.chatTokens(c, msgs, r.options())
+	if !ok {
 		return
 	}
 	g.prompt = ids
@@ -279,8 +281,8 @@ func (s *server) completions(c *gin.Context) {
 		return
 	}
 	g.prompt = p.Tokens
-	if p.IsText {
-		g.prompt = s.tok.Encode(p.Text, true)
+	if p.IsText && !s.charged(c, func() int { g.prompt = s.tok.Encode(p.Text, true); return len(g.prompt) }) {
+		return
 	}
 	s.generate(c, g)
 }
@@ -565,9 +567,8 @@ func (s *server) tokenize(c *gin.Context) {
 			writeError(c, aerr)
 			return
 		}
-		var err error
-		if ids, err = s.tok.Chat(msgs, cr.options()); err != nil {
-			writeError(c, badRequest("%v", err))
+		var ok bool
+		if ids, ok = s.chatTokens(c, msgs, cr.options()); !ok {
 			return
 		}
 	case len(r.Prompt) > 0:
@@ -577,7 +578,9 @@ func (s *server) tokenize(c *gin.Context) {
 			return
 		}
 		add := r.AddSpecialTokens == nil || *r.AddSpecialTokens
-		ids = s.tok.Encode(text, add)
+		if !s.charged(c, func() int { ids = s.tok.Encode(text, add); return len(ids) }) {
+			return
+		}
 	default:
 		writeError(c, badRequest("either prompt or messages is required"))
 		return

@@ -1,0 +1,348 @@
+//go:build integration
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkTextPrefix measures what a text chat prompt whose leading
+// messages were seen before adds between the client and the engine, with
+// the simulator charging for tokenization as vLLM does (its default,
+// 1.15 us per token on one tokenizer thread per pod). Two clusters of two
+// pods run side by side in one open loop:
+//
+//   - today: sidecars with --text-prefix-keys 0, which tokenize every chat
+//     on the request path (/tokenize at the entry pod's vLLM);
+//   - new: sidecars with text prefixes on.
+//
+// For prompts of 1k, 8k and 32k tokens, each request enters pod 2's sidecar
+// and is served on pod 1, which holds the prefix:
+//
+//   - direct: straight to pod 1's simulator (it tokenizes too: the baseline);
+//   - today sys / new sys: a shared system prompt (seen at the entry sidecar
+//     before) and a new question;
+//   - new follow-up other: a conversation's second turn, whose first turn
+//     entered pod 1's sidecar (text-prefix entries are local, so pod 2's
+//     sidecar must tokenize);
+//   - new follow-up same: the second turn entering the sidecar the first
+//     turn entered (300 ms of think time after the first answer);
+//   - direct ids / hop ids: a completions prompt of token ids of the same
+//     length, straight and through the same hop: what moving a body this
+//     size through two sidecars costs without any tokenization.
+//
+// Text prefixes are shared between sidecars (gossip), so "follow-up other"
+// finds the first turn's entry. Δ is a round's TTFB percentile minus the
+// direct series' of the same size and prompt form in that round; the table gives medians over rounds. It asserts only that
+// every request was served by pod 1. Run:
+//
+//	go test -tags integration -run '^$' -bench TextPrefix -benchtime 1x ./e2e \
+//	  -args -e2e.rounds 3 -e2e.duration 40s -e2e.rate 10
+func BenchmarkTextPrefix(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*rounds)*(*duration+time.Minute))
+	defer cancel()
+	envs := strings.Fields(*sidecarEnv)
+	today, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, cpus: *pinCPUs,
+		env: append(slices.Clone(envs), "KVROUTE_TEXT_PREFIX_KEYS=0"), progress: testProgress{b}}, b.Cleanup)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fresh, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs,
+		env: envs, progress: testProgress{b}}, b.Cleanup)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := seeded(b.Name())
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
+	var ss []*chatSeries
+	for _, size := range []int{1024, 8192, 32768} {
+		sys := words(rng, size-60)
+		// Cache the system prompt on pod 1 of both clusters and teach pod 2's
+		// sidecars that they route there.
+		for _, f := range []*fixture{today, fresh} {
+			if _, err := postChat(ctx, hc, f.c.Pod(0).SimAddr, chatBody(sys, words(rng, 30))); err != nil {
+				b.Fatal(err)
+			}
+			f.waitRoute(b, 1, chatBody(sys, words(rng, 30)), f.c.Pod(0).Name, size/blockSize/2)
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				r, err := postChat(ctx, hc, f.c.Pod(1).API, chatBody(sys, words(rng, 30)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r.ServedBy == f.c.Pod(0).Name {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatalf("%d tokens: pod 2 never routed the system prompt to pod 1 (last: %s, %s)", size, r.ServedBy, r.Decision)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		q := func() []byte { return chatBody(sys, words(rng, 30)) }
+		// A token-id prompt of the same length on the same path: what a hop
+		// of a body this size costs on this machine with no tokenization
+		// at all (today's fast path).
+		ids := tokens(rng, size-30)
+		if _, err := fresh.do(ctx, http.MethodPost, fresh.c.Pod(0).SimAddr, "/v1/completions", body(ids, 4, false), nil); err != nil {
+			b.Fatal(err)
+		}
+		fresh.waitRoute(b, 1, body(join(ids, tokens(rng, 30)), 4, false), fresh.c.Pod(0).Name, size/blockSize/2)
+		qi := func() []byte { return body(join(ids, tokens(rng, 30)), 4, false) }
+		// Bodies are drawn per request (a question is never repeated);
+		// the rng is not safe for concurrent use, so draw under a lock.
+		ss = append(ss,
+			&chatSeries{name: fmt.Sprintf("direct ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(0).SimAddr, draw: qi},
+			&chatSeries{name: fmt.Sprintf("hop ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qi},
+			&chatSeries{name: fmt.Sprintf("direct %dk", size/1024), size: size, addr: fresh.c.Pod(0).SimAddr, draw: q},
+			&chatSeries{name: fmt.Sprintf("today sys %dk", size/1024), size: size, addr: today.c.Pod(1).API, servedBy: today.c.Pod(0).Name, draw: q},
+			&chatSeries{name: fmt.Sprintf("new sys %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: q},
+		)
+		for _, same := range []bool{false, true} {
+			first, name := fresh.c.Pod(0).API, "new follow-up other"
+			if same {
+				first, name = fresh.c.Pod(1).API, "new follow-up same"
+			}
+			s := &chatSeries{name: fmt.Sprintf("%s %dk", name, size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name}
+			s.before = func(ctx context.Context) ([]byte, error) {
+				lockRNG.Lock()
+				u1, a1, u2 := words(rng, 30), words(rng, 50), words(rng, 30)
+				lockRNG.Unlock()
+				if _, err := postChat(ctx, hc, first, chatBody(sys, u1)); err != nil {
+					return nil, err
+				}
+				select {
+				case <-time.After(300 * time.Millisecond):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+				return chatBody(sys, u1, a1, u2), nil
+			}
+			ss = append(ss, s)
+		}
+	}
+	chatLoop(ctx, hc, ss, *rate, time.Second, rng) // warm connections, unrecorded
+	deltas := make([][2][]time.Duration, len(ss))
+	pooled := make([][]time.Duration, len(ss))
+	b.ResetTimer()
+	for round := range *rounds {
+		for _, s := range ss {
+			s.reset()
+		}
+		rctx, rcancel := context.WithTimeout(ctx, *duration+time.Minute)
+		chatLoop(rctx, hc, ss, *rate, *duration, rng)
+		rcancel()
+		base := map[string]*chatSeries{}
+		for _, s := range ss {
+			if strings.HasPrefix(s.name, "direct") {
+				base[s.kind()] = s
+			}
+		}
+		for i, s := range ss {
+			d := base[s.kind()]
+			deltas[i][0] = append(deltas[i][0], percentile(s.ttfb, 50)-percentile(d.ttfb, 50))
+			deltas[i][1] = append(deltas[i][1], percentile(s.ttfb, 99)-percentile(d.ttfb, 99))
+			pooled[i] = append(pooled[i], s.ttfb...)
+			if s.errs > 0 {
+				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
+			}
+		}
+		b.Logf("round %d of %d done", round+1, *rounds)
+	}
+	b.StopTimer()
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "\nopen loop, %.0f req/s, %d round(s) of %v, %d series, sim time scale 1000, sim tokenize cost on (default)\n", *rate, *rounds, *duration, len(ss))
+	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "decisions (last round)")
+	for i, s := range ss {
+		dp50, dp99 := percentile(deltas[i][0], 50), percentile(deltas[i][1], 50)
+		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %v\n", s.name, len(pooled[i]),
+			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), s.decisions)
+		if !strings.HasPrefix(s.name, "direct") {
+			unit := strings.ReplaceAll(s.name, " ", "-")
+			b.ReportMetric(float64(dp50.Microseconds()), unit+"-Δp50-µs")
+			b.ReportMetric(float64(dp99.Microseconds()), unit+"-Δp99-µs")
+		}
+	}
+	for _, f := range []struct {
+		name string
+		f    *fixture
+	}{{"today", today}, {"new", fresh}} {
+		r, err := f.f.do(ctx, http.MethodGet, f.f.c.Pod(1).Admin, "/metrics", nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := string(r.Body)
+		fmt.Fprintf(&tab, "%s pod 2 sidecar: textprefix requests prefix %.0f tokenized %.0f; checks right %.0f wrong %.0f; learned %.0f dropped %.0f\n", f.name,
+			metricValue(m, `kvroute_textprefix_requests_total{path="prefix"}`), metricValue(m, `kvroute_textprefix_requests_total{path="tokenized"}`),
+			metricValue(m, `kvroute_textprefix_checks_total{result="right"}`), metricValue(m, `kvroute_textprefix_checks_total{result="wrong"}`),
+			metricValue(m, `kvroute_textprefix_learned_total{result="stored"}`), metricValue(m, `kvroute_textprefix_learned_total{result="dropped"}`))
+	}
+	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size and prompt form) in that round; every routed request enters pod 2's sidecar and is served on pod 1\n")
+	fmt.Print(tab.String())
+}
+
+var lockRNG sync.Mutex
+
+// chatSeries is one kind of chat request in the open loop.
+type chatSeries struct {
+	name     string
+	size     int
+	path     string // default /v1/chat/completions
+	addr     string
+	servedBy string
+	draw     func() []byte
+	// before, when set, runs first (unmeasured) and returns the body.
+	before func(ctx context.Context) ([]byte, error)
+
+	mu        sync.Mutex
+	ttfb      []time.Duration
+	errs      int
+	firstErr  error
+	decisions map[string]int
+}
+
+// kind is what its Δ is taken against: the direct series of its size and
+// prompt form.
+func (s *chatSeries) kind() string {
+	return fmt.Sprint(s.size, s.path)
+}
+
+func (s *chatSeries) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ttfb, s.errs, s.firstErr, s.decisions = nil, 0, nil, nil
+}
+
+// chatLoop is openLoop for chat series.
+func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float64, d time.Duration, rng *rand.Rand) {
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	end := time.After(d)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-end:
+			return
+		case <-tick.C:
+		}
+		lockRNG.Lock()
+		s := ss[rng.IntN(len(ss))]
+		var body []byte
+		if s.draw != nil {
+			body = s.draw()
+		}
+		lockRNG.Unlock()
+		wg.Go(func() {
+			if s.before != nil {
+				var err error
+				if body, err = s.before(ctx); err != nil {
+					s.record(0, "", err)
+					return
+				}
+			}
+			r, ttfb, err := timeChat(ctx, hc, s.addr, s.path, body)
+			if err == nil && r.ServedBy != s.servedBy {
+				err = fmt.Errorf("%s: served by %q (%s), want %q", s.name, r.ServedBy, r.Decision, s.servedBy)
+			}
+			s.record(ttfb, r.Decision, err)
+		})
+	}
+}
+
+func (s *chatSeries) record(ttfb time.Duration, decision string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.errs++
+		if s.firstErr == nil {
+			s.firstErr = err
+		}
+		return
+	}
+	s.ttfb = append(s.ttfb, ttfb)
+	if s.servedBy != "" {
+		if s.decisions == nil {
+			s.decisions = map[string]int{}
+		}
+		s.decisions[decision]++
+	}
+}
+
+// timeChat posts a chat body and times its first response byte.
+func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []byte) (reply, time.Duration, error) {
+	if path == "" {
+		path = "/v1/chat/completions"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, strings.NewReader(string(body)))
+	if err != nil {
+		return reply{}, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return reply{}, 0, err
+	}
+	defer resp.Body.Close()
+	var buf [1]byte
+	n, rerr := resp.Body.Read(buf[:])
+	ttfb := time.Since(start)
+	if n == 0 && rerr != nil {
+		return reply{}, 0, fmt.Errorf("empty body: %w", rerr)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	r := reply{Status: resp.StatusCode, ServedBy: resp.Header.Get("X-Kvroute-Served-By"), Decision: resp.Header.Get("X-Kvroute-Decision"),
+		Body: append(buf[:n:n], rest...)}
+	if r.Status != http.StatusOK {
+		return r, 0, fmt.Errorf("status %d: %s", r.Status, r.Body)
+	}
+	return r, ttfb, nil
+}
+
+func postChat(ctx context.Context, hc *http.Client, addr string, body []byte) (reply, error) {
+	r, _, err := timeChat(ctx, hc, addr, "", body)
+	return r, err
+}
+
+// chatBody is a chat request: a system prompt, then alternating user and
+// assistant messages.
+func chatBody(system string, turns ...string) []byte {
+	msgs := []map[string]string{{"role": "system", "content": system}}
+	for i, t := range turns {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]string{"role": role, "content": t})
+	}
+	b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4, "messages": msgs})
+	return b
+}
+
+// benchWords are one token each with their leading space in the
+// simulator's vocabulary, so n words are about n tokens.
+var benchWords = strings.Fields("the of and to in is was for that on as with by he at from his it an were are which this be or has had first one their its new after who they two her she been other when there all during into school time may years more most only over city some world would where later up such used many can state about national out known university united then made also between since under through both these three being before while however until team part well")
+
+func words(rng *rand.Rand, n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(benchWords[rng.IntN(len(benchWords))])
+	}
+	return b.String()
+}

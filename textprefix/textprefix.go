@@ -1,0 +1,185 @@
+// Package textprefix routes chat prompts without waiting for a tokenization
+// of what was seen before. It maps a hash of a conversation's leading
+// messages (with everything else that changes their rendering) to the
+// routing keys and token count of those messages as the engine rendered
+// them, learned from earlier requests.
+//
+// The facts it rests on: a chat template puts special tokens at message
+// boundaries, so the tokens of a conversation's first k messages are
+// usually a prefix of the tokens of the whole; and a prompt's newest
+// message is by definition cached nowhere, so routing needs only the keys
+// of what came before it. "Usually" is checked, not assumed: every entry
+// learned for a request that was routed on a shorter entry is compared with
+// it (Store.Check), a mismatch drops the entry, and a template that
+// mismatches often stops being trusted. A wrong guess costs at most a
+// cache hit: the request itself is served with its body untouched.
+//
+// The package is pure (no sockets, clocks, goroutines or logging); the
+// front does the tokenizing and calls it.
+package textprefix
+
+import (
+	"container/list"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+// Hash identifies a conversation prefix: the rendering context and its
+// first k messages, byte for byte.
+type Hash uint64
+
+// Version is the hash scheme's version; it goes into every chain so that a
+// change of scheme never matches old entries.
+const Version = 1
+
+// Message is one element of a chat request's messages array.
+type Message struct {
+	// Raw is the element's JSON as the client sent it. Two spellings of one
+	// message hash differently: a miss, never a wrong match.
+	Raw []byte
+	// Assistant is true for role "assistant" (a prefix ending in one is
+	// worth learning only as part of a longer one; see Plan).
+	Assistant bool
+}
+
+// Chain returns the prefix hashes of msgs: out[k-1] identifies ctx plus
+// msgs[:k]. ctx must hold everything besides the messages that changes the
+// tokens of a prefix: model and adapter, cache salt, tools, chat template
+// and its kwargs, add_special_tokens. Each hash covers its whole prefix, so
+// equal hashes mean equal prefixes up to a 64-bit collision.
+func Chain(ctx []byte, msgs []Message) []Hash {
+	out := make([]Hash, len(msgs))
+	var d xxhash.Digest
+	var buf [8]byte
+	h := xxhash.Sum64(append([]byte{Version}, ctx...))
+	for i, m := range msgs {
+		d.Reset()
+		putUint64(buf[:], h)
+		d.Write(buf[:])
+		putUint64(buf[:], uint64(len(m.Raw))) // no two splits of one byte run collide
+		d.Write(buf[:])
+		d.Write(m.Raw)
+		h = d.Sum64()
+		out[i] = Hash(h)
+	}
+	return out
+}
+
+func putUint64(b []byte, v uint64) {
+	for i := range 8 {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+// Entry is what a conversation prefix rendered to: its routing keys (the
+// caller's key scheme over the prefix's tokens), its token count, and the
+// bytes of its messages' JSON (to estimate the tokens of what follows).
+type Entry struct {
+	Keys   []blockkey.Key
+	Tokens int
+	Bytes  int
+}
+
+// Store is a bounded map of prefix entries, least recently used evicted
+// first, sized by the keys it holds (an entry's memory is its keys). It is
+// not safe for concurrent use.
+type Store struct {
+	maxKeys int
+	keys    int
+	ll      *list.List // of *item, most recent first
+	items   map[Hash]*list.Element
+
+	checks, mismatches int
+}
+
+type item struct {
+	h Hash
+	e Entry
+}
+
+// NewStore returns a store holding at most maxKeys keys in all (at least
+// one entry is always kept).
+func NewStore(maxKeys int) *Store {
+	return &Store{maxKeys: maxKeys, ll: list.New(), items: map[Hash]*list.Element{}}
+}
+
+// Len is the number of entries; Keys the keys they hold.
+func (s *Store) Len() int  { return s.ll.Len() }
+func (s *Store) Keys() int { return s.keys }
+
+// Get returns h's entry and marks it used.
+func (s *Store) Get(h Hash) (Entry, bool) {
+	el, ok := s.items[h]
+	if !ok {
+		return Entry{}, false
+	}
+	s.ll.MoveToFront(el)
+	return el.Value.(*item).e, true
+}
+
+// Has reports whether h has an entry, without marking it used.
+func (s *Store) Has(h Hash) bool { _, ok := s.items[h]; return ok }
+
+// Put stores e under h (replacing any entry) and evicts the least recently
+// used entries past the size bound. e.Keys is kept, not copied.
+func (s *Store) Put(h Hash, e Entry) {
+	if el, ok := s.items[h]; ok {
+		it := el.Value.(*item)
+		s.keys += len(e.Keys) - len(it.e.Keys)
+		it.e = e
+		s.ll.MoveToFront(el)
+	} else {
+		s.items[h] = s.ll.PushFront(&item{h: h, e: e})
+		s.keys += len(e.Keys)
+	}
+	for s.keys > s.maxKeys && s.ll.Len() > 1 {
+		s.remove(s.ll.Back())
+	}
+}
+
+// Delete drops h's entry.
+func (s *Store) Delete(h Hash) {
+	if el, ok := s.items[h]; ok {
+		s.remove(el)
+	}
+}
+
+func (s *Store) remove(el *list.Element) {
+	it := s.ll.Remove(el).(*item)
+	delete(s.items, it.h)
+	s.keys -= len(it.e.Keys)
+}
+
+// Trust thresholds: after minChecks checks, a store whose guesses were
+// wrong more than one time in maxWrongRatio stops routing on them (the
+// engine's template does not render prefixes as prefixes).
+const (
+	minChecks     = 20
+	maxWrongRatio = 20 // 5%
+)
+
+// Check compares a guess with the truth for one request: used is the entry
+// it was routed on (stored under h), learned the entry later tokenized for a
+// longer prefix of the same conversation. The guess was right when used's
+// keys are a prefix of learned's and its tokens no more. A wrong entry is
+// dropped. It returns whether the guess was right.
+func (s *Store) Check(h Hash, used, learned Entry) bool {
+	ok := used.Tokens <= learned.Tokens && len(used.Keys) <= len(learned.Keys) &&
+		(len(used.Keys) == 0 || learned.Keys[len(used.Keys)-1] == used.Keys[len(used.Keys)-1])
+	s.checks++
+	if !ok {
+		s.mismatches++
+		s.Delete(h)
+	}
+	return ok
+}
+
+// Trusted reports whether guesses have been right often enough to route on.
+func (s *Store) Trusted() bool {
+	return s.checks < minChecks || s.mismatches*maxWrongRatio <= s.checks
+}
+
+// Checks returns how many guesses were checked and how many were wrong.
+func (s *Store) Checks() (checks, wrong int) { return s.checks, s.mismatches }

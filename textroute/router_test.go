@@ -1,0 +1,325 @@
+package textroute
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
+	"github.com/kvroute/kvroute/textprefix"
+	"github.com/kvroute/kvroute/vllmsim"
+)
+
+// simTokenizer is the simulator's tokenizer and chat template, as the
+// local vLLM's /tokenize would answer; calls counts the calls. broken
+// renders each prompt with its message count first, so no prefix's tokens
+// are a prefix of a longer conversation's.
+type simTokenizer struct {
+	tok    *vllmsim.Tokenizer
+	broken bool
+	fail   bool
+	mu     sync.Mutex
+	calls  int
+}
+
+func (s *simTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	if s.fail {
+		return nil, errors.New("tokenize: connection refused")
+	}
+	var msgs []vllmsim.Message
+	if err := json.Unmarshal(p.Messages, &msgs); err != nil {
+		return nil, err
+	}
+	o := vllmsim.ChatOptions{AddGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt}
+	ids, err := s.tok.Chat(msgs, o)
+	if s.broken {
+		ids = append([]uint32{uint32(100 + len(msgs))}, ids...)
+	}
+	return ids, err
+}
+
+func (s *simTokenizer) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.calls }
+
+func chat(t *testing.T, turns ...string) (prompt.Prompt, []textprefix.Message) {
+	t.Helper()
+	var ms []map[string]string
+	for i, c := range turns {
+		role := "user"
+		switch {
+		case i == 0:
+			role = "system"
+		case i%2 == 0:
+			role = "assistant"
+		}
+		ms = append(ms, map[string]string{"role": role, "content": c})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "messages": ms})
+	p, err := prompt.Parse(b, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raws []json.RawMessage
+	json.Unmarshal(p.Messages, &raws)
+	out := make([]textprefix.Message, len(raws))
+	for i, r := range raws {
+		out[i] = textprefix.Message{Raw: r, Assistant: strings.Contains(string(r), `"role":"assistant"`)}
+	}
+	return p, out
+}
+
+func value(c prometheus.Counter) float64 {
+	var m dto.Metric
+	c.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+type env struct {
+	r    *Router
+	tok  *simTokenizer
+	reg  *prometheus.Registry
+	stop func()
+}
+
+func newEnv(t *testing.T, tok *simTokenizer, cfg Config) *env {
+	reg := prometheus.NewRegistry()
+	cfg.Model = "m"
+	r := New(cfg, tok, reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &env{r: r, tok: tok, reg: reg}
+}
+
+func (e *env) waitLearned(t *testing.T, n float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := value(e.r.m.learned.WithLabelValues("stored")) + value(e.r.m.learned.WithLabelValues("failed")) +
+			value(e.r.m.checks.WithLabelValues("wrong"))
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("learned %v of %v prefixes in 5s", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (e *env) path(p string) float64 { return value(e.r.m.requests.WithLabelValues(p)) }
+
+// keysOf is the front's rule for the test model.
+func keysOf(ids []uint32) []blockkey.Key {
+	return blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), ids)
+}
+
+var sys = strings.Repeat("You are a careful assistant who answers in full sentences. ", 40)
+
+func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	e := newEnv(t, tok, Config{})
+	scheme := blockkey.DefaultScheme()
+	root := blockkey.Root("m", "", "")
+	truth := func(p prompt.Prompt) []blockkey.Key {
+		ids, err := tok.Tokenize(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok.mu.Lock()
+		tok.calls--
+		tok.mu.Unlock()
+		return scheme.Request(root, ids)
+	}
+
+	// First sight: tokenized on the request path, exactly as before.
+	p, msgs := chat(t, sys, "What is a prefix cache?")
+	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	if want := truth(p); !slices.Equal(keys, want) || tok.count() != 1 || e.path("tokenized") != 1 || n < 400 {
+		t.Fatalf("first request: %d keys (want %d), %d tokens, %d tokenize calls", len(keys), len(want), n, tok.count())
+	}
+	after()
+	e.waitLearned(t, 2) // the system prompt alone, and the whole conversation
+	for path, want := range map[string]uint64{"request": 1, "learn": 2} {
+		var m dto.Metric
+		e.r.m.seconds.WithLabelValues(path).(prometheus.Histogram).Write(&m)
+		if got := m.GetHistogram().GetSampleCount(); got != want {
+			t.Errorf("%s tokenize calls timed: %d, want %d", path, got, want)
+		}
+	}
+
+	// Another question under the same system prompt: no call on the path;
+	// the keys are the system prompt's, a prefix of the exact keys.
+	p2, msgs2 := chat(t, sys, "And how is it evicted?")
+	keys2, n2, after2 := e.r.Keys(context.Background(), p2, msgs2, keysOf)
+	exact := truth(p2)
+	if tok.count() != 3 || e.path("prefix") != 1 || len(keys2) == 0 || len(keys2) > len(exact) || !slices.Equal(keys2, exact[:len(keys2)]) {
+		t.Fatalf("second request: %d tokenize calls, prefix %v, keys %d of exact %d", tok.count(), e.path("prefix"), len(keys2), len(exact))
+	}
+	if n2 < len(keys2)*scheme.TokensPerKey() {
+		t.Fatalf("estimated %d tokens under %d keys", n2, len(keys2))
+	}
+	after2()
+	e.waitLearned(t, 3)
+
+	// The first conversation's next turn, entering with the answer.
+	p3, msgs3 := chat(t, sys, "What is a prefix cache?", "It keeps the attention state of prompts it has seen.", "Where is it kept?")
+	keys3, _, after3 := e.r.Keys(context.Background(), p3, msgs3, keysOf)
+	exact3 := truth(p3)
+	prev := truth(p)
+	if e.path("prefix") != 2 || len(keys3) < len(prev)-1 || !slices.Equal(keys3, exact3[:len(keys3)]) {
+		t.Fatalf("follow-up: prefix %v, %d keys, the previous turn had %d", e.path("prefix"), len(keys3), len(prev))
+	}
+	after3()
+	e.waitLearned(t, 4)
+	if right, wrong := value(e.r.m.checks.WithLabelValues("right")), value(e.r.m.checks.WithLabelValues("wrong")); right < 3 || wrong != 0 {
+		t.Fatalf("checks right %v wrong %v", right, wrong)
+	}
+	// A different tool list renders differently: no entry applies.
+	p4, msgs4 := chat(t, sys, "And how is it evicted?")
+	p4.Tools = json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
+	if e.r.Keys(context.Background(), p4, msgs4, keysOf); e.path("tokenized") != 2 {
+		t.Fatalf("tools changed, yet routed on a prefix: tokenized %v", e.path("tokenized"))
+	}
+}
+
+// A template whose prefixes are not prefixes: each system-prompt entry
+// fails its check against the whole prompt it was learned with and is not
+// stored, so no new question is routed on a guess; a conversation's own
+// entry, guessed for its follow-up, fails the follow-up's check and is
+// dropped.
+func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer(), broken: true}
+	e := newEnv(t, tok, Config{})
+	for i := range 5 {
+		p, msgs := chat(t, sys, "question "+strings.Repeat("x", i))
+		_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+		after()
+		e.waitLearned(t, float64(2*(i+1)))
+	}
+	wrong := func() float64 { return value(e.r.m.checks.WithLabelValues("wrong")) }
+	if e.path("prefix") != 0 || e.path("tokenized") != 5 || wrong() != 5 {
+		t.Fatalf("prefix %v tokenized %v wrong %v", e.path("prefix"), e.path("tokenized"), wrong())
+	}
+	p, msgs := chat(t, sys, "question ", "answer", "next")
+	_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	after()
+	e.waitLearned(t, 12)
+	if e.path("prefix") != 1 || wrong() != 6 || e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]) {
+		t.Fatalf("follow-up: prefix %v wrong %v, wrong entry kept %v", e.path("prefix"), wrong(), e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]))
+	}
+}
+
+func TestTokenizeFailureRoutesByLoad(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer(), fail: true}
+	e := newEnv(t, tok, Config{})
+	p, msgs := chat(t, sys, "q")
+	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	after()
+	if keys != nil || n != 0 || e.path("untokenized") != 1 {
+		t.Fatalf("keys %v tokens %d untokenized %v", keys, n, e.path("untokenized"))
+	}
+}
+
+// Without Run the backlog fills and further prefixes are dropped, never
+// blocking the request that offered them.
+func TestFullBacklogDrops(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	r := New(Config{Model: "m", Queue: 2}, tok, nil)
+	for i := range 3 {
+		p, msgs := chat(t, sys, "q"+strings.Repeat("y", i))
+		_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
+		after()
+	}
+	// 1st: system + conversation queued (2); later ones: system busy,
+	// their conversations dropped.
+	if d := value(r.m.learned.WithLabelValues("dropped")); d != 2 || len(r.jobs) != 2 {
+		t.Fatalf("dropped %v, queued %d", d, len(r.jobs))
+	}
+}
+
+func TestRenderContext(t *testing.T) {
+	yes, no := true, false
+	base := prompt.Prompt{Model: "m"}
+	seen := map[string]string{}
+	for name, p := range map[string]prompt.Prompt{
+		"base":       base,
+		"model":      {Model: "m2"},
+		"salt":       {Model: "m", CacheSalt: "s"},
+		"tools":      {Model: "m", Tools: json.RawMessage(`[]`)},
+		"kwargs":     {Model: "m", ChatTemplateKwargs: json.RawMessage(`{}`)},
+		"special":    {Model: "m", AddSpecialTokens: &yes},
+		"no special": {Model: "m", AddSpecialTokens: &no},
+		"split":      {Model: "m1", CacheSalt: ":"},
+	} {
+		c := string(renderContext(p))
+		if prev, dup := seen[c]; dup {
+			t.Errorf("%s renders like %s", name, prev)
+		}
+		seen[c] = name
+	}
+	gen := base
+	gen.AddGenerationPrompt = &no
+	if string(renderContext(gen)) != string(renderContext(base)) {
+		t.Error("the generation-prompt flag changed a prefix's context")
+	}
+}
+
+// Two sidecars: what one learns, the other routes on (the mesh between
+// them is a function call here).
+func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
+	a := newEnv(t, &simTokenizer{tok: vllmsim.NewTokenizer()}, Config{})
+	b := newEnv(t, &simTokenizer{tok: vllmsim.NewTokenizer()}, Config{})
+	a.r.SetShare(b.r.Accept)
+	p, msgs := chat(t, sys, "What is a prefix cache?")
+	_, _, after := a.r.Keys(context.Background(), p, msgs, keysOf)
+	after()
+	a.waitLearned(t, 2)
+	deadline := time.Now().Add(5 * time.Second)
+	for value(b.r.m.learned.WithLabelValues("shared")) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("b never got a's prefixes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p2, msgs2 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?")
+	keys, _, _ := b.r.Keys(context.Background(), p2, msgs2, keysOf)
+	if b.tok.count() != 0 || b.path("prefix") != 1 || len(keys) == 0 {
+		t.Fatalf("b: %d tokenize calls, prefix %v, %d keys", b.tok.count(), b.path("prefix"), len(keys))
+	}
+	// A held entry is not replaced by a shared one.
+	h := textprefix.Chain(b.r.context(p2), msgs2)[1]
+	b.r.Accept(h, textprefix.Entry{Tokens: 1})
+	if e, _ := b.r.store.Get(h); e.Tokens == 1 {
+		t.Fatal("a shared entry replaced a held one")
+	}
+}
+
+// The backlog's bytes are bounded too: a request too large for it is not
+// learned, and the bytes of learned jobs are given back.
+func TestBacklogBytesBound(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	r := New(Config{Model: "m", QueueBytes: 4000}, tok, nil)
+	p, msgs := chat(t, sys, "q") // ~2.4 KB of messages: one job fits, not two
+	_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
+	after()
+	if d := value(r.m.learned.WithLabelValues("dropped")); d != 1 || len(r.jobs) != 1 {
+		t.Fatalf("dropped %v queued %d; want 1 and 1", d, len(r.jobs))
+	}
+	r.learn(context.Background(), <-r.jobs)
+	if q := r.queued.Load(); q != 0 {
+		t.Fatalf("%d bytes still counted after the job ran", q)
+	}
+}
