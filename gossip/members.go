@@ -77,21 +77,35 @@ func (m *Mesh) peerJoined(n *memberlist.Node, meta Meta, metaOK bool) {
 	m.tableMu.Lock()
 	m.table.upsert(n.Name, meta, metaOK, m.now())
 	m.tableMu.Unlock()
+	if !m.addSender(n.Name, &node) {
+		return
+	}
+	// The newcomer routes to us only once it has our push (route's
+	// SilentFor): send one now, by TCP, with our engine state.
+	m.load.mu.Lock()
+	m.load.stateChangedLocked()
+	m.load.mu.Unlock()
+}
+
+// addSender starts (or refreshes) the sender to a joined peer and queues
+// our full digest for it; false once the mesh is closed.
+func (m *Mesh) addSender(id string, node *memberlist.Node) bool {
 	ms := &m.members
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	if ms.closed {
-		return
+		return false
 	}
-	s := ms.senders[n.Name]
+	s := ms.senders[id]
 	if s == nil {
-		s = newSender(m, n.Name, m.cfg.OutboxDepth)
-		ms.senders[n.Name] = s
+		s = newSender(m, id, m.cfg.OutboxDepth)
+		ms.senders[id] = s
 		m.wg.Add(1) // under mu, before Shutdown can close and Wait
 		go s.run()
 	}
-	s.node.Store(&node)
+	s.node.Store(node)
 	s.requestFull()
+	return true
 }
 
 // peerLeft removes the peer and its digest at once and stops its sender.

@@ -298,11 +298,18 @@ func (t *table) views() []route.PeerView {
 			KeyScheme:       int(p.meta.KeyScheme),
 			Load:            p.load(),
 			LoadAt:          p.loadAt,
-			LastFailure:     p.lastFailure,
-			Draining:        p.meta.Draining,
-			Engine:          p.engineState(),
-			Since:           p.since,
-			Claims:          p.claims, // copy-on-write (addClaim)
+			// Every member pushes its load within a second of learning of
+			// us; one that has not is dead or not yet heard from, and
+			// route keeps a Fronted peer with no LoadAt out (SilentFor).
+			// Its meta's load is as old as the meta.
+			LastFailure: p.lastFailure,
+			Draining:    p.meta.Draining,
+			Engine:      p.engineState(),
+			Since:       p.since,
+			Claims:      p.claims, // copy-on-write (addClaim)
+		}
+		if p.loadSeq == 0 {
+			v.LoadAt = time.Time{}
 		}
 		if p.current() { // a nil *Digest in the interface would not be nil
 			v.Digest, v.DigestAt = p.digest, p.digestAt

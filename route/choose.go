@@ -86,7 +86,9 @@ func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
 		return "engine " + p.Engine.String()
 	case p.Draining:
 		return "draining"
-	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && !p.LoadAt.IsZero() && now.Sub(p.LoadAt) > cfg.SilentFor:
+	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && p.LoadAt.IsZero():
+		return "silent: no push yet"
+	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && now.Sub(p.LoadAt) > cfg.SilentFor:
 		return fmt.Sprintf("silent %s", now.Sub(p.LoadAt).Round(time.Millisecond))
 	case !p.LastFailure.IsZero() && now.Sub(p.LastFailure) < cfg.FailFor:
 		return fmt.Sprintf("failed %s ago", now.Sub(p.LastFailure).Round(time.Millisecond))

@@ -56,6 +56,7 @@ func TestExcluded(t *testing.T) {
 		{"engine down", PeerView{Engine: EngineDown}, "llama", "engine down"},
 		{"pushes stopped 3.5s ago", PeerView{Load: Load{Fronted: true}, LoadAt: t0.Add(-3500 * time.Millisecond)}, "", "silent 3.5s"},
 		{"pushed 2s ago", PeerView{Load: Load{Fronted: true}, LoadAt: t0.Add(-2 * time.Second)}, "", ""},
+		{"a sidecar that never pushed to us", PeerView{Load: Load{Fronted: true}}, "", "silent: no push yet"},
 		{"scraped load 9s old is no silence", PeerView{LoadAt: t0.Add(-9 * time.Second)}, "", ""},
 		{"the local pod is never silent", PeerView{Local: true, Load: Load{Fronted: true}, LoadAt: t0.Add(-time.Minute)}, "", ""},
 		{"engine starting", PeerView{Engine: EngineStarting}, "", "engine starting"},

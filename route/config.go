@@ -13,10 +13,11 @@ type Config struct {
 
 	// SilentFor keeps a Fronted peer (one whose sidecar pushes its load,
 	// at least every second) out of every choice once its last push is this
-	// old: a pod that died whole, sidecar and engine, goes silent at once,
-	// while memberlist's failure detection takes 5-10 s to remove it. A
-	// push brings the peer back. Default 3 s, three missed refreshes. 0
-	// ignores silence.
+	// old, or while it has none (no LoadAt: a pod just met, or one that died
+	// before it pushed to us): a pod that died whole, sidecar and engine,
+	// goes silent at once, while memberlist's failure detection takes 5-10 s
+	// to remove it. A push brings the peer back. Default 3 s, three missed
+	// refreshes. 0 ignores silence.
 	SilentFor time.Duration
 
 	// LoadTTL is how long a peer's reported load is trusted. Older reports
