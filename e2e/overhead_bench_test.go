@@ -264,6 +264,17 @@ func (s *series) record(ttfb, ttlb time.Duration, err error) {
 // differences swung by ±0.5 ms between runs. It returns when every request
 // has finished.
 func openLoop(ctx context.Context, hc *http.Client, ss []series, rate float64, d time.Duration, rng *rand.Rand) {
+	paced(ctx, rate, d, func() func() {
+		s := &ss[rng.IntN(len(ss))]
+		return func() { s.record(measure(ctx, hc, s)) }
+	})
+}
+
+// paced is the open loop's pacing: every 1/rate for d (or until ctx ends)
+// it calls next on its own goroutine, so next may draw from an unlocked
+// source, and runs the request next returns on a goroutine of its own. It
+// returns when every request has finished.
+func paced(ctx context.Context, rate float64, d time.Duration, next func() func()) {
 	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
 	defer tick.Stop()
 	end := time.After(d)
@@ -277,8 +288,7 @@ func openLoop(ctx context.Context, hc *http.Client, ss []series, rate float64, d
 			return
 		case <-tick.C:
 		}
-		s := &ss[rng.IntN(len(ss))]
-		wg.Go(func() { s.record(measure(ctx, hc, s)) })
+		wg.Go(next())
 	}
 }
 

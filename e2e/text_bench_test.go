@@ -225,19 +225,7 @@ func (s *chatSeries) reset() {
 
 // chatLoop is openLoop for chat series.
 func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float64, d time.Duration, rng *rand.Rand) {
-	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	defer tick.Stop()
-	end := time.After(d)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-end:
-			return
-		case <-tick.C:
-		}
+	paced(ctx, rate, d, func() func() {
 		lockRNG.Lock()
 		s := ss[rng.IntN(len(ss))]
 		var body []byte
@@ -245,7 +233,7 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 			body = s.draw()
 		}
 		lockRNG.Unlock()
-		wg.Go(func() {
+		return func() {
 			if s.before != nil {
 				var err error
 				if body, err = s.before(ctx); err != nil {
@@ -258,8 +246,8 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 				err = fmt.Errorf("%s: served by %q (%s), want %q", s.name, r.ServedBy, r.Decision, s.servedBy)
 			}
 			s.record(ttfb, r.Decision, err)
-		})
-	}
+		}
+	})
 }
 
 func (s *chatSeries) record(ttfb time.Duration, decision string, err error) {
