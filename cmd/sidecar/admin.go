@@ -75,7 +75,7 @@ type peerJSON struct {
 	KeyScheme       int        `json:"key_scheme"`
 	HasDigest       bool       `json:"has_digest"` // a digest of the peer's current epoch is held
 	DigestAgeS      float64    `json:"digest_age_s"`
-	Load            loadJSON   `json:"load"`
+	Load            route.Load `json:"load"`
 	LoadAgeS        float64    `json:"load_age_s"`
 	LastFailure     *time.Time `json:"last_failure,omitempty"`
 	Draining        bool       `json:"draining"`
@@ -90,15 +90,6 @@ type peerJSON struct {
 	KVEvents     string `json:"kv_events,omitempty"`
 }
 
-type loadJSON struct {
-	Running  int     `json:"running"`
-	Waiting  int     `json:"waiting"`
-	KVUsage  float64 `json:"kv_usage"`
-	Serving  int     `json:"serving"`
-	Fronted  bool    `json:"fronted"`
-	InFlight int     `json:"in_flight"`
-}
-
 func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	now := time.Now()
 	inflight := a.front.InFlight()
@@ -106,8 +97,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	for _, p := range a.mesh.Snapshot(now) {
 		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models, ModelsTruncated: p.ModelsTruncated,
 			KeyScheme: p.KeyScheme, HasDigest: p.Digest != nil, Draining: p.Draining,
-			Load: loadJSON{Running: p.Load.Running, Waiting: p.Load.Waiting, KVUsage: p.Load.KVUsage,
-				Serving: p.Load.Serving, Fronted: p.Load.Fronted}}
+			Load: p.Load}
 		if !p.Local {
 			j.Excluded = a.front.Excluded(p, now)
 		}
