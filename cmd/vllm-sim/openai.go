@@ -77,16 +77,18 @@ type chatRequest struct {
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	Tools                json.RawMessage `json:"tools"`
+	ReturnTokenIDs       bool            `json:"return_token_ids"`
 }
 
 type completionRequest struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	MaxTokens     *int            `json:"max_tokens"`
-	N             *int            `json:"n"`
-	CacheSalt     string          `json:"cache_salt"`
+	Model          string          `json:"model"`
+	Prompt         json.RawMessage `json:"prompt"`
+	Stream         bool            `json:"stream"`
+	StreamOptions  *streamOptions  `json:"stream_options"`
+	MaxTokens      *int            `json:"max_tokens"`
+	N              *int            `json:"n"`
+	CacheSalt      string          `json:"cache_salt"`
+	ReturnTokenIDs bool            `json:"return_token_ids"`
 }
 
 // decodeJSON is strict about syntax and lenient about unknown fields, as
@@ -316,6 +318,16 @@ type detokenizeRequest struct {
 }
 
 // Response shapes (OpenAI / vLLM).
+//
+// With return_token_ids, vLLM adds the prompt's ids (after the chat
+// template) and the generated ids (vllm-project/vllm
+// vllm/entrypoints/openai/chat_completion/protocol.py and
+// completion/protocol.py @002032ee2b18; serving.py beside them): chat puts
+// prompt_token_ids at the top level, in a stream only on the role chunk,
+// and token_ids on each choice, the chunk's delta when streaming (the role
+// chunk has none); completions put both on the choice, the prompt's on the
+// first chunk only. The fields are omitzero so that requests without the
+// flag answer exactly as before, while an empty delta still shows as [].
 
 type usageInfo struct {
 	PromptTokens        int            `json:"prompt_tokens"`
@@ -361,6 +373,7 @@ type chatChoice struct {
 	Logprobs     any              `json:"logprobs"`
 	FinishReason *string          `json:"finish_reason"`
 	StopReason   any              `json:"stop_reason"`
+	TokenIDs     []uint32         `json:"token_ids,omitzero"`
 }
 
 type chatResponse struct {
@@ -370,7 +383,10 @@ type chatResponse struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   *usageInfo   `json:"usage"`
-	Sim     *simTiming   `json:"sim,omitempty"`
+	// PromptTokenIDs follows usage as in vLLM (prompt_logprobs, never set
+	// here, sits between them).
+	PromptTokenIDs []uint32   `json:"prompt_token_ids,omitzero"`
+	Sim            *simTiming `json:"sim,omitempty"`
 }
 
 type chatDelta struct {
@@ -383,16 +399,18 @@ type chatChunkChoice struct {
 	Delta        chatDelta `json:"delta"`
 	Logprobs     any       `json:"logprobs"`
 	FinishReason *string   `json:"finish_reason"`
+	TokenIDs     []uint32  `json:"token_ids,omitzero"`
 }
 
 type chatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"`
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
-	Choices []chatChunkChoice `json:"choices"`
-	Usage   *usageInfo        `json:"usage,omitempty"`
-	Sim     *simTiming        `json:"sim,omitempty"`
+	ID             string            `json:"id"`
+	Object         string            `json:"object"`
+	Created        int64             `json:"created"`
+	Model          string            `json:"model"`
+	Choices        []chatChunkChoice `json:"choices"`
+	Usage          *usageInfo        `json:"usage,omitempty"`
+	PromptTokenIDs []uint32          `json:"prompt_token_ids,omitzero"`
+	Sim            *simTiming        `json:"sim,omitempty"`
 }
 
 type completionChoice struct {
@@ -401,6 +419,10 @@ type completionChoice struct {
 	Logprobs     any     `json:"logprobs"`
 	FinishReason *string `json:"finish_reason"`
 	StopReason   any     `json:"stop_reason"`
+	// vLLM's non-streaming choice orders these two as here; its stream
+	// choice puts prompt_token_ids first. One type serves both.
+	TokenIDs       []uint32 `json:"token_ids,omitzero"`
+	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitzero"`
 }
 
 type completionResponse struct {

@@ -212,7 +212,8 @@ type genRequest struct {
 	salt         string
 	stream       bool
 	includeUsage bool
-	rank         int // X-data-parallel-rank, -1 when absent
+	tokenIDs     bool // return_token_ids
+	rank         int  // X-data-parallel-rank, -1 when absent
 }
 
 func (s *server) chat(c *gin.Context) {
@@ -226,7 +227,7 @@ func (s *server) chat(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
-	g := genRequest{chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	g := genRequest{chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -262,7 +263,7 @@ func (s *server) completions(c *gin.Context) {
 		writeError(c, badRequest("n=%d is not supported by the simulator; use n=1", *r.N))
 		return
 	}
-	g := genRequest{salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage}
+	g := genRequest{salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -344,12 +345,13 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 		}()
 	}()
 	t := textSource{tok: s.tok, prompt: g.prompt, echo: s.cfg.Echo}
-	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat}
+	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat, tokenIDs: g.tokenIDs, prompt: g.prompt}
 	if g.stream {
 		s.stream(c, st, t, resp, g.includeUsage)
 		return
 	}
 	var text []byte
+	var gen []uint32
 	for {
 		select {
 		case <-ctx.Done():
@@ -359,7 +361,9 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 				writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: "engine closed the stream without a final output"})
 				return
 			}
-			text = append(text, t.next(o.Tokens)...)
+			ids, delta := t.next(o.Tokens)
+			text = append(text, delta...)
+			gen = append(gen, ids...)
 			if !o.Done {
 				continue
 			}
@@ -370,7 +374,7 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 				writeError(c, &apiError{Status: 503, Type: "ServiceUnavailableError", Message: "request aborted: engine restarted"})
 				return
 			}
-			c.JSON(http.StatusOK, resp.full(string(text), o))
+			c.JSON(http.StatusOK, resp.full(string(text), gen, o))
 			return
 		}
 	}
@@ -395,9 +399,15 @@ func (s *server) stream(c *gin.Context, st *vllmsim.Stream, t textSource, resp r
 		c.Writer.Flush()
 		return true
 	}
-	if resp.chat && !send(resp.chatChunk(&chatDelta{Role: "assistant", Content: ptr("")}, nil)) {
-		return
+	if resp.chat {
+		// The role chunk carries the prompt's ids and no token_ids.
+		role := resp.chatChunk(&chatDelta{Role: "assistant", Content: ptr("")}, nil, nil)
+		role.PromptTokenIDs = resp.promptIDs()
+		if !send(role) {
+			return
+		}
 	}
+	first := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -415,17 +425,18 @@ func (s *server) stream(c *gin.Context, st *vllmsim.Stream, t textSource, resp r
 			if o.Done {
 				fr = ptr(o.FinishReason)
 			}
-			text := t.next(o.Tokens)
+			ids, text := t.next(o.Tokens)
 			var chunk any
 			if resp.chat {
 				d := &chatDelta{}
 				if len(o.Tokens) > 0 {
 					d.Content = ptr(text)
 				}
-				chunk = resp.chatChunk(d, fr)
+				chunk = resp.chatChunk(d, resp.ids(ids), fr)
 			} else {
-				chunk = resp.completionChunk(text, fr)
+				chunk = resp.completionChunk(text, ids, fr, first)
 			}
+			first = false
 			if !send(chunk) {
 				return
 			}
@@ -456,19 +467,21 @@ type textSource struct {
 	pos    int
 }
 
-func (t *textSource) next(ids []uint32) string {
+// next returns the ids the text is decoded from, which in echo mode are
+// the replayed prompt ids, so that return_token_ids matches the text.
+func (t *textSource) next(ids []uint32) ([]uint32, string) {
 	if len(ids) == 0 {
-		return ""
+		return nil, ""
 	}
 	if !t.echo {
-		return t.tok.Decode(ids)
+		return ids, t.tok.Decode(ids)
 	}
 	out := make([]uint32, len(ids))
 	for i := range out {
 		out[i] = t.prompt[t.pos%len(t.prompt)]
 		t.pos++
 	}
-	return t.tok.Decode(out)
+	return out, t.tok.Decode(out)
 }
 
 // respShape builds the OpenAI response objects of one request.
@@ -476,27 +489,56 @@ type respShape struct {
 	id, model string
 	created   int64
 	chat      bool
+	tokenIDs  bool     // return_token_ids
+	prompt    []uint32 // the ids the engine ran
 }
 
-func (r respShape) full(text string, o vllmsim.Output) any {
+// ids is what a token_ids field carries: nothing without return_token_ids,
+// else the ids, an empty list rather than none.
+func (r respShape) ids(ids []uint32) []uint32 {
+	if !r.tokenIDs {
+		return nil
+	}
+	if ids == nil {
+		return []uint32{}
+	}
+	return ids
+}
+
+// promptIDs is what a prompt_token_ids field carries.
+func (r respShape) promptIDs() []uint32 {
+	if !r.tokenIDs {
+		return nil
+	}
+	return r.prompt
+}
+
+func (r respShape) full(text string, gen []uint32, o vllmsim.Output) any {
 	fr := ptr(o.FinishReason)
 	if r.chat {
 		return chatResponse{ID: r.id, Object: "chat.completion", Created: r.created, Model: r.model,
-			Choices: []chatChoice{{Message: assistantMessage{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: fr}},
-			Usage:   usageOf(o.Usage), Sim: simOf(o)}
+			Choices: []chatChoice{{Message: assistantMessage{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: fr, TokenIDs: r.ids(gen)}},
+			Usage:   usageOf(o.Usage), PromptTokenIDs: r.promptIDs(), Sim: simOf(o)}
 	}
 	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
-		Choices: []completionChoice{{Text: text, FinishReason: fr}}, Usage: usageOf(o.Usage), Sim: simOf(o)}
+		Choices: []completionChoice{{Text: text, FinishReason: fr, TokenIDs: r.ids(gen), PromptTokenIDs: r.promptIDs()}},
+		Usage:   usageOf(o.Usage), Sim: simOf(o)}
 }
 
-func (r respShape) chatChunk(d *chatDelta, fr *string) chatChunk {
+func (r respShape) chatChunk(d *chatDelta, ids []uint32, fr *string) chatChunk {
 	return chatChunk{ID: r.id, Object: "chat.completion.chunk", Created: r.created, Model: r.model,
-		Choices: []chatChunkChoice{{Delta: *d, FinishReason: fr}}}
+		Choices: []chatChunkChoice{{Delta: *d, FinishReason: fr, TokenIDs: ids}}}
 }
 
-func (r respShape) completionChunk(text string, fr *string) completionResponse {
+// completionChunk carries the prompt's ids on the first chunk only, as
+// vLLM does.
+func (r respShape) completionChunk(text string, ids []uint32, fr *string, first bool) completionResponse {
+	c := completionChoice{Text: text, FinishReason: fr, TokenIDs: r.ids(ids)}
+	if first {
+		c.PromptTokenIDs = r.promptIDs()
+	}
 	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
-		Choices: []completionChoice{{Text: text, FinishReason: fr}}}
+		Choices: []completionChoice{c}}
 }
 
 func (r respShape) usageChunk(o vllmsim.Output) any {
