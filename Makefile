@@ -65,10 +65,10 @@ fuzz:
 	done
 
 # CI's bounded fuzz step: the decoders of bytes from other processes (vLLM's
-# KV events, peers' node meta and messages, clients' request bodies), 20000
-# execs each, one line per target. Four instrumented package builds: about
+# KV events, peers' node meta and messages, clients' request bodies, vLLM's
+# answers), 20000 execs each, one line per target. Four instrumented package builds: about
 # five minutes on a busy 2-core machine, most of it compiling.
-FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./gossip:FuzzTextPrefix ./prompt:FuzzScanObject ./forward:FuzzSplitMessages
+FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./gossip:FuzzTextPrefix ./prompt:FuzzScanObject ./forward:FuzzSplitMessages ./forward:FuzzTakeTokenIDs
 fuzz-ci:
 	@for t in $(FUZZ_CI); do dir=$${t%%:*}; name=$${t##*:}; \
 	  out=$$($(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=20000x $$dir 2>&1) \

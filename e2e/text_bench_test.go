@@ -182,10 +182,11 @@ func BenchmarkTextPrefix(b *testing.B) {
 			b.Fatal(err)
 		}
 		m := string(r.Body)
-		fmt.Fprintf(&tab, "%s pod 2 sidecar: textprefix requests prefix %.0f tokenized %.0f; checks right %.0f wrong %.0f; learned %.0f dropped %.0f\n", f.name,
+		fmt.Fprintf(&tab, "%s pod 2 sidecar: textprefix requests prefix %.0f tokenized %.0f; guesses right %.0f wrong %.0f; learned from answers %.0f, by tokenizing %.0f, dropped %.0f\n", f.name,
 			metricValue(m, `kvroute_textprefix_requests_total{path="prefix"}`), metricValue(m, `kvroute_textprefix_requests_total{path="tokenized"}`),
-			metricValue(m, `kvroute_textprefix_checks_total{result="right"}`), metricValue(m, `kvroute_textprefix_checks_total{result="wrong"}`),
-			metricValue(m, `kvroute_textprefix_learned_total{result="stored"}`), metricValue(m, `kvroute_textprefix_learned_total{result="dropped"}`))
+			metricValue(m, `kvroute_textprefix_guesses_total{result="right"}`), metricValue(m, `kvroute_textprefix_guesses_total{result="wrong"}`),
+			metricValue(m, `kvroute_textprefix_learned_total{result="answer"}`), metricValue(m, `kvroute_textprefix_learned_total{result="stored"}`),
+			metricValue(m, `kvroute_textprefix_learned_total{result="dropped"}`))
 	}
 	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size and prompt form) in that round; every routed request enters pod 2's sidecar and is served on pod 1\n")
 	fmt.Print(tab.String())

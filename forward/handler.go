@@ -120,6 +120,7 @@ type Handler struct {
 	peers   Peers
 	tok     Tokenizer
 	text    TextPrefixes // nil: chat prompts are tokenized on the request path
+	textIDs bool         // chats ask their engine for their prompt's token ids
 	log     zerolog.Logger
 	metrics *Metrics
 	proxy   *httputil.ReverseProxy
@@ -273,6 +274,10 @@ type reqState struct {
 	predicted int    // cached tokens the choice expects at the target
 	plan      *plan
 	started   time.Time
+	// tapIDs: take the prompt's token ids from the answer (promptIDs);
+	// stripIDs: the front asked for them, so the client gets null.
+	tapIDs, stripIDs bool
+	promptIDs        []byte
 }
 
 type stateKey struct{}
@@ -323,7 +328,10 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			return
 		}
 		keys, tokens, after := h.routeKeys(r.Context(), p, perr)
-		defer after()
+		if after != nil {
+			body = h.askIDs(body, p, st)
+			defer func() { after(parseIDs(st.promptIDs)) }()
+		}
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, keys, tokens)
 		targets := h.targets(st.decision, peers)
@@ -519,6 +527,11 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return errModelNotServed
 	}
 	h.metrics.forwardSeconds.WithLabelValues(where).Observe(h.now().Sub(st.started).Seconds())
+	if resp.StatusCode == http.StatusOK && st.tapIDs {
+		if err := tapTokenIDs(resp, st.stripIDs, func(ids []byte) { st.promptIDs = ids }); err != nil {
+			return err
+		}
+	}
 	if resp.StatusCode == http.StatusOK && st.reason != "hop" {
 		resp.Body = newUsageTap(resp.Body, func(cached int) {
 			h.metrics.cachedTokens.WithLabelValues("actual").Add(float64(cached))

@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/textprefix"
+	"github.com/kvroute/kvroute/tokenids"
 )
 
 // TextPrefixes routes chat prompts on what earlier requests taught it, so
@@ -18,23 +19,53 @@ type TextPrefixes interface {
 	// Keys returns the routing keys and prompt tokens of a chat prompt,
 	// given split into its messages (nil keys: route by load); keysOf is
 	// the front's rule from p's token ids to its keys. after is called
-	// once the request has been served; it must not block.
-	Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) (keys []blockkey.Key, tokens int, after func())
+	// once the request has been served, with the prompt's token ids when
+	// the engine's answer carried them (nil otherwise); it must not block.
+	Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) (keys []blockkey.Key, tokens int, after func(promptIDs []uint32))
 }
 
 // SetTextPrefixes routes chat prompts through t (call before serving).
-func (h *Handler) SetTextPrefixes(t TextPrefixes) { h.text = t }
+// With ids, chats ask the engine for their prompt's token ids (vLLM's
+// return_token_ids), which after then gets; a client that did not ask
+// for them gets null in their place, as vLLM answers without the flag.
+func (h *Handler) SetTextPrefixes(t TextPrefixes, ids bool) { h.text, h.textIDs = t, ids }
 
 // routeKeys is keys, with chat prompts going through the text prefixes
-// when they are set.
-func (h *Handler) routeKeys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int, func()) {
+// when they are set; after is nil for the others.
+func (h *Handler) routeKeys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int, func([]uint32)) {
 	if perr == nil && p.Chat && h.text != nil {
 		if msgs, err := splitMessages(p.Messages); err == nil && len(msgs) > 0 {
 			return h.text.Keys(ctx, p, msgs, func(ids []uint32) []blockkey.Key { return h.keysOf(p, ids) })
 		}
 	}
 	keys, tokens := h.keys(ctx, p, perr)
-	return keys, tokens, func() {}
+	return keys, tokens, nil
+}
+
+// askIDs sets up st to take the prompt's token ids from the answer, and
+// returns the body to send: with return_token_ids set when the client
+// left it unset. A client's false is kept (nothing is taken).
+func (h *Handler) askIDs(body []byte, p prompt.Prompt, st *reqState) []byte {
+	if !h.textIDs {
+		return body
+	}
+	switch {
+	case p.ReturnTokenIDs == nil:
+		st.tapIDs, st.stripIDs = true, true
+		return askTokenIDs(body)
+	case *p.ReturnTokenIDs:
+		st.tapIDs = true
+	}
+	return body
+}
+
+// parseIDs parses the prompt_token_ids an answer carried (nil: none).
+func parseIDs(raw []byte) []uint32 {
+	if raw == nil {
+		return nil
+	}
+	ids, _ := tokenids.Parse(raw)
+	return ids
 }
 
 // splitMessages cuts a messages array into its elements' raw JSON and

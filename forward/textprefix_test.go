@@ -89,12 +89,13 @@ func FuzzSplitMessages(f *testing.F) {
 type fakeText struct {
 	keys   []blockkey.Key
 	msgs   int
+	ids    []uint32
 	afters chan struct{}
 }
 
-func (f *fakeText) Keys(_ context.Context, p prompt.Prompt, msgs []textprefix.Message, _ func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func()) {
+func (f *fakeText) Keys(_ context.Context, p prompt.Prompt, msgs []textprefix.Message, _ func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
 	f.msgs = len(msgs)
-	return f.keys, 200, func() { f.afters <- struct{}{} }
+	return f.keys, 200, func(ids []uint32) { f.ids = ids; f.afters <- struct{}{} }
 }
 
 // A chat goes through the text prefixes, whose keys route it, and after
@@ -102,7 +103,7 @@ func (f *fakeText) Keys(_ context.Context, p prompt.Prompt, msgs []textprefix.Me
 func TestTextPrefixesRouteChats(t *testing.T) {
 	a, b := holderPair(t)
 	ft := &fakeText{keys: promptKeys(), afters: make(chan struct{}, 4)}
-	a.h.SetTextPrefixes(ft)
+	a.h.SetTextPrefixes(ft, false)
 	resp := post(t, a.srv.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`, nil)
 	io.Copy(io.Discard, resp.Body)
 	if resp.StatusCode != 200 || resp.Header.Get(ServedByHeader) != "b" || ft.msgs != 2 {

@@ -33,6 +33,8 @@ type Prompt struct {
 	ContinueFinalMessage *bool
 	AddSpecialTokens     *bool
 	CacheSalt            string
+	// ReturnTokenIDs is vLLM's return_token_ids as the client set it.
+	ReturnTokenIDs *bool
 }
 
 // ErrBadJSON is a body that is not a JSON object; clients get a 400.
@@ -62,6 +64,7 @@ func Parse(body []byte, chat bool) (Prompt, error) {
 	p.AddGenerationPrompt, err = jsonOptBool(f.addGenerationPrompt, "add_generation_prompt", err)
 	p.ContinueFinalMessage, err = jsonOptBool(f.continueFinalMessage, "continue_final_message", err)
 	p.AddSpecialTokens, err = jsonOptBool(f.addSpecialTokens, "add_special_tokens", err)
+	p.ReturnTokenIDs, err = jsonOptBool(f.returnTokenIDs, "return_token_ids", err)
 	if err != nil {
 		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
@@ -80,7 +83,7 @@ func Parse(body []byte, chat bool) (Prompt, error) {
 type wireFields struct {
 	model, stream, messages, prompt, tools, chatTemplateKwargs  []byte
 	addGenerationPrompt, continueFinalMessage, addSpecialTokens []byte
-	cacheSalt                                                   []byte
+	cacheSalt, returnTokenIDs                                   []byte
 }
 
 func (f *wireFields) set(key, val []byte) error {
@@ -112,6 +115,8 @@ func (f *wireFields) set(key, val []byte) error {
 		f.addSpecialTokens = val
 	case "cache_salt":
 		f.cacheSalt = val
+	case "return_token_ids":
+		f.returnTokenIDs = val
 	}
 	return nil
 }

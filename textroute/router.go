@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/blockkey"
@@ -70,21 +71,34 @@ type Router struct {
 	mu       sync.Mutex
 	store    *textprefix.Store
 	learning map[textprefix.Hash]bool
+	// suffix is, per rendering context, how many tokens the generation
+	// prompt adds at the end of a whole prompt: an answer's prompt ids less
+	// these are the conversation's own tokens. Learned by one tokenization
+	// per context (and forgotten past maxSuffixes contexts).
+	suffix map[uint64]int
 }
 
-// job is one prefix to learn, with what it is checked against.
+const maxSuffixes = 4096
+
+// job is what one served request teaches: the prefixes ks to learn, and
+// the guess it was routed on, if any, to check.
 type job struct {
 	p      prompt.Prompt
 	keysOf func([]uint32) []blockkey.Key
 	msgs   []textprefix.Message
 	hashes []textprefix.Hash
-	k      int
-	// used is the entry the request was routed on (usedK > 0), full the
-	// keys of the whole prompt when it was tokenized (full != nil).
+	ks     []int // claimed in Router.learning
+	// used is the entry the request was routed on (usedK > 0). The truth
+	// is the whole prompt: ids are its token ids when the answer carried
+	// them; full its keys when it was tokenized on the request path.
 	usedK int
 	used  textprefix.Entry
 	full  *textprefix.Entry
+	ids   []uint32
 }
+
+// size is what j keeps alive, for the backlog bound.
+func (j job) size() int64 { return int64(len(j.p.Messages) + 4*len(j.ids)) }
 
 // New returns a Router that tokenizes through tok; reg may be nil.
 func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
@@ -105,7 +119,7 @@ func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
 		cfg.TokenizeTimeout = d.TokenizeTimeout
 	}
 	r := &Router{cfg: cfg, tok: tok, now: time.Now, jobs: make(chan job, cfg.Queue), m: newMetrics(reg),
-		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{},
+		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{}, suffix: map[uint64]int{},
 		tag: fmt.Appendf(nil, "%d/%d/%d/%d:%s", blockkey.Version, cfg.Scheme.BlockSize, cfg.Scheme.Stride, len(cfg.Model), cfg.Model)}
 	return r
 }
@@ -148,27 +162,38 @@ func (r *Router) Run(ctx context.Context) {
 }
 
 // Keys implements the front's TextPrefixes (forward).
-func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func()) {
+func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
 	hs := textprefix.Chain(r.context(p), msgs)
 	r.mu.Lock()
-	plan := r.store.Plan(hs, msgs, p.ContinueFinalMessage != nil && *p.ContinueFinalMessage)
+	plan := r.store.Plan(hs, msgs, continued(p))
 	r.mu.Unlock()
+	j := job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs}
 	if plan.Use {
 		r.m.requests.WithLabelValues("prefix").Inc()
-		return plan.Entry.Keys, plan.Tokens, func() {
-			r.enqueue(plan.Learn, job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs, usedK: plan.K, used: plan.Entry})
+		j.usedK, j.used = plan.K, plan.Entry
+		return plan.Entry.Keys, plan.Tokens, func(ids []uint32) {
+			j.ids = ids
+			r.enqueue(plan.Learn, j)
 		}
 	}
 	ids, err := r.tokenize(ctx, p, "request")
 	if err != nil || len(ids) == 0 {
 		r.m.requests.WithLabelValues("untokenized").Inc()
-		return nil, 0, func() {}
+		return nil, 0, func(ids []uint32) {
+			j.ids = ids
+			r.enqueue(plan.Learn, j)
+		}
 	}
 	r.m.requests.WithLabelValues("tokenized").Inc()
-	full := &textprefix.Entry{Keys: keysOf(ids), Tokens: len(ids)}
-	return full.Keys, len(ids), func() {
-		r.enqueue(plan.Learn, job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs, full: full})
+	j.full = &textprefix.Entry{Keys: keysOf(ids), Tokens: len(ids)}
+	return j.full.Keys, len(ids), func(answer []uint32) {
+		j.ids = answer
+		r.enqueue(plan.Learn, j)
 	}
+}
+
+func continued(p prompt.Prompt) bool {
+	return p.ContinueFinalMessage != nil && *p.ContinueFinalMessage
 }
 
 // tokenize calls /tokenize with the configured timeout and times it.
@@ -181,82 +206,134 @@ func (r *Router) tokenize(ctx context.Context, p prompt.Prompt, path string) ([]
 	return ids, err
 }
 
-// enqueue queues the prefixes ks of j that are not being learned already.
-// It never blocks: a full queue drops them.
+// enqueue queues j with the prefixes of ks that are not being learned
+// already; a job with nothing to learn is still queued when it has a guess
+// to check. It never blocks: a full backlog drops the job.
 func (r *Router) enqueue(ks []int, j job) {
+	r.mu.Lock()
 	for _, k := range ks {
-		h := j.hashes[k-1]
-		r.mu.Lock()
-		busy := r.learning[h]
-		if !busy {
+		if h := j.hashes[k-1]; !r.learning[h] {
 			r.learning[h] = true
+			j.ks = append(j.ks, k)
 		}
-		r.mu.Unlock()
-		if busy {
-			continue
-		}
-		j.k = k
-		n := int64(len(j.p.Messages))
-		if r.queued.Add(n) > r.cfg.QueueBytes {
-			r.queued.Add(-n)
-			r.m.learned.WithLabelValues("dropped").Inc()
-			r.done(h)
-			continue
-		}
+	}
+	r.mu.Unlock()
+	if len(j.ks) == 0 && (j.usedK == 0 || j.ids == nil) {
+		return
+	}
+	n := j.size()
+	if r.queued.Add(n) <= r.cfg.QueueBytes {
 		select {
 		case r.jobs <- j:
+			return
 		default:
-			r.queued.Add(-n)
-			r.m.learned.WithLabelValues("dropped").Inc()
-			r.done(h)
+		}
+	}
+	r.queued.Add(-n)
+	r.m.learned.WithLabelValues("dropped").Add(float64(len(j.ks)))
+	r.release(j)
+}
+
+func (r *Router) release(j job) {
+	r.mu.Lock()
+	for _, k := range j.ks {
+		delete(r.learning, j.hashes[k-1])
+	}
+	r.mu.Unlock()
+}
+
+// learn checks j's guess against the truth, when the truth is known, and
+// learns j's prefixes: the whole conversation from the answer's token ids
+// when it carried them, the rest by tokenizing it as the engine renders it
+// inside a longer conversation (no generation prompt). An entry is stored
+// only if it is a prefix of the truth, as routing on it will assume.
+func (r *Router) learn(ctx context.Context, j job) {
+	defer r.release(j)
+	defer r.queued.Add(-j.size())
+	truth := j.full
+	if j.ids != nil {
+		truth = &textprefix.Entry{Keys: j.keysOf(j.ids), Tokens: len(j.ids)}
+	}
+	if j.usedK > 0 && truth != nil {
+		r.mu.Lock()
+		r.guess(r.check(r.store.Check(j.hashes[j.usedK-1], j.used, *truth)))
+		r.mu.Unlock()
+	}
+	for _, k := range j.ks {
+		h := j.hashes[k-1]
+		e, how, ok := r.prefix(ctx, j, k)
+		if !ok {
+			r.m.learned.WithLabelValues("failed").Inc()
+			continue
+		}
+		r.mu.Lock()
+		if truth == nil && j.usedK > 0 && j.usedK <= k {
+			r.guess(r.check(r.store.Check(j.hashes[j.usedK-1], j.used, e)))
+		}
+		if truth != nil && !r.check(r.store.Check(h, e, *truth)) {
+			r.mu.Unlock()
+			continue
+		}
+		r.store.Put(h, e)
+		r.m.learned.WithLabelValues(how).Inc()
+		r.m.entries.Set(float64(r.store.Len()))
+		r.mu.Unlock()
+		if f := r.share.Load(); f != nil {
+			(*f)(h, e)
 		}
 	}
 }
 
-func (r *Router) done(h textprefix.Hash) {
-	r.mu.Lock()
-	delete(r.learning, h)
-	r.mu.Unlock()
-}
-
-// learn tokenizes j's first k messages as the engine renders them inside
-// a longer conversation (no generation prompt), checks the guesses it can
-// and stores the entry.
-func (r *Router) learn(ctx context.Context, j job) {
-	h := j.hashes[j.k-1]
-	defer r.done(h)
-	defer r.queued.Add(-int64(len(j.p.Messages)))
+// prefix is the entry of j's first k messages, and how it was learned:
+// "answer" (from the answer's token ids, no tokenization) or "stored" (a
+// /tokenize call).
+func (r *Router) prefix(ctx context.Context, j job, k int) (textprefix.Entry, string, bool) {
+	bytes := 0
+	for _, m := range j.msgs[:k] {
+		bytes += len(m.Raw)
+	}
+	entry := func(ids []uint32) textprefix.Entry {
+		return textprefix.Entry{Keys: j.keysOf(ids), Tokens: len(ids), Bytes: bytes}
+	}
+	whole := k == len(j.msgs) && j.ids != nil && !continued(j.p)
+	var ch uint64
+	if whole {
+		if ag := j.p.AddGenerationPrompt; ag != nil && !*ag {
+			return entry(j.ids), "answer", true
+		}
+		ch = xxhash.Sum64(r.context(j.p))
+		r.mu.Lock()
+		g, ok := r.suffix[ch]
+		r.mu.Unlock()
+		if ok && g <= len(j.ids) {
+			return entry(j.ids[:len(j.ids)-g]), "answer", true
+		}
+	}
 	q := j.p
-	q.Messages = joinMessages(j.msgs[:j.k])
+	q.Messages = joinMessages(j.msgs[:k])
 	no := false
 	q.AddGenerationPrompt, q.ContinueFinalMessage = &no, nil
 	ids, err := r.tokenize(ctx, q, "learn")
 	if err != nil || len(ids) == 0 {
-		r.m.learned.WithLabelValues("failed").Inc()
-		return
+		return textprefix.Entry{}, "", false
 	}
-	bytes := 0
-	for _, m := range j.msgs[:j.k] {
-		bytes += len(m.Raw)
-	}
-	e := textprefix.Entry{Keys: j.keysOf(ids), Tokens: len(ids), Bytes: bytes}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if j.usedK > 0 && j.usedK <= j.k {
-		r.check(r.store.Check(j.hashes[j.usedK-1], j.used, e))
-	}
-	if j.full != nil {
-		// The whole prompt's tokens are at hand: store the entry only if
-		// it is a prefix of them, as routing on it will assume.
-		if !r.check(r.store.Check(h, e, *j.full)) {
-			return
+	if whole && len(ids) <= len(j.ids) && slices.Equal(ids, j.ids[:len(ids)]) {
+		r.mu.Lock()
+		if len(r.suffix) >= maxSuffixes {
+			clear(r.suffix)
 		}
+		r.suffix[ch] = len(j.ids) - len(ids)
+		r.mu.Unlock()
 	}
-	r.store.Put(h, e)
-	r.m.learned.WithLabelValues("stored").Inc()
-	r.m.entries.Set(float64(r.store.Len()))
-	if f := r.share.Load(); f != nil {
-		(*f)(h, e)
+	return entry(ids), "stored", true
+}
+
+// guess counts the check of a request's routing guess.
+func (r *Router) guess(ok bool) {
+	if ok {
+		r.m.guesses.WithLabelValues("right").Inc()
+	} else {
+		r.m.guesses.WithLabelValues("wrong").Inc()
 	}
 }
 
@@ -311,9 +388,9 @@ func joinMessages(msgs []textprefix.Message) []byte {
 }
 
 type metrics struct {
-	requests, learned, checks *prometheus.CounterVec
-	seconds                   *prometheus.HistogramVec
-	entries                   prometheus.Gauge
+	requests, learned, checks, guesses *prometheus.CounterVec
+	seconds                            *prometheus.HistogramVec
+	entries                            prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -324,11 +401,15 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}, []string{"path"}),
 		learned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "learned_total",
-			Help: "Conversation prefixes learned: stored (tokenized here after a request), shared (from a peer), failed (tokenize error) or dropped (learning backlog full).",
+			Help: "Conversation prefixes learned: answer (from the prompt token ids of the engine's answer), stored (tokenized here after a request), shared (from a peer), failed (tokenize error) or dropped (learning backlog full).",
 		}, []string{"result"}),
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "checks_total",
-			Help: "Guesses checked against a later tokenization: right, or wrong (the prefix's keys were not a prefix of the conversation's; the entry was dropped).",
+			Help: "Entries checked against a longer prefix's tokens (a request's own, or a later tokenization): right, or wrong (the entry's keys were not a prefix of them; it was dropped). Counts guesses and new entries.",
+		}, []string{"result"}),
+		guesses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "textprefix", Name: "guesses_total",
+			Help: "Requests routed on an entry whose guess was checked against the request's own tokens: right, or wrong (the request was routed on keys it does not have).",
 		}, []string{"result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "tokenize_duration_seconds",
@@ -341,7 +422,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.learned, m.checks, m.seconds, m.entries)
+		reg.MustRegister(m.requests, m.learned, m.checks, m.guesses, m.seconds, m.entries)
 	}
 	return m
 }

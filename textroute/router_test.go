@@ -133,16 +133,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	e := newEnv(t, tok, Config{})
 	scheme := blockkey.DefaultScheme()
 	root := blockkey.Root("m", "", "")
-	truth := func(p prompt.Prompt) []blockkey.Key {
-		ids, err := tok.Tokenize(context.Background(), p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok.mu.Lock()
-		tok.calls--
-		tok.mu.Unlock()
-		return scheme.Request(root, ids)
-	}
+	truth := func(p prompt.Prompt) []blockkey.Key { return scheme.Request(root, tok.answer(t, p)) }
 
 	// First sight: tokenized on the request path, exactly as before.
 	p, msgs := chat(t, sys, "What is a prefix cache?")
@@ -150,7 +141,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	if want := truth(p); !slices.Equal(keys, want) || tok.count() != 1 || e.path("tokenized") != 1 || n < 400 {
 		t.Fatalf("first request: %d keys (want %d), %d tokens, %d tokenize calls", len(keys), len(want), n, tok.count())
 	}
-	after()
+	after(nil)
 	e.waitLearned(t, 2) // the system prompt alone, and the whole conversation
 	for path, want := range map[string]uint64{"request": 1, "learn": 2} {
 		var m dto.Metric
@@ -171,7 +162,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	if n2 < len(keys2)*scheme.TokensPerKey() {
 		t.Fatalf("estimated %d tokens under %d keys", n2, len(keys2))
 	}
-	after2()
+	after2(nil)
 	e.waitLearned(t, 3)
 
 	// The first conversation's next turn, entering with the answer.
@@ -182,7 +173,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	if e.path("prefix") != 2 || len(keys3) < len(prev)-1 || !slices.Equal(keys3, exact3[:len(keys3)]) {
 		t.Fatalf("follow-up: prefix %v, %d keys, the previous turn had %d", e.path("prefix"), len(keys3), len(prev))
 	}
-	after3()
+	after3(nil)
 	e.waitLearned(t, 4)
 	if right, wrong := value(e.r.m.checks.WithLabelValues("right")), value(e.r.m.checks.WithLabelValues("wrong")); right < 3 || wrong != 0 {
 		t.Fatalf("checks right %v wrong %v", right, wrong)
@@ -206,7 +197,7 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 	for i := range 5 {
 		p, msgs := chat(t, sys, "question "+strings.Repeat("x", i))
 		_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
-		after()
+		after(nil)
 		e.waitLearned(t, float64(2*(i+1)))
 	}
 	wrong := func() float64 { return value(e.r.m.checks.WithLabelValues("wrong")) }
@@ -215,7 +206,7 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 	}
 	p, msgs := chat(t, sys, "question ", "answer", "next")
 	_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
-	after()
+	after(nil)
 	e.waitLearned(t, 12)
 	if e.path("prefix") != 1 || wrong() != 6 || e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]) {
 		t.Fatalf("follow-up: prefix %v wrong %v, wrong entry kept %v", e.path("prefix"), wrong(), e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]))
@@ -227,7 +218,7 @@ func TestTokenizeFailureRoutesByLoad(t *testing.T) {
 	e := newEnv(t, tok, Config{})
 	p, msgs := chat(t, sys, "q")
 	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
-	after()
+	after(nil)
 	if keys != nil || n != 0 || e.path("untokenized") != 1 {
 		t.Fatalf("keys %v tokens %d untokenized %v", keys, n, e.path("untokenized"))
 	}
@@ -241,11 +232,12 @@ func TestFullBacklogDrops(t *testing.T) {
 	for i := range 3 {
 		p, msgs := chat(t, sys, "q"+strings.Repeat("y", i))
 		_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
-		after()
+		after(nil)
 	}
-	// 1st: system + conversation queued (2); later ones: system busy,
-	// their conversations dropped.
-	if d := value(r.m.learned.WithLabelValues("dropped")); d != 2 || len(r.jobs) != 2 {
+	// 1st: one job for the system prompt and the conversation; 2nd: the
+	// system prompt is being learned, its conversation queued; 3rd: its
+	// conversation dropped.
+	if d := value(r.m.learned.WithLabelValues("dropped")); d != 1 || len(r.jobs) != 2 {
 		t.Fatalf("dropped %v, queued %d", d, len(r.jobs))
 	}
 }
@@ -285,7 +277,7 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 	a.r.SetShare(b.r.Accept)
 	p, msgs := chat(t, sys, "What is a prefix cache?")
 	_, _, after := a.r.Keys(context.Background(), p, msgs, keysOf)
-	after()
+	after(nil)
 	a.waitLearned(t, 2)
 	deadline := time.Now().Add(5 * time.Second)
 	for value(b.r.m.learned.WithLabelValues("shared")) < 2 {
@@ -312,9 +304,11 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 func TestBacklogBytesBound(t *testing.T) {
 	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
 	r := New(Config{Model: "m", QueueBytes: 4000}, tok, nil)
-	p, msgs := chat(t, sys, "q") // ~2.4 KB of messages: one job fits, not two
-	_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
-	after()
+	for _, q := range []string{"q", "r"} { // ~2.4 KB of messages each: one job fits, not two
+		p, msgs := chat(t, sys, q)
+		_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
+		after(nil)
+	}
 	if d := value(r.m.learned.WithLabelValues("dropped")); d != 1 || len(r.jobs) != 1 {
 		t.Fatalf("dropped %v queued %d; want 1 and 1", d, len(r.jobs))
 	}
@@ -322,4 +316,100 @@ func TestBacklogBytesBound(t *testing.T) {
 	if q := r.queued.Load(); q != 0 {
 		t.Fatalf("%d bytes still counted after the job ran", q)
 	}
+}
+
+// answer is the prompt's token ids as the engine's answer carries them
+// (return_token_ids): the whole prompt with its generation prompt. It is
+// not counted as a tokenize call.
+func (s *simTokenizer) answer(t *testing.T, p prompt.Prompt) []uint32 {
+	t.Helper()
+	ids, err := s.Tokenize(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.calls--
+	s.mu.Unlock()
+	return ids
+}
+
+// With the answer's prompt ids, a conversation is learned without a
+// second tokenization once the context's generation-prompt length is
+// known, every guess is checked against the request's own tokens, and a
+// wrong one is counted and dropped.
+func TestLearnsFromTheAnswer(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	e := newEnv(t, tok, Config{})
+	waitChecks := func(n float64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for value(e.r.m.checks.WithLabelValues("right"))+value(e.r.m.checks.WithLabelValues("wrong")) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%v checks in 5s; want %v", value(e.r.m.checks.WithLabelValues("right")), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	// First sight: tokenized on the path; the system prompt and (once, to
+	// learn the generation prompt's length) the conversation after it.
+	p, msgs := chat(t, sys, "What is a prefix cache?")
+	_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	after(tok.answer(t, p))
+	e.waitLearned(t, 2)
+	if tok.count() != 3 {
+		t.Fatalf("%d tokenize calls; want 3", tok.count())
+	}
+
+	// The next turn is routed on the conversation's entry and learned from
+	// its answer alone; its guess checks right.
+	p2, msgs2 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?")
+	_, _, after2 := e.r.Keys(context.Background(), p2, msgs2, keysOf)
+	if e.path("prefix") != 1 {
+		t.Fatal("the follow-up was not routed on the first turn's entry")
+	}
+	after2(tok.answer(t, p2))
+	deadline := time.Now().Add(5 * time.Second)
+	for value(e.r.m.learned.WithLabelValues("answer")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the follow-up was not learned from its answer")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if tok.count() != 3 || value(e.r.m.guesses.WithLabelValues("right")) != 1 {
+		t.Fatalf("%d tokenize calls (want 3), guesses right %v (want 1)", tok.count(), value(e.r.m.guesses.WithLabelValues("right")))
+	}
+	// The entry is what a tokenization without the generation prompt gives.
+	no := false
+	closed := p2
+	closed.AddGenerationPrompt = &no
+	want := keysOf(tok.answer(t, closed))
+	got, ok := e.get(textprefix.Chain(e.r.context(p2), msgs2)[3])
+	if !ok || !slices.Equal(got.Keys, want) {
+		t.Fatalf("learned entry: %v, %d keys; want the %d keys of the closed conversation", ok, len(got.Keys), len(want))
+	}
+
+	// A guess the answer contradicts (here: the engine reports other
+	// tokens) is wrong, counted, and its entry dropped.
+	p3, msgs3 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?", "On the GPU.", "Why?")
+	_, _, after3 := e.r.Keys(context.Background(), p3, msgs3, keysOf)
+	other, _ := chat(t, "another system prompt", "x")
+	checks := value(e.r.m.checks.WithLabelValues("right")) + value(e.r.m.checks.WithLabelValues("wrong"))
+	after3(tok.answer(t, other))
+	waitChecks(checks + 2) // the guess, and the new entry against the truth
+	if value(e.r.m.guesses.WithLabelValues("wrong")) != 1 || e.has(textprefix.Chain(e.r.context(p2), msgs2)[3]) {
+		t.Fatalf("guesses wrong %v; entry kept %v", value(e.r.m.guesses.WithLabelValues("wrong")), e.has(textprefix.Chain(e.r.context(p2), msgs2)[3]))
+	}
+}
+
+func (e *env) has(h textprefix.Hash) bool {
+	e.r.mu.Lock()
+	defer e.r.mu.Unlock()
+	return e.r.store.Has(h)
+}
+
+func (e *env) get(h textprefix.Hash) (textprefix.Entry, bool) {
+	e.r.mu.Lock()
+	defer e.r.mu.Unlock()
+	return e.r.store.Get(h)
 }

@@ -23,9 +23,14 @@ var sidecarSeries = []string{
 	`kvroute_textprefix_requests_total{path="untokenized"}`,
 	`kvroute_textprefix_checks_total{result="right"}`,
 	`kvroute_textprefix_checks_total{result="wrong"}`,
+	`kvroute_textprefix_guesses_total{result="right"}`,
+	`kvroute_textprefix_guesses_total{result="wrong"}`,
+	`kvroute_textprefix_learned_total{result="answer"}`,
 	`kvroute_textprefix_learned_total{result="stored"}`,
 	`kvroute_textprefix_learned_total{result="shared"}`,
 	`kvroute_textprefix_learned_total{result="dropped"}`,
+	`kvroute_textprefix_tokenize_duration_seconds_count{path="request"}`,
+	`kvroute_textprefix_tokenize_duration_seconds_count{path="learn"}`,
 	`kvroute_tokenize_duration_seconds_count`,
 }
 

@@ -38,7 +38,8 @@ type config struct {
 	FPRate         float64
 
 	MaxBodyBytes   int64
-	TextPrefixKeys int // 0: chat prompts are tokenized on the request path
+	TextPrefixKeys int  // 0: chat prompts are tokenized on the request path
+	TextPrefixIDs  bool // learn chat prefixes from the answer's prompt token ids
 	DrainTimeout   time.Duration
 	LoadInterval   time.Duration
 	DigestInterval time.Duration
@@ -86,6 +87,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
 	fs.IntVar(&c.TextPrefixKeys, "text-prefix-keys", 1<<20, "routing keys of learned chat prefixes held (8 bytes each); chats whose leading messages were seen are routed without a /tokenize call; 0: off")
+	fs.BoolVar(&c.TextPrefixIDs, "text-prefix-from-answer", true, "learn a chat's prefix from the prompt token ids its answer carries (the sidecar sets vLLM's return_token_ids, vLLM >= 0.10.2, and gives the client null there, as vLLM does unasked) instead of tokenizing the conversation again; false, or an engine that ignores the field: tokenize it after the answer")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long a drain (POST /drain, GET /drain/prestop, SIGTERM) waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")

@@ -172,7 +172,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	front.SetLocalReady(false) // until the engine is seen healthy
 	if cfg.TextPrefixKeys > 0 {
 		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tok, reg)
-		front.SetTextPrefixes(text)
+		front.SetTextPrefixes(text, cfg.TextPrefixIDs)
 		// Learned prefixes go to every peer, and theirs come here: a
 		// conversation's next turn enters a random sidecar.
 		mesh.OnTextPrefix(func(p gossip.TextPrefix) {
