@@ -37,6 +37,8 @@ var (
 	duration   = flag.Duration("e2e.duration", 10*time.Second, "BenchmarkOverhead: length of one measured round")
 	rounds     = flag.Int("e2e.rounds", 1, "BenchmarkOverhead: rounds; the table reports the median of the rounds' differences")
 	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
+	textToday  = flag.Bool("e2e.text-today", true, "BenchmarkTextPrefix: run today's design (a second cluster) beside the new one")
+	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 )
 
@@ -232,6 +234,7 @@ type reply struct {
 	Decision string // X-Kvroute-Decision
 	Type     string // Content-Type
 	Body     []byte
+	Service  time.Duration // X-Sim-Service-Us; -1 when absent
 }
 
 // cached returns usage.prompt_tokens_details.cached_tokens, -1 if absent.

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,18 +34,25 @@ import (
 //   - today sys / new sys: a shared system prompt (seen at the entry sidecar
 //     before) and a new question;
 //   - new follow-up other: a conversation's second turn, whose first turn
-//     entered pod 1's sidecar (text-prefix entries are local, so pod 2's
-//     sidecar must tokenize);
+//     entered pod 1's sidecar (pod 2's sidecar has the first turn's entry
+//     from pod 1's, by gossip);
 //   - new follow-up same: the second turn entering the sidecar the first
-//     turn entered (300 ms of think time after the first answer);
+//     turn entered (300 ms of think time after the first answer, plus a
+//     random part of a pacing interval);
 //   - direct ids / hop ids: a completions prompt of token ids of the same
 //     length, straight and through the same hop: what moving a body this
 //     size through two sidecars costs without any tokenization.
 //
-// Text prefixes are shared between sidecars (gossip), so "follow-up other"
-// finds the first turn's entry. Δ is a round's TTFB percentile minus the
-// direct series' of the same size and prompt form in that round; the table gives medians over rounds. It asserts only that
-// every request was served by pod 1. Run:
+// Two figures per series. "added" is the sidecars' own latency, request by
+// request: the time to the first byte less the simulator's time from the
+// body read to the first output (X-Sim-Service-Us), less the direct
+// series' median of the same (the client's and loopback's part). Δ is a
+// round's TTFB percentile minus the direct series' of the same size and
+// prompt form in that round (medians over rounds): it also shows what a
+// design costs inside the engine, such as tokenizer time that queues other
+// requests. -e2e.text-today=false leaves today's cluster out, and
+// -e2e.text-sizes picks the sizes. It asserts only that every request was
+// served by pod 1. Run:
 //
 //	go test -tags integration -run '^$' -bench TextPrefix -benchtime 1x ./e2e \
 //	  -args -e2e.rounds 3 -e2e.duration 40s -e2e.rate 10
@@ -52,10 +60,14 @@ func BenchmarkTextPrefix(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*rounds)*(*duration+time.Minute))
 	defer cancel()
 	envs := strings.Fields(*sidecarEnv)
-	today, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, cpus: *pinCPUs,
-		env: append(slices.Clone(envs), "KVROUTE_TEXT_PREFIX_KEYS=0"), progress: testProgress{b}}, b.Cleanup)
-	if err != nil {
-		b.Fatal(err)
+	var today *fixture
+	if *textToday {
+		var err error
+		today, err = startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, cpus: *pinCPUs,
+			env: append(slices.Clone(envs), "KVROUTE_TEXT_PREFIX_KEYS=0"), progress: testProgress{b}}, b.Cleanup)
+		if err != nil {
+			b.Fatal(err)
+		}
 	}
 	fresh, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs,
 		env: envs, progress: testProgress{b}}, b.Cleanup)
@@ -65,11 +77,23 @@ func BenchmarkTextPrefix(b *testing.B) {
 	rng := seeded(b.Name())
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	var ss []*chatSeries
-	for _, size := range []int{1024, 8192, 32768} {
+	var sizes []int
+	for _, f := range strings.Split(*textSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 256 {
+			b.Fatalf("-e2e.text-sizes: %q is not a size of at least 256 tokens", f)
+		}
+		sizes = append(sizes, n)
+	}
+	for _, size := range sizes {
 		sys := words(rng, size-60)
 		// Cache the system prompt on pod 1 of both clusters and teach pod 2's
 		// sidecars that they route there.
-		for _, f := range []*fixture{today, fresh} {
+		clusters := []*fixture{fresh}
+		if today != nil {
+			clusters = append(clusters, today)
+		}
+		for _, f := range clusters {
 			if _, err := postChat(ctx, hc, f.c.Pod(0).SimAddr, chatBody(sys, words(rng, 30))); err != nil {
 				b.Fatal(err)
 			}
@@ -105,9 +129,11 @@ func BenchmarkTextPrefix(b *testing.B) {
 			&chatSeries{name: fmt.Sprintf("direct ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(0).SimAddr, draw: qi},
 			&chatSeries{name: fmt.Sprintf("hop ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qi},
 			&chatSeries{name: fmt.Sprintf("direct %dk", size/1024), size: size, addr: fresh.c.Pod(0).SimAddr, draw: q},
-			&chatSeries{name: fmt.Sprintf("today sys %dk", size/1024), size: size, addr: today.c.Pod(1).API, servedBy: today.c.Pod(0).Name, draw: q},
 			&chatSeries{name: fmt.Sprintf("new sys %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: q},
 		)
+		if today != nil {
+			ss = append(ss, &chatSeries{name: fmt.Sprintf("today sys %dk", size/1024), size: size, addr: today.c.Pod(1).API, servedBy: today.c.Pod(0).Name, draw: q})
+		}
 		for _, same := range []bool{false, true} {
 			first, name := fresh.c.Pod(0).API, "new follow-up other"
 			if same {
@@ -117,12 +143,17 @@ func BenchmarkTextPrefix(b *testing.B) {
 			s.before = func(ctx context.Context) ([]byte, error) {
 				lockRNG.Lock()
 				u1, a1, u2 := words(rng, 30), words(rng, 50), words(rng, 30)
+				// 300 ms of think time and up to one pacing interval more:
+				// a think time that is a multiple of the interval would land
+				// every follow-up just behind the request the pacer launched
+				// at that tick, in the serving pod's tokenizer queue.
+				think := 300*time.Millisecond + time.Duration(rng.Float64()*float64(time.Second)/(*rate))
 				lockRNG.Unlock()
 				if _, err := postChat(ctx, hc, first, chatBody(sys, u1)); err != nil {
 					return nil, err
 				}
 				select {
-				case <-time.After(300 * time.Millisecond):
+				case <-time.After(think):
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
@@ -134,6 +165,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 	chatLoop(ctx, hc, ss, *rate, time.Second, rng) // warm connections, unrecorded
 	deltas := make([][2][]time.Duration, len(ss))
 	pooled := make([][]time.Duration, len(ss))
+	outside := make([][]time.Duration, len(ss))
 	b.ResetTimer()
 	for round := range *rounds {
 		for _, s := range ss {
@@ -153,30 +185,53 @@ func BenchmarkTextPrefix(b *testing.B) {
 			deltas[i][0] = append(deltas[i][0], percentile(s.ttfb, 50)-percentile(d.ttfb, 50))
 			deltas[i][1] = append(deltas[i][1], percentile(s.ttfb, 99)-percentile(d.ttfb, 99))
 			pooled[i] = append(pooled[i], s.ttfb...)
+			outside[i] = append(outside[i], s.outside...)
 			if s.errs > 0 {
 				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
 			}
 		}
-		b.Logf("round %d of %d done", round+1, *rounds)
+		var slow strings.Builder
+		for _, s := range ss {
+			fmt.Fprintf(&slow, "\n  %-24s", s.name)
+			for _, x := range s.slowest {
+				fmt.Fprintf(&slow, "  %s (engine %s)", us(x[0]), us(x[1]))
+			}
+		}
+		fmt.Printf("round %d of %d done; slowest time to first byte per series (and the engine's part):%s\n", round+1, *rounds, slow.String())
 	}
 	b.StopTimer()
 	var tab strings.Builder
 	fmt.Fprintf(&tab, "\nopen loop, %.0f req/s, %d round(s) of %v, %d series, sim time scale 1000, sim tokenize cost on (default)\n", *rate, *rounds, *duration, len(ss))
-	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "decisions (last round)")
+	// The direct series' time outside the engine is the client's and the
+	// loopback's own; "added" is a series' less the direct one's median.
+	direct := map[string]time.Duration{}
+	for i, s := range ss {
+		if strings.HasPrefix(s.name, "direct") {
+			direct[s.kind()] = percentile(outside[i], 50)
+		}
+	}
+	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %10s %10s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "added p50", "added p99", "decisions (last round)")
 	for i, s := range ss {
 		dp50, dp99 := percentile(deltas[i][0], 50), percentile(deltas[i][1], 50)
-		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %v\n", s.name, len(pooled[i]),
-			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), s.decisions)
+		base := direct[s.kind()]
+		ap50, ap99 := percentile(outside[i], 50)-base, percentile(outside[i], 99)-base
+		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %10s %10s  %v\n", s.name, len(pooled[i]),
+			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), us(ap50), us(ap99), s.decisions)
 		if !strings.HasPrefix(s.name, "direct") {
 			unit := strings.ReplaceAll(s.name, " ", "-")
 			b.ReportMetric(float64(dp50.Microseconds()), unit+"-Δp50-µs")
 			b.ReportMetric(float64(dp99.Microseconds()), unit+"-Δp99-µs")
+			b.ReportMetric(float64(ap50.Microseconds()), unit+"-added-p50-µs")
+			b.ReportMetric(float64(ap99.Microseconds()), unit+"-added-p99-µs")
 		}
 	}
 	for _, f := range []struct {
 		name string
 		f    *fixture
-	}{{"today", today}, {"new", fresh}} {
+	}{{"new", fresh}, {"today", today}} {
+		if f.f == nil {
+			continue
+		}
 		r, err := f.f.do(ctx, http.MethodGet, f.f.c.Pod(1).Admin, "/metrics", nil, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -187,8 +242,19 @@ func BenchmarkTextPrefix(b *testing.B) {
 			metricValue(m, `kvroute_textprefix_guesses_total{result="right"}`), metricValue(m, `kvroute_textprefix_guesses_total{result="wrong"}`),
 			metricValue(m, `kvroute_textprefix_learned_total{result="answer"}`), metricValue(m, `kvroute_textprefix_learned_total{result="stored"}`),
 			metricValue(m, `kvroute_textprefix_learned_total{result="dropped"}`))
+		for i := range 2 {
+			r, err := f.f.do(ctx, http.MethodGet, f.f.c.Pod(i).SimAddr, "/metrics", nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			m := string(r.Body)
+			fmt.Fprintf(&tab, "%s pod %d vLLM tokenizer: %.0f calls, busy %.1f s, calls waited %.1f s in all\n", f.name, i+1,
+				metricValue(m, "vllm_sim_tokenize_calls_total"), metricValue(m, "vllm_sim_tokenize_busy_seconds_total"),
+				metricValue(m, "vllm_sim_tokenize_wait_seconds_total"))
+		}
 	}
 	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size and prompt form) in that round; every routed request enters pod 2's sidecar and is served on pod 1\n")
+	fmt.Fprintf(&tab, "added = per request, TTFB less the simulator's own time from the body read to the first byte (X-Sim-Service-Us: tokenizing, queueing, prefill, encoding), pooled over rounds, less the direct series' median of the same\n")
 	fmt.Print(tab.String())
 }
 
@@ -207,6 +273,8 @@ type chatSeries struct {
 
 	mu        sync.Mutex
 	ttfb      []time.Duration
+	outside   []time.Duration // ttfb less the simulator's service time
+	slowest   [][2]time.Duration // the round's three slowest: ttfb, service
 	errs      int
 	firstErr  error
 	decisions map[string]int
@@ -221,7 +289,7 @@ func (s *chatSeries) kind() string {
 func (s *chatSeries) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ttfb, s.errs, s.firstErr, s.decisions = nil, 0, nil, nil
+	s.ttfb, s.outside, s.slowest, s.errs, s.firstErr, s.decisions = nil, nil, nil, 0, nil, nil
 }
 
 // chatLoop is openLoop for chat series.
@@ -238,7 +306,7 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 			if s.before != nil {
 				var err error
 				if body, err = s.before(ctx); err != nil {
-					s.record(0, "", err)
+					s.record(0, -1, "", err)
 					return
 				}
 			}
@@ -246,12 +314,15 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 			if err == nil && r.ServedBy != s.servedBy {
 				err = fmt.Errorf("%s: served by %q (%s), want %q", s.name, r.ServedBy, r.Decision, s.servedBy)
 			}
-			s.record(ttfb, r.Decision, err)
+			s.record(ttfb, r.Service, r.Decision, err)
 		}
 	})
 }
 
-func (s *chatSeries) record(ttfb time.Duration, decision string, err error) {
+// record keeps a request's time to the first byte and, when the simulator
+// said how long it took (service >= 0), the rest: the time outside the
+// engine, request by request, free of the engine's own queueing.
+func (s *chatSeries) record(ttfb, service time.Duration, decision string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -262,6 +333,14 @@ func (s *chatSeries) record(ttfb time.Duration, decision string, err error) {
 		return
 	}
 	s.ttfb = append(s.ttfb, ttfb)
+	if service >= 0 {
+		s.outside = append(s.outside, ttfb-service)
+	}
+	if len(s.slowest) < 3 || ttfb > s.slowest[len(s.slowest)-1][0] {
+		s.slowest = append(s.slowest, [2]time.Duration{ttfb, service})
+		slices.SortFunc(s.slowest, func(a, b [2]time.Duration) int { return int(b[0] - a[0]) })
+		s.slowest = s.slowest[:min(3, len(s.slowest))]
+	}
 	if s.servedBy != "" {
 		if s.decisions == nil {
 			s.decisions = map[string]int{}
@@ -294,7 +373,10 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 	}
 	rest, _ := io.ReadAll(resp.Body)
 	r := reply{Status: resp.StatusCode, ServedBy: resp.Header.Get("X-Kvroute-Served-By"), Decision: resp.Header.Get("X-Kvroute-Decision"),
-		Body: append(buf[:n:n], rest...)}
+		Body: append(buf[:n:n], rest...), Service: -1}
+	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Service-Us"), 10, 64); err == nil {
+		r.Service = time.Duration(us) * time.Microsecond
+	}
 	if r.Status != http.StatusOK {
 		return r, 0, fmt.Errorf("status %d: %s", r.Status, r.Body)
 	}

@@ -178,3 +178,28 @@ func TestScanObjectDepth(t *testing.T) {
 		}
 	}
 }
+
+// plain8 must flag every word holding a quote, a backslash or a control
+// character, wherever it sits (a miss would let a string run past its end).
+func TestPlain8(t *testing.T) {
+	word := func(b []byte) uint64 {
+		var w uint64
+		for i, c := range b {
+			w |= uint64(c) << (8 * i)
+		}
+		return w
+	}
+	base := []byte("abcdefgh")
+	if !plain8(word(base)) || !plain8(word([]byte("\x20\x7f\x80\xff\xc3\xa9~!"))) {
+		t.Fatal("plain bytes flagged")
+	}
+	for pos := range 8 {
+		for _, c := range []byte{'"', '\\', 0x00, 0x01, 0x1f} {
+			b := append([]byte(nil), base...)
+			b[pos] = c
+			if plain8(word(b)) {
+				t.Errorf("%q at %d not flagged", c, pos)
+			}
+		}
+	}
+}

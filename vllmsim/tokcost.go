@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,6 +27,24 @@ type TokenizeCost struct {
 	per   time.Duration
 	slots chan struct{}
 	now   func() time.Time
+
+	calls, busy, wait atomic.Int64 // busy and wait in ns
+}
+
+// TokenizeStats are a TokenizeCost's totals: tokenizations run, the time
+// workers were held, and the time calls waited for a worker (what a busy
+// tokenizer costs the requests behind it).
+type TokenizeStats struct {
+	Calls      uint64
+	Busy, Wait time.Duration
+}
+
+// Stats returns the totals so far (zero for a nil cost).
+func (c *TokenizeCost) Stats() TokenizeStats {
+	if c == nil {
+		return TokenizeStats{}
+	}
+	return TokenizeStats{Calls: uint64(c.calls.Load()), Busy: time.Duration(c.busy.Load()), Wait: time.Duration(c.wait.Load())}
 }
 
 // NewTokenizeCost returns a charge of per for each token on workers
@@ -43,13 +62,19 @@ func (c *TokenizeCost) Run(ctx context.Context, tokenize func() int) error {
 		tokenize()
 		return nil
 	}
+	queued := c.now()
 	select {
 	case c.slots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	defer func() { <-c.slots }()
 	start := c.now()
+	c.calls.Add(1)
+	c.wait.Add(int64(start.Sub(queued)))
+	defer func() {
+		c.busy.Add(int64(c.now().Sub(start)))
+		<-c.slots
+	}()
 	n := tokenize()
 	left := time.Duration(n)*c.per - c.now().Sub(start)
 	if left <= 0 {

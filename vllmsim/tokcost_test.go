@@ -61,6 +61,10 @@ func TestTokenizeCostQueuesOnItsPool(t *testing.T) {
 			close(release)
 		}
 		wg.Wait()
+		st := c.Stats()
+		if st.Calls != 2 || st.Busy < 20*time.Millisecond {
+			t.Fatalf("%d workers: stats %+v; want 2 calls holding workers at least 2 x 10ms", workers, st)
+		}
 		if workers == 1 {
 			if gap := starts[1].Sub(starts[0]); gap < 10*time.Millisecond {
 				t.Fatalf("1 worker: second call started %v after the first, want at least its 10ms charge", gap)

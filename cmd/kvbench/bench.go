@@ -76,7 +76,7 @@ func clusterDir(o options, name string) (string, error) {
 // runPolicy starts a fresh cluster for one policy (so no policy inherits
 // another's cache), sends the schedule through it and summarises. The
 // cluster's logs stay in clusterDir(o, label).
-func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.Schedule, progress io.Writer) (loadgen.PolicyResult, error) {
+func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.Schedule, out, progress io.Writer) (loadgen.PolicyResult, error) {
 	dir, err := clusterDir(o, label)
 	if err != nil {
 		return loadgen.PolicyResult{}, err
@@ -130,7 +130,7 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
 	}
 	if cfg.Sidecars {
-		reportSidecars(ctx, c, progress)
+		reportSidecars(ctx, c, out) // a result, not progress: --quiet keeps it
 	}
 	return loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale), nil
 }

@@ -93,7 +93,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			if len(o.loads()) > 1 {
 				label = fmt.Sprintf("%s-%g", p, load)
 			}
-			res, err := runPolicy(ctx, o, p, label, s, progress)
+			res, err := runPolicy(ctx, o, p, label, s, out, progress)
 			if err != nil {
 				return err
 			}

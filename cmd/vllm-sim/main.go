@@ -133,10 +133,11 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 		stats[i] = eng.Stats
 	}
 	met := newMetrics(o.Models[0], stats, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, pubStatsFn)
+	cost := vllmsim.NewTokenizeCost(time.Duration(o.TokenizeUS*1e3), o.TokenizeWorkers)
+	met.registerTokenizer(cost.Stats)
 	srv := newServer(serverConfig{
 		Models: o.Models, Root: o.Model, LoRAs: o.LoRAs, RuntimeLoRA: o.RuntimeLoRA, MaxModelLen: cfg.MaxModelLen, Echo: o.Echo,
-		RestartDowntime: o.RestartDown, BodyLimitBytes: o.BodyLimitBytes,
-		TokenizeCost: vllmsim.NewTokenizeCost(time.Duration(o.TokenizeUS*1e3), o.TokenizeWorkers),
+		RestartDowntime: o.RestartDown, BodyLimitBytes: o.BodyLimitBytes, TokenizeCost: cost,
 	}, dp, dp.engs[0].Tokenizer(), events, met)
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)))

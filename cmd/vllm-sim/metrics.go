@@ -71,6 +71,18 @@ func newMetrics(model string, stats []func() vllmsim.Stats, ci cacheInfo, pub fu
 	return m
 }
 
+// registerTokenizer exports the tokenization charge's totals: how busy the
+// API server's tokenizer thread was, and how long calls queued for it.
+func (m *metrics) registerTokenizer(stats func() vllmsim.TokenizeStats) {
+	c := func(name, help string, f func(vllmsim.TokenizeStats) float64) {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return f(stats()) }))
+	}
+	c("vllm_sim_tokenize_calls_total", "Tokenizations charged (/tokenize, render, text prompts).", func(s vllmsim.TokenizeStats) float64 { return float64(s.Calls) })
+	c("vllm_sim_tokenize_busy_seconds_total", "Time the tokenizer workers were held.", func(s vllmsim.TokenizeStats) float64 { return s.Busy.Seconds() })
+	c("vllm_sim_tokenize_wait_seconds_total", "Time tokenizations waited for a worker.", func(s vllmsim.TokenizeStats) float64 { return s.Wait.Seconds() })
+}
+
 // registerRank registers one engine's gauges, counters and cache info.
 func (m *metrics) registerRank(model, engine string, stats func() vllmsim.Stats, ci cacheInfo) {
 	labels := prometheus.Labels{"model_name": model, "engine": engine}

@@ -2,6 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +93,32 @@ func TestTokenizeIsCharged(t *testing.T) {
 		code, b := env.do(t, "POST", path, `{"prompt":"`+longPrompt+`"}`)
 		if took, want := time.Since(start), time.Duration(len(ids))*50*time.Microsecond; code != 200 || took < want {
 			t.Errorf("%s: %d in %v; want 200 after at least %v (%d tokens): %s", path, code, took, want, len(ids), b)
+		}
+	}
+}
+
+// A generation answer says how long the simulator took to its first byte,
+// tokenization included: at least the charge, at most what the client saw.
+func TestServiceTimeHeader(t *testing.T) {
+	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) {
+		c.TokenizeCost = vllmsim.NewTokenizeCost(50*time.Microsecond, 1)
+		c.Now = time.Now
+	})
+	ids := env.eng.Tokenizer().Encode(longPrompt, true)
+	for _, stream := range []bool{false, true} {
+		start := time.Now()
+		resp, err := http.Post(env.url+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":2,"stream":%v}`, longPrompt, stream)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		us, err := strconv.ParseInt(resp.Header.Get(ServiceHeader), 10, 64)
+		charge := time.Duration(len(ids)) * 50 * time.Microsecond
+		if got := time.Duration(us) * time.Microsecond; err != nil || got < charge || got > took {
+			t.Errorf("stream %v: %s = %q; want between the charge %v and the client's %v", stream, ServiceHeader, resp.Header.Get(ServiceHeader), charge, took)
 		}
 	}
 }

@@ -212,8 +212,9 @@ type genRequest struct {
 	salt         string
 	stream       bool
 	includeUsage bool
-	tokenIDs     bool // return_token_ids
-	rank         int  // X-data-parallel-rank, -1 when absent
+	tokenIDs     bool      // return_token_ids
+	start        time.Time // the request's body was read
+	rank         int       // X-data-parallel-rank, -1 when absent
 }
 
 func (s *server) chat(c *gin.Context) {
@@ -222,12 +223,13 @@ func (s *server) chat(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
+	start := s.cfg.Now()
 	r, msgs, aerr := decodeChat(body)
 	if aerr != nil {
 		writeError(c, aerr)
 		return
 	}
-	g := genRequest{chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
+	g := genRequest{start: start, chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -254,6 +256,7 @@ func (s *server) completions(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
+	start := s.cfg.Now()
 	var r completionRequest
 	if aerr = decodeJSON(body, &r); aerr != nil {
 		writeError(c, aerr)
@@ -263,7 +266,7 @@ func (s *server) completions(c *gin.Context) {
 		writeError(c, badRequest("n=%d is not supported by the simulator; use n=1", *r.N))
 		return
 	}
-	g := genRequest{salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
+	g := genRequest{start: start, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -345,7 +348,7 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 		}()
 	}()
 	t := textSource{tok: s.tok, prompt: g.prompt, echo: s.cfg.Echo}
-	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat, tokenIDs: g.tokenIDs, prompt: g.prompt}
+	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat, tokenIDs: g.tokenIDs, prompt: g.prompt, start: g.start, now: s.cfg.Now}
 	if g.stream {
 		s.stream(c, st, t, resp, g.includeUsage)
 		return
@@ -374,7 +377,13 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 				writeError(c, &apiError{Status: 503, Type: "ServiceUnavailableError", Message: "request aborted: engine restarted"})
 				return
 			}
-			c.JSON(http.StatusOK, resp.full(string(text), gen, o))
+			resp.served(c)
+			b, err := json.Marshal(resp.full(string(text), gen, o))
+			if err != nil {
+				writeError(c, &apiError{Status: 500, Type: "InternalServerError", Message: err.Error()})
+				return
+			}
+			c.Data(http.StatusOK, "application/json; charset=utf-8", b)
 			return
 		}
 	}
@@ -388,7 +397,12 @@ func (s *server) stream(c *gin.Context, st *vllmsim.Stream, t textSource, resp r
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	c.Status(http.StatusOK)
+	unsent := true
 	send := func(v any) bool {
+		if unsent { // gin writes the header with the first byte
+			resp.served(c)
+			unsent = false
+		}
 		b, err := json.Marshal(v)
 		if err != nil {
 			return false
@@ -484,6 +498,19 @@ func (t *textSource) next(ids []uint32) ([]uint32, string) {
 	return out, t.tok.Decode(out)
 }
 
+// ServiceHeader is the simulator's own header on a generation answer: the
+// microseconds from the request's body being read to its first output
+// being ready (tokenization, queueing, prefill), before it is encoded. A
+// benchmark takes it from the client's time to the first byte to get what
+// lies outside the engine, request by request; encoding stays outside,
+// since what a request asks to be returned (token ids) costs there.
+const ServiceHeader = "X-Sim-Service-Us"
+
+// served sets ServiceHeader; call it when the first output is ready.
+func (r respShape) served(c *gin.Context) {
+	c.Header(ServiceHeader, strconv.FormatInt(r.now().Sub(r.start).Microseconds(), 10))
+}
+
 // respShape builds the OpenAI response objects of one request.
 type respShape struct {
 	id, model string
@@ -491,6 +518,8 @@ type respShape struct {
 	chat      bool
 	tokenIDs  bool     // return_token_ids
 	prompt    []uint32 // the ids the engine ran
+	start     time.Time
+	now       func() time.Time
 }
 
 // ids is what a token_ids field carries: nothing without return_token_ids,
