@@ -192,6 +192,9 @@ const maxTappedBody = 64 << 20
 // tapTokenIDs takes the prompt's token ids from resp, an answer to a chat
 // request that asked for them, and nulls them there when strip.
 func tapTokenIDs(resp *http.Response, strip bool, found func([]byte)) error {
+	if resp.Header.Get("Content-Encoding") != "" {
+		return nil // compressed: passed through as it is (vLLM does not compress)
+	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		resp.Body = newTokenIDsTap(resp.Body, strip, found)
 		return nil

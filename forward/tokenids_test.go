@@ -113,6 +113,12 @@ func idsStub(t *testing.T) (*httptest.Server, func() []map[string]any) {
 			}
 			return "null"
 		}
+		if req["gzip"] == true { // stands for any encoded answer: not looked into
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Encoding", "x-test")
+			fmt.Fprintf(w, `{"prompt_token_ids":%s}`, ids("[10,11,12]"))
+			return
+		}
 		if req["stream"] == true {
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}],\"prompt_token_ids\":%s}\n\n", ids("[10,11,12]"))
@@ -154,6 +160,7 @@ func TestChatLearnsTokenIDsFromTheAnswer(t *testing.T) {
 		{"stream", `,"stream":true`, true, `null`, []uint32{10, 11, 12}},
 		{"client asked", `,"return_token_ids":true`, true, `[10,11,12]`, []uint32{10, 11, 12}},
 		{"client declined", `,"return_token_ids":false`, false, `null`, nil},
+		{"encoded answer", `,"gzip":true`, true, `[10,11,12]`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"u"}]`+tc.extra+`}`, nil)
