@@ -380,6 +380,7 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 	rest, _ := io.ReadAll(resp.Body)
 	r := reply{Status: resp.StatusCode, ServedBy: resp.Header.Get("X-Kvroute-Served-By"), Decision: resp.Header.Get("X-Kvroute-Decision"),
 		Body: append(buf[:n:n], rest...), Service: -1}
+	// vllm-sim's ServiceHeader: its own time, body read to first output.
 	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Service-Us"), 10, 64); err == nil {
 		r.Service = time.Duration(us) * time.Microsecond
 	}

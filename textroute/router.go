@@ -168,28 +168,23 @@ func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Me
 	plan := r.store.Plan(hs, msgs, continued(p))
 	r.mu.Unlock()
 	j := job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs}
+	after := func(ids []uint32) { // j as the branch below leaves it
+		j.ids = ids
+		r.enqueue(plan.Learn, j)
+	}
 	if plan.Use {
 		r.m.requests.WithLabelValues("prefix").Inc()
 		j.usedK, j.used = plan.K, plan.Entry
-		return plan.Entry.Keys, plan.Tokens, func(ids []uint32) {
-			j.ids = ids
-			r.enqueue(plan.Learn, j)
-		}
+		return plan.Entry.Keys, plan.Tokens, after
 	}
 	ids, err := r.tokenize(ctx, p, "request")
 	if err != nil || len(ids) == 0 {
 		r.m.requests.WithLabelValues("untokenized").Inc()
-		return nil, 0, func(ids []uint32) {
-			j.ids = ids
-			r.enqueue(plan.Learn, j)
-		}
+		return nil, 0, after
 	}
 	r.m.requests.WithLabelValues("tokenized").Inc()
 	j.full = &textprefix.Entry{Keys: keysOf(ids), Tokens: len(ids)}
-	return j.full.Keys, len(ids), func(answer []uint32) {
-		j.ids = answer
-		r.enqueue(plan.Learn, j)
-	}
+	return j.full.Keys, len(ids), after
 }
 
 func continued(p prompt.Prompt) bool {
