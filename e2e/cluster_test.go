@@ -38,6 +38,7 @@ var (
 	rounds     = flag.Int("e2e.rounds", 1, "BenchmarkOverhead: rounds; the table reports the median of the rounds' differences")
 	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
 	textToday  = flag.Bool("e2e.text-today", true, "BenchmarkTextPrefix: run today's design (a second cluster) beside the new one")
+	textSeries = flag.String("e2e.text-series", "", "BenchmarkTextPrefix: only the series whose names match this regexp (and the direct ones)")
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 )

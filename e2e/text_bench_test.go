@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,8 +51,9 @@ import (
 // round's TTFB percentile minus the direct series' of the same size and
 // prompt form in that round (medians over rounds): it also shows what a
 // design costs inside the engine, such as tokenizer time that queues other
-// requests. -e2e.text-today=false leaves today's cluster out, and
-// -e2e.text-sizes picks the sizes. It asserts only that every request was
+// requests. -e2e.text-today=false leaves today's cluster out,
+// -e2e.text-sizes picks the sizes and -e2e.text-series the series (a
+// regexp; the direct ones always run). It asserts only that every request was
 // served by pod 1. Run:
 //
 //	go test -tags integration -run '^$' -bench TextPrefix -benchtime 1x ./e2e \
@@ -161,6 +163,14 @@ func BenchmarkTextPrefix(b *testing.B) {
 			}
 			ss = append(ss, s)
 		}
+	}
+	if *textSeries != "" {
+		re, err := regexp.Compile(*textSeries)
+		if err != nil {
+			b.Fatalf("-e2e.text-series: %v", err)
+		}
+		// direct series stay: every Δ and "added" is taken against them.
+		ss = slices.DeleteFunc(ss, func(s *chatSeries) bool { return !re.MatchString(s.name) && !strings.HasPrefix(s.name, "direct") })
 	}
 	chatLoop(ctx, hc, ss, *rate, time.Second, rng) // warm connections, unrecorded
 	deltas := make([][2][]time.Duration, len(ss))
