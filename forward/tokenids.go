@@ -21,6 +21,7 @@ var (
 	promptField = []byte(`"prompt_token_ids":`)
 	outputField = []byte(`"token_ids":`)
 	null        = []byte("null")
+	eventEnd    = []byte("\n\n")
 )
 
 // askTokenIDs returns body, a JSON object, with return_token_ids set as
@@ -153,7 +154,7 @@ func (t *tokenIDsTap) Read(p []byte) (int, error) {
 			t.eof = err
 		}
 		// An event ends with a blank line; look only where a new one can be.
-		if k := bytes.LastIndex(t.buf[max(0, old-1):], []byte("\n\n")); k >= 0 {
+		if k := bytes.LastIndex(t.buf[max(0, old-1):], eventEnd); k >= 0 {
 			t.process(max(0, old-1) + k + 2)
 		}
 	}
