@@ -70,13 +70,14 @@ func chatFault(t *testing.T, sub int, fromAnswer bool) {
 		if n%3 == 2 { // a new conversation on the shared system prompt
 			return []chatMessage{convs[0].msgs[0], {"user", words(rng, 20)}}, false
 		}
-		c := held[n%len(held)]
+		c := held[n/3%len(held)]
 		return c.next(rng), true
 	})
-	// Some traffic routed on the prefixes before the fault.
+	// Before the fault, the held conversations go to their holder, on a
+	// text prefix.
 	waitFor(t, 15*time.Second, "load chats routed to "+name+" on a prefix", func(context.Context) (bool, string) {
-		n := l.servedBy(name)
-		return n >= 6, fmt.Sprintf("%d held-conversation chats served by %s", n, name)
+		n, p := l.servedBy(name), f.sumMetric(t, prefixRouted)-routed
+		return n >= 6 && p >= 1, fmt.Sprintf("%d held-conversation chats served by %s, %v chats routed on a prefix", n, name, p)
 	})
 	killAt := time.Now()
 	if err := f.c.KillSim(x); err != nil {
@@ -274,6 +275,7 @@ func (f *fixture) warmChats(t *testing.T, rng *mrand.Rand, n int) []*conversatio
 
 // sumMetric is series summed over every sidecar.
 func (f *fixture) sumMetric(t *testing.T, series string) float64 {
+	t.Helper()
 	var s float64
 	for i := range f.c.Len() {
 		s += metricValue(f.metrics(t, i), series)
