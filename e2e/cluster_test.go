@@ -82,11 +82,14 @@ type fixture struct {
 	hc     *http.Client
 }
 
-// subnet returns this process's k-th 127.173.y subnet (k < 5). The pid
+// subnet returns this process's k-th 127.173.y subnet (k < 7). The pid
 // spreads concurrent runs of this package; chaos's own tests use
 // 127.1xx.1x, clear of 127.173.100+.
 func subnet(k int) string {
-	return fmt.Sprintf("127.173.%d", 100+(os.Getpid()%30)*5+k)
+	if k < 0 || k >= 7 {
+		panic(fmt.Sprintf("subnet(%d): only 7 per run", k))
+	}
+	return fmt.Sprintf("127.173.%d", 100+(os.Getpid()%20)*7+k)
 }
 
 // clusterSpec is what differs between the clusters of this package.

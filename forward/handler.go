@@ -392,11 +392,16 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 // keysOf is the request-to-keys rule: p's model root, tokens cut by the
 // scheme.
 func (h *Handler) keysOf(p prompt.Prompt, tokens []uint32) []blockkey.Key {
+	return h.cfg.Scheme.Request(h.root(p), tokens)
+}
+
+// root is the chain root of p's model.
+func (h *Handler) root(p prompt.Prompt) blockkey.Key {
 	model := p.Model
 	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
 		model = h.cfg.Model // another served name of the base model
 	}
-	return h.cfg.Scheme.Request(blockkey.ModelRoot(h.cfg.Model, model), tokens)
+	return blockkey.ModelRoot(h.cfg.Model, model)
 }
 
 // choose runs the policy on a snapshot of the peer table, with this front's

@@ -17,11 +17,12 @@ import (
 // satisfies it.
 type TextPrefixes interface {
 	// Keys returns the routing keys and prompt tokens of a chat prompt,
-	// given split into its messages (nil keys: route by load); keysOf is
-	// the front's rule from p's token ids to its keys. after is called
+	// given split into its messages (nil keys: route by load); root is
+	// the chain root the front keys p's tokens from (its model's), under
+	// the same blockkey.Scheme. after is called
 	// once the request has been served, with the prompt's token ids when
 	// the engine's answer carried them (nil otherwise); it must not block.
-	Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) (keys []blockkey.Key, tokens int, after func(promptIDs []uint32))
+	Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, root blockkey.Key) (keys []blockkey.Key, tokens int, after func(promptIDs []uint32))
 }
 
 // SetTextPrefixes routes chat prompts through t (call before serving).
@@ -35,7 +36,7 @@ func (h *Handler) SetTextPrefixes(t TextPrefixes, ids bool) { h.text, h.textIDs 
 func (h *Handler) routeKeys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int, func([]uint32)) {
 	if perr == nil && p.Chat && h.text != nil {
 		if msgs, err := splitMessages(p.Messages); err == nil && len(msgs) > 0 {
-			return h.text.Keys(ctx, p, msgs, func(ids []uint32) []blockkey.Key { return h.keysOf(p, ids) })
+			return h.text.Keys(ctx, p, msgs, h.root(p))
 		}
 	}
 	keys, tokens := h.keys(ctx, p, perr)
@@ -69,7 +70,7 @@ func parseIDs(raw []byte) []uint32 {
 }
 
 // splitMessages cuts a messages array into its elements' raw JSON and
-// marks assistant turns (a top-level "role" of "assistant"). raw must be
+// finds each one's top-level "role" string. raw must be
 // valid JSON (ParsePrompt validated the body): this pass only finds the
 // element boundaries, jumping through strings with bytes.IndexByte, so it
 // costs a small part of the body scan (a validating pass took 0.7 ms on a
@@ -82,10 +83,11 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 	}
 	var out []textprefix.Message
 	depth, start := 1, -1
-	wantKey, roleKey, assistant := false, false, false
+	wantKey, roleKey := false, false
+	var role []byte
 	closeScalar := func(end int) {
 		if start >= 0 && depth == 1 {
-			out = append(out, textprefix.Message{Raw: raw[start:end], Assistant: assistant})
+			out = append(out, textprefix.Message{Raw: raw[start:end], Role: role})
 			start = -1
 		}
 	}
@@ -102,7 +104,7 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 				return nil, err
 			}
 			if depth == 1 && start < 0 {
-				start, assistant = i, false
+				start, role = i, nil
 			}
 			if depth == 2 {
 				str := raw[i+1 : end-1]
@@ -110,7 +112,7 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 				case wantKey:
 					roleKey, wantKey = string(str) == "role", false
 				case roleKey:
-					assistant, roleKey = string(str) == "assistant", false
+					role, roleKey = str, false
 				}
 			}
 			i = end - 1
@@ -119,7 +121,7 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 			}
 		case '{', '[':
 			if depth == 1 {
-				start, assistant = i, false
+				start, role = i, nil
 			}
 			depth++
 			wantKey = depth == 2 && c == '{'
@@ -135,7 +137,7 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 				return out, nil
 			}
 			if depth == 1 {
-				out = append(out, textprefix.Message{Raw: raw[start : i+1], Assistant: assistant})
+				out = append(out, textprefix.Message{Raw: raw[start : i+1], Role: role})
 				start = -1
 			}
 		case ',':
@@ -147,7 +149,7 @@ func splitMessages(raw []byte) ([]textprefix.Message, error) {
 			}
 		default:
 			if depth == 1 && start < 0 {
-				start, assistant = i, false
+				start, role = i, nil
 			}
 		}
 	}

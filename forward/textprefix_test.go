@@ -47,8 +47,8 @@ func TestSplitMessages(t *testing.T) {
 			continue
 		}
 		for i, m := range got {
-			if string(m.Raw) != tc.raws[i] || m.Assistant != tc.assistant[i] {
-				t.Errorf("%q: message %d = %q assistant %v", tc.in, i, m.Raw, m.Assistant)
+			if string(m.Raw) != tc.raws[i] || m.Assistant() != tc.assistant[i] {
+				t.Errorf("%q: message %d = %q assistant %v", tc.in, i, m.Raw, m.Assistant())
 			}
 		}
 	}
@@ -93,7 +93,7 @@ type fakeText struct {
 	afters chan struct{}
 }
 
-func (f *fakeText) Keys(_ context.Context, p prompt.Prompt, msgs []textprefix.Message, _ func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
+func (f *fakeText) Keys(_ context.Context, p prompt.Prompt, msgs []textprefix.Message, _ blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
 	f.msgs = len(msgs)
 	return f.keys, 200, func(ids []uint32) { f.ids = ids; f.afters <- struct{}{} }
 }

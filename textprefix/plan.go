@@ -45,7 +45,7 @@ func (s *Store) Plan(hs []Hash, msgs []Message, open bool) Plan {
 			top = n - 1
 		}
 		for k := top; k >= max(1, n-2); k-- {
-			if k == n-2 && !msgs[n-2].Assistant {
+			if k == n-2 && !msgs[n-2].Assistant() {
 				break
 			}
 			if e, ok := s.Get(hs[k-1]); ok {
@@ -54,7 +54,7 @@ func (s *Store) Plan(hs []Hash, msgs []Message, open bool) Plan {
 			}
 		}
 	}
-	if n >= 2 && !msgs[n-2].Assistant && !s.Has(hs[n-2]) {
+	if n >= 2 && !msgs[n-2].Assistant() && !s.Has(hs[n-2]) {
 		p.Learn = append(p.Learn, n-1)
 	}
 	if !s.Has(hs[n-1]) {

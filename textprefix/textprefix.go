@@ -39,10 +39,14 @@ type Message struct {
 	// Raw is the element's JSON as the client sent it. Two spellings of one
 	// message hash differently: a miss, never a wrong match.
 	Raw []byte
-	// Assistant is true for role "assistant" (a prefix ending in one is
-	// worth learning only as part of a longer one; see Plan).
-	Assistant bool
+	// Role is the element's top-level "role" string as sent (nil when it
+	// has none): an alias into the request, never copied.
+	Role []byte
 }
+
+// Assistant reports whether m is an assistant turn (a prefix ending in one
+// is worth learning only as part of a longer one; see Plan).
+func (m Message) Assistant() bool { return string(m.Role) == "assistant" }
 
 // Chain returns the prefix hashes of msgs: out[k-1] identifies ctx plus
 // msgs[:k]. ctx must hold everything besides the messages that changes the
@@ -76,10 +80,27 @@ func putUint64(b []byte, v uint64) {
 // Entry is what a conversation prefix rendered to: its routing keys (the
 // caller's key scheme over the prefix's tokens), its token count, and the
 // bytes of its messages' JSON (to estimate the tokens of what follows).
+// When Chained, Last and Tail continue its key chain (blockkey.Prefix), so
+// a longer prefix's entry can be had by tokenizing only what it adds;
+// Composed says it was had that way, not by a tokenization of the whole.
 type Entry struct {
-	Keys   []blockkey.Key
-	Tokens int
-	Bytes  int
+	Keys     []blockkey.Key
+	Tokens   int
+	Bytes    int
+	Chained  bool
+	Composed bool
+	Last     blockkey.Key
+	Tail     []uint32
+}
+
+// NewEntry is the entry of a prefix at p whose messages are bytes long.
+func NewEntry(p blockkey.Prefix, bytes int) Entry {
+	return Entry{Keys: p.Keys, Tokens: p.Tokens, Bytes: bytes, Chained: true, Last: p.Last, Tail: p.Tail}
+}
+
+// Prefix is e's place in the key chain (meaningful when e.Chained).
+func (e Entry) Prefix() blockkey.Prefix {
+	return blockkey.Prefix{Keys: e.Keys, Tokens: e.Tokens, Last: e.Last, Tail: e.Tail}
 }
 
 // Store is a bounded map of prefix entries, least recently used evicted

@@ -11,7 +11,10 @@ import (
 func msgs(raws ...string) []Message {
 	out := make([]Message, len(raws))
 	for i, r := range raws {
-		out[i] = Message{Raw: []byte(r), Assistant: len(r) > 0 && r[0] == 'A'}
+		out[i] = Message{Raw: []byte(r)}
+		if len(r) > 0 && r[0] == 'A' {
+			out[i].Role = []byte("assistant")
+		}
 	}
 	return out
 }

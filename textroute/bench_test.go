@@ -24,13 +24,13 @@ func BenchmarkKeysSeenPrefix(b *testing.B) {
 			sys := strings.Repeat("the quick brown fox jumps over the lazy dog ", size/9)
 			p, msgs := benchChat(b, sys, "a question")
 			// Learn the system prompt as the learner would.
-			r.enqueue([]int{1}, job{p: p, keysOf: keysOf, msgs: msgs, hashes: textprefix.Chain(r.context(p), msgs)})
+			r.enqueue([]int{1}, job{p: p, root: testRoot, msgs: msgs, hashes: textprefix.Chain(r.context(p), msgs)})
 			r.learn(context.Background(), <-r.jobs)
 			tok.calls = 0
 			b.SetBytes(int64(len(p.Messages)))
 			b.ResetTimer()
 			for b.Loop() {
-				keys, _, _ := r.Keys(context.Background(), p, msgs, keysOf)
+				keys, _, _ := r.Keys(context.Background(), p, msgs, testRoot)
 				if len(keys) == 0 {
 					b.Fatal("no keys")
 				}
@@ -51,5 +51,5 @@ func benchChat(b *testing.B, system, user string) (prompt.Prompt, []textprefix.M
 	}
 	var raws []json.RawMessage
 	json.Unmarshal(p.Messages, &raws)
-	return p, []textprefix.Message{{Raw: raws[0]}, {Raw: raws[1]}}
+	return p, []textprefix.Message{{Raw: raws[0], Role: []byte("system")}, {Raw: raws[1], Role: []byte("user")}}
 }

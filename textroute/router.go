@@ -45,11 +45,24 @@ type Config struct {
 	QueueBytes int64
 	// TokenizeTimeout bounds each /tokenize call. Default 2 s.
 	TokenizeTimeout time.Duration
+	// WholeOnly learns every prefix by tokenizing it whole. By default a
+	// prefix that extends a known one is composed: the known entry's
+	// chain continued with the new messages' tokens, which are had by
+	// tokenizing them alone behind a short stand-in (a few hundred tokens
+	// instead of the whole conversation).
+	WholeOnly bool
+	// VerifyEvery: every VerifyEvery-th composed prefix of a rendering
+	// context, and its first verifyFirst, is also tokenized whole and
+	// compared; a context whose compositions were wrong more than one time
+	// in 20 composes no more, and is not routed on its composed entries.
+	// Default 16.
+	VerifyEvery int
 }
 
 // DefaultConfig returns the defaults described on Config.
 func DefaultConfig() Config {
-	return Config{Scheme: blockkey.DefaultScheme(), MaxKeys: 1 << 20, Queue: 256, QueueBytes: 64 << 20, TokenizeTimeout: 2 * time.Second}
+	return Config{Scheme: blockkey.DefaultScheme(), MaxKeys: 1 << 20, Queue: 256, QueueBytes: 64 << 20,
+		TokenizeTimeout: 2 * time.Second, VerifyEvery: 16}
 }
 
 // Router implements the front's TextPrefixes (forward). Run must be
@@ -71,30 +84,61 @@ type Router struct {
 	mu       sync.Mutex
 	store    *textprefix.Store
 	learning map[textprefix.Hash]bool
-	// suffix is, per rendering context, how many tokens the generation
-	// prompt adds at the end of a whole prompt: an answer's prompt ids less
-	// these are the conversation's own tokens. Learned by one tokenization
-	// per context (and forgotten past maxSuffixes contexts).
-	suffix map[uint64]int
+	// renders is what was learned about each rendering context's
+	// template (forgotten past maxRenders contexts).
+	renders map[uint64]*rendering
 }
 
-const maxSuffixes = 4096
+const maxRenders = 4096
+
+// rendering is what one rendering context's template was seen to do.
+type rendering struct {
+	// gen is how many tokens the generation prompt adds at the end of a
+	// whole prompt (-1: not known yet): an answer's prompt ids less these
+	// are the conversation's own tokens.
+	gen int
+	// leads are the tokens of each stand-in (leads) rendered alone.
+	leads map[string][]uint32
+	// composed counts prefixes composed; checks and wrong the ones
+	// compared with a whole tokenization.
+	composed, checks, wrong int
+}
+
+// verifyFirst is how many of a context's first compositions are checked
+// whatever VerifyEvery says.
+const verifyFirst = 4
+
+// trusted reports whether the context's compositions have been right
+// often enough to compose and to route on what was composed.
+func (c *rendering) trusted() bool { return c.wrong*20 <= c.checks }
+
+// leads stand in for the known prefix when a longer prefix's new messages
+// are tokenized alone, by the role of the prefix's last message: short
+// fixed turns ending in that role, so that a template that checks the
+// order of roles sees the order the whole conversation has. A prefix
+// ending in another role (tool) is tokenized whole.
+var leads = map[string]string{
+	"system":    `{"role":"system","content":"kvroute"}`,
+	"user":      `{"role":"user","content":"kvroute"}`,
+	"assistant": `{"role":"user","content":"kvroute"},{"role":"assistant","content":"kvroute"}`,
+}
 
 // job is what one served request teaches: the prefixes ks to learn, and
 // the guess it was routed on, if any, to check.
 type job struct {
 	p      prompt.Prompt
-	keysOf func([]uint32) []blockkey.Key
+	root   blockkey.Key
+	render uint64 // the rendering context's hash
 	msgs   []textprefix.Message
 	hashes []textprefix.Hash
 	ks     []int // claimed in Router.learning
-	// used is the entry the request was routed on (usedK > 0). The truth
-	// is the whole prompt: ids are its token ids when the answer carried
-	// them; full its keys when it was tokenized on the request path.
+	// used is the entry the request was routed on (usedK > 0).
 	usedK int
 	used  textprefix.Entry
-	full  *textprefix.Entry
-	ids   []uint32
+	// ids are the whole prompt's token ids when known, from the answer
+	// (idsFrom "answer") or the request path's tokenization ("request").
+	ids     []uint32
+	idsFrom string
 }
 
 // size is what j keeps alive, for the backlog bound.
@@ -118,8 +162,11 @@ func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
 	if cfg.TokenizeTimeout <= 0 {
 		cfg.TokenizeTimeout = d.TokenizeTimeout
 	}
+	if cfg.VerifyEvery <= 0 {
+		cfg.VerifyEvery = d.VerifyEvery
+	}
 	r := &Router{cfg: cfg, tok: tok, now: time.Now, jobs: make(chan job, cfg.Queue), m: newMetrics(reg),
-		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{}, suffix: map[uint64]int{},
+		store: textprefix.NewStore(cfg.MaxKeys), learning: map[textprefix.Hash]bool{}, renders: map[uint64]*rendering{},
 		tag: fmt.Appendf(nil, "%d/%d/%d/%d:%s", blockkey.Version, cfg.Scheme.BlockSize, cfg.Scheme.Stride, len(cfg.Model), cfg.Model)}
 	return r
 }
@@ -130,8 +177,13 @@ func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
 func (r *Router) SetShare(f func(textprefix.Hash, textprefix.Entry)) { r.share.Store(&f) }
 
 // Accept stores a prefix another sidecar learned, unless one is held:
-// like any entry, it is checked when a request routed on it is learned.
+// like any entry, it is checked when a request routed on it is learned. A
+// chain cursor that does not fit the scheme is dropped (the entry still
+// routes; it cannot be composed on).
 func (r *Router) Accept(h textprefix.Hash, e textprefix.Entry) {
+	if e.Chained && (len(e.Tail) != e.Tokens%max(r.cfg.Scheme.BlockSize, 1)) {
+		e.Chained, e.Last, e.Tail = false, 0, nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.store.Has(h) {
@@ -145,6 +197,19 @@ func (r *Router) Accept(h textprefix.Hash, e textprefix.Entry) {
 // context is the bytes every prefix hash of p starts from.
 func (r *Router) context(p prompt.Prompt) []byte {
 	return append(slices.Clip(r.tag), renderContext(p)...)
+}
+
+// rendering returns c's state, made on first use. r.mu must be held.
+func (r *Router) rendering(c uint64) *rendering {
+	if rc, ok := r.renders[c]; ok {
+		return rc
+	}
+	if len(r.renders) >= maxRenders {
+		clear(r.renders)
+	}
+	rc := &rendering{gen: -1, leads: map[string][]uint32{}}
+	r.renders[c] = rc
+	return rc
 }
 
 // Run learns queued prefixes, one /tokenize call at a time (vLLM
@@ -161,15 +226,22 @@ func (r *Router) Run(ctx context.Context) {
 	}
 }
 
-// Keys implements the front's TextPrefixes (forward).
-func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, keysOf func([]uint32) []blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
-	hs := textprefix.Chain(r.context(p), msgs)
+// Keys implements the front's TextPrefixes (forward): root is the chain
+// root of p's model.
+func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, root blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
+	c := r.context(p)
+	hs := textprefix.Chain(c, msgs)
+	j := job{p: p, root: root, render: xxhash.Sum64(c), msgs: msgs, hashes: hs}
 	r.mu.Lock()
 	plan := r.store.Plan(hs, msgs, continued(p))
+	if plan.Use && plan.Entry.Composed && !r.rendering(j.render).trusted() {
+		plan.Use = false // composed under a template since seen not to compose
+	}
 	r.mu.Unlock()
-	j := job{p: p, keysOf: keysOf, msgs: msgs, hashes: hs}
 	after := func(ids []uint32) { // j as the branch below leaves it
-		j.ids = ids
+		if ids != nil {
+			j.ids, j.idsFrom = ids, "answer"
+		}
 		r.enqueue(plan.Learn, j)
 	}
 	if plan.Use {
@@ -183,21 +255,23 @@ func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Me
 		return nil, 0, after
 	}
 	r.m.requests.WithLabelValues("tokenized").Inc()
-	j.full = &textprefix.Entry{Keys: keysOf(ids), Tokens: len(ids)}
-	return j.full.Keys, len(ids), after
+	j.ids, j.idsFrom = ids, "request"
+	return r.cfg.Scheme.Request(root, ids), len(ids), after
 }
 
 func continued(p prompt.Prompt) bool {
 	return p.ContinueFinalMessage != nil && *p.ContinueFinalMessage
 }
 
-// tokenize calls /tokenize with the configured timeout and times it.
+// tokenize calls /tokenize with the configured timeout, and times and
+// counts it.
 func (r *Router) tokenize(ctx context.Context, p prompt.Prompt, path string) ([]uint32, error) {
 	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
 	defer cancel()
 	t0 := r.now()
 	ids, err := r.tok.Tokenize(tctx, p)
 	r.m.seconds.WithLabelValues(path).Observe(r.now().Sub(t0).Seconds())
+	r.m.tokens.WithLabelValues(path).Add(float64(len(ids)))
 	return ids, err
 }
 
@@ -237,17 +311,16 @@ func (r *Router) release(j job) {
 	r.mu.Unlock()
 }
 
-// learn checks j's guess against the truth, when the truth is known, and
-// learns j's prefixes: the whole conversation from the answer's token ids
-// when it carried them, the rest by tokenizing it as the engine renders it
-// inside a longer conversation (no generation prompt). An entry is stored
-// only if it is a prefix of the truth, as routing on it will assume.
+// learn checks j's guess against the truth, when it is known, and learns
+// j's prefixes (see prefix). An entry is stored only if it is a prefix of
+// the truth, as routing on it will assume.
 func (r *Router) learn(ctx context.Context, j job) {
 	defer r.release(j)
 	defer r.queued.Add(-j.size())
-	truth := j.full
+	var truth *textprefix.Entry // the whole prompt's, generation prompt included
 	if j.ids != nil {
-		truth = &textprefix.Entry{Keys: j.keysOf(j.ids), Tokens: len(j.ids)}
+		t := textprefix.Entry{Keys: r.cfg.Scheme.Request(j.root, j.ids), Tokens: len(j.ids)}
+		truth = &t
 	}
 	if j.usedK > 0 && truth != nil {
 		r.mu.Lock()
@@ -256,14 +329,18 @@ func (r *Router) learn(ctx context.Context, j job) {
 	}
 	for _, k := range j.ks {
 		h := j.hashes[k-1]
-		e, how, ok := r.prefix(ctx, j, k)
+		e, how, whole, ok := r.prefix(ctx, j, k)
 		if !ok {
 			r.m.learned.WithLabelValues("failed").Inc()
 			continue
 		}
 		r.mu.Lock()
 		if truth == nil && j.usedK > 0 && j.usedK <= k {
-			r.guess(r.check(r.store.Check(j.hashes[j.usedK-1], j.used, e)))
+			if whole {
+				r.guess(r.check(r.store.Check(j.hashes[j.usedK-1], j.used, e)))
+			} else {
+				r.m.guesses.WithLabelValues("unchecked").Inc()
+			}
 		}
 		if truth != nil && !r.check(r.store.Check(h, e, *truth)) {
 			r.mu.Unlock()
@@ -279,65 +356,147 @@ func (r *Router) learn(ctx context.Context, j job) {
 	}
 }
 
-// prefix is the entry of j's first k messages, and how it was learned:
-// "answer" (from the answer's token ids, no tokenization) or "stored" (a
-// /tokenize call).
-func (r *Router) prefix(ctx context.Context, j job, k int) (textprefix.Entry, string, bool) {
+// prefix is the entry of j's first k messages, how it was learned, and
+// whether from a whole tokenization (so that it can check a guess). In
+// order of cost: the whole conversation from the prompt's own token ids
+// ("answer" or "request"), less the generation prompt; composed from the
+// longest known shorter prefix ("composed"); a /tokenize call of the
+// prefix rendered as inside a longer conversation, without generation
+// prompt ("stored").
+func (r *Router) prefix(ctx context.Context, j job, k int) (textprefix.Entry, string, bool, bool) {
 	bytes := 0
 	for _, m := range j.msgs[:k] {
 		bytes += len(m.Raw)
 	}
 	entry := func(ids []uint32) textprefix.Entry {
-		return textprefix.Entry{Keys: j.keysOf(ids), Tokens: len(ids), Bytes: bytes}
+		return textprefix.NewEntry(r.cfg.Scheme.Prefix(j.root, ids), bytes)
 	}
+	r.mu.Lock()
+	rc := r.rendering(j.render)
+	gen, trusted := rc.gen, rc.trusted()
+	base, be := r.base(j, k)
+	r.mu.Unlock()
 	whole := k == len(j.msgs) && j.ids != nil && !continued(j.p)
-	var ch uint64
-	if whole {
-		if ag := j.p.AddGenerationPrompt; ag != nil && !*ag {
-			return entry(j.ids), "answer", true
-		}
-		ch = xxhash.Sum64(r.context(j.p))
-		r.mu.Lock()
-		g, ok := r.suffix[ch]
-		r.mu.Unlock()
-		if ok && g <= len(j.ids) {
-			return entry(j.ids[:len(j.ids)-g]), "answer", true
+	if ag := j.p.AddGenerationPrompt; whole && ag != nil && !*ag {
+		gen = 0
+	}
+	if whole && gen >= 0 && gen <= len(j.ids) {
+		return entry(j.ids[:len(j.ids)-gen]), j.idsFrom, true, true
+	}
+	if base > 0 && trusted && !r.cfg.WholeOnly && !whole {
+		if e, ok := r.compose(ctx, j, rc, base, be, k, bytes); ok {
+			r.mu.Lock()
+			verify := rc.composed < verifyFirst || rc.composed%r.cfg.VerifyEvery == 0
+			rc.composed++
+			r.mu.Unlock()
+			if !verify {
+				return e, "composed", false, true
+			}
+			ids, err := r.tokenizeMessages(ctx, j.p, j.msgs[:k], "verify")
+			if err != nil || len(ids) == 0 {
+				return e, "composed", false, true
+			}
+			w := entry(ids)
+			right := w.Tokens == e.Tokens && w.Last == e.Last && slices.Equal(w.Keys, e.Keys) && slices.Equal(w.Tail, e.Tail)
+			r.mu.Lock()
+			rc.checks++
+			if !right {
+				rc.wrong++
+			}
+			r.mu.Unlock()
+			r.m.composeChecks.WithLabelValues(rightWrong(right)).Inc()
+			return w, "stored", true, true
 		}
 	}
-	q := j.p
-	q.Messages = joinMessages(j.msgs[:k])
-	no := false
-	q.AddGenerationPrompt, q.ContinueFinalMessage = &no, nil
-	ids, err := r.tokenize(ctx, q, "learn")
+	ids, err := r.tokenizeMessages(ctx, j.p, j.msgs[:k], "learn")
 	if err != nil || len(ids) == 0 {
-		return textprefix.Entry{}, "", false
+		return textprefix.Entry{}, "", false, false
 	}
 	if whole && len(ids) <= len(j.ids) && slices.Equal(ids, j.ids[:len(ids)]) {
 		r.mu.Lock()
-		if len(r.suffix) >= maxSuffixes {
-			clear(r.suffix)
-		}
-		r.suffix[ch] = len(j.ids) - len(ids)
+		rc.gen = len(j.ids) - len(ids)
 		r.mu.Unlock()
 	}
-	return entry(ids), "stored", true
+	return entry(ids), "stored", true, true
+}
+
+// base returns the longest prefix of j shorter than k messages whose
+// entry can be composed on (0 if none). r.mu must be held.
+func (r *Router) base(j job, k int) (int, textprefix.Entry) {
+	for i := k - 1; i >= 1; i-- {
+		if i == j.usedK && j.used.Chained {
+			return i, j.used
+		}
+		if e, ok := r.store.Get(j.hashes[i-1]); ok && e.Chained {
+			return i, e
+		}
+	}
+	return 0, textprefix.Entry{}
+}
+
+// compose returns the entry of j's first k messages as base's entry be
+// continued with the tokens of messages base..k-1, tokenized behind the
+// stand-in for base's last role. It fails when there is no stand-in for
+// that role, or the tokens do not start with the stand-in's own (the
+// template renders a message differently by what follows it).
+func (r *Router) compose(ctx context.Context, j job, rc *rendering, base int, be textprefix.Entry, k, bytes int) (textprefix.Entry, bool) {
+	role := string(j.msgs[base-1].Role)
+	lead, ok := leads[role]
+	if !ok {
+		return textprefix.Entry{}, false
+	}
+	r.mu.Lock()
+	pre, ok := rc.leads[role]
+	r.mu.Unlock()
+	if !ok {
+		q := j.p
+		q.Messages = []byte("[" + lead + "]")
+		ids, err := r.tokenizeMessages(ctx, q, nil, "lead")
+		if err != nil || len(ids) == 0 {
+			return textprefix.Entry{}, false
+		}
+		pre = ids
+		r.mu.Lock()
+		rc.leads[role] = pre
+		r.mu.Unlock()
+	}
+	msgs := append([]textprefix.Message{{Raw: []byte(lead)}}, j.msgs[base:k]...)
+	ids, err := r.tokenizeMessages(ctx, j.p, msgs, "compose")
+	if err != nil || len(ids) <= len(pre) || !slices.Equal(ids[:len(pre)], pre) {
+		if err == nil {
+			r.m.composeChecks.WithLabelValues("lead").Inc()
+		}
+		return textprefix.Entry{}, false
+	}
+	e := textprefix.NewEntry(r.cfg.Scheme.Continue(be.Prefix(), ids[len(pre):]), bytes)
+	e.Composed = true
+	return e, true
+}
+
+// tokenizeMessages tokenizes p with msgs for its messages (nil: p's own)
+// rendered as inside a longer conversation: every message closed, no
+// generation prompt.
+func (r *Router) tokenizeMessages(ctx context.Context, p prompt.Prompt, msgs []textprefix.Message, path string) ([]uint32, error) {
+	if msgs != nil {
+		p.Messages = joinMessages(msgs)
+	}
+	no := false
+	p.AddGenerationPrompt, p.ContinueFinalMessage = &no, nil
+	return r.tokenize(ctx, p, path)
+}
+
+func rightWrong(ok bool) string {
+	if ok {
+		return "right"
+	}
+	return "wrong"
 }
 
 // guess counts the check of a request's routing guess.
-func (r *Router) guess(ok bool) {
-	if ok {
-		r.m.guesses.WithLabelValues("right").Inc()
-	} else {
-		r.m.guesses.WithLabelValues("wrong").Inc()
-	}
-}
+func (r *Router) guess(ok bool) { r.m.guesses.WithLabelValues(rightWrong(ok)).Inc() }
 
 func (r *Router) check(ok bool) bool {
-	if ok {
-		r.m.checks.WithLabelValues("right").Inc()
-	} else {
-		r.m.checks.WithLabelValues("wrong").Inc()
-	}
+	r.m.checks.WithLabelValues(rightWrong(ok)).Inc()
 	return ok
 }
 
@@ -383,9 +542,9 @@ func joinMessages(msgs []textprefix.Message) []byte {
 }
 
 type metrics struct {
-	requests, learned, checks, guesses *prometheus.CounterVec
-	seconds                            *prometheus.HistogramVec
-	entries                            prometheus.Gauge
+	requests, learned, checks, guesses, composeChecks, tokens *prometheus.CounterVec
+	seconds                                                   *prometheus.HistogramVec
+	entries                                                   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -396,7 +555,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}, []string{"path"}),
 		learned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "learned_total",
-			Help: "Conversation prefixes learned: answer (from the prompt token ids of the engine's answer), stored (tokenized here after a request), shared (from a peer), failed (tokenize error) or dropped (learning backlog full).",
+			Help: "Conversation prefixes learned: request or answer (from the prompt's own token ids, tokenized on the request path or returned in the engine's answer), composed (a known prefix continued with the new messages' tokens), stored (tokenized whole after a request), shared (from a peer), failed (tokenize error) or dropped (learning backlog full).",
 		}, []string{"result"}),
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "checks_total",
@@ -404,11 +563,19 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}, []string{"result"}),
 		guesses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "guesses_total",
-			Help: "Requests routed on an entry whose guess was checked against the request's own tokens: right, or wrong (the request was routed on keys it does not have).",
+			Help: "Requests routed on an entry, by the check of their guess against a whole tokenization of the request (its own or a later one): right, wrong (the request was routed on keys it does not have), or unchecked (its prefix was composed and not verified).",
 		}, []string{"result"}),
+		composeChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "textprefix", Name: "compose_checks_total",
+			Help: "Composed prefixes compared with a whole tokenization of them: right or wrong; lead counts compositions given up because the new messages' tokens did not start with the stand-in's.",
+		}, []string{"result"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "textprefix", Name: "tokenized_tokens_total",
+			Help: "Tokens the local vLLM returned to the router's /tokenize calls, by path: request (on the request path), learn (a prefix whole), compose (new messages behind a stand-in), lead (a stand-in alone), verify (a composed prefix whole).",
+		}, []string{"path"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kvroute", Subsystem: "textprefix", Name: "tokenize_duration_seconds",
-			Help:    "Latency of the router's /tokenize calls: on the request path (request) or after it (learn).",
+			Help:    "Latency of the router's /tokenize calls: on the request path (request) or after it (learn, compose, lead, verify).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}, NativeHistogramBucketFactor: 1.1,
 		}, []string{"path"}),
 		entries: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -417,7 +584,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.learned, m.checks, m.guesses, m.seconds, m.entries)
+		reg.MustRegister(m.requests, m.learned, m.checks, m.guesses, m.composeChecks, m.tokens, m.seconds, m.entries)
 	}
 	return m
 }

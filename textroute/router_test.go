@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -23,12 +24,15 @@ import (
 // local vLLM's /tokenize would answer; calls counts the calls. broken
 // renders each prompt with its message count first, so no prefix's tokens
 // are a prefix of a longer conversation's.
+// indexed renders each message with its position first, so a message's
+// tokens depend on what came before it (and a composition is wrong).
 type simTokenizer struct {
-	tok    *vllmsim.Tokenizer
-	broken bool
-	fail   bool
-	mu     sync.Mutex
-	calls  int
+	tok     *vllmsim.Tokenizer
+	broken  bool
+	indexed bool
+	fail    bool
+	mu      sync.Mutex
+	calls   int
 }
 
 func (s *simTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, error) {
@@ -43,6 +47,15 @@ func (s *simTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, e
 		return nil, err
 	}
 	o := vllmsim.ChatOptions{AddGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt}
+	if s.indexed {
+		var ids []uint32
+		for i, m := range msgs {
+			turn, _ := s.tok.Chat([]vllmsim.Message{m}, vllmsim.ChatOptions{})
+			ids = append(append(ids, uint32(200+i)), turn...)
+		}
+		gen, err := s.tok.Chat(nil, o)
+		return append(ids, gen...), err
+	}
 	ids, err := s.tok.Chat(msgs, o)
 	if s.broken {
 		ids = append([]uint32{uint32(100 + len(msgs))}, ids...)
@@ -74,7 +87,9 @@ func chat(t *testing.T, turns ...string) (prompt.Prompt, []textprefix.Message) {
 	json.Unmarshal(p.Messages, &raws)
 	out := make([]textprefix.Message, len(raws))
 	for i, r := range raws {
-		out[i] = textprefix.Message{Raw: r, Assistant: strings.Contains(string(r), `"role":"assistant"`)}
+		var m struct{ Role string }
+		json.Unmarshal(r, &m)
+		out[i] = textprefix.Message{Raw: r, Role: []byte(m.Role)}
 	}
 	return p, out
 }
@@ -107,8 +122,10 @@ func (e *env) waitLearned(t *testing.T, n float64) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		got := value(e.r.m.learned.WithLabelValues("stored")) + value(e.r.m.learned.WithLabelValues("failed")) +
-			value(e.r.m.checks.WithLabelValues("wrong"))
+		got := value(e.r.m.checks.WithLabelValues("wrong"))
+		for _, l := range []string{"stored", "composed", "request", "answer", "failed"} {
+			got += value(e.r.m.learned.WithLabelValues(l))
+		}
 		if got >= n {
 			return
 		}
@@ -121,10 +138,10 @@ func (e *env) waitLearned(t *testing.T, n float64) {
 
 func (e *env) path(p string) float64 { return value(e.r.m.requests.WithLabelValues(p)) }
 
-// keysOf is the front's rule for the test model.
-func keysOf(ids []uint32) []blockkey.Key {
-	return blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), ids)
-}
+// testRoot is the test model's chain root; keysOf the front's rule for it.
+var testRoot = blockkey.Root("m", "", "")
+
+func keysOf(ids []uint32) []blockkey.Key { return blockkey.DefaultScheme().Request(testRoot, ids) }
 
 var sys = strings.Repeat("You are a careful assistant who answers in full sentences. ", 40)
 
@@ -137,7 +154,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 
 	// First sight: tokenized on the request path, exactly as before.
 	p, msgs := chat(t, sys, "What is a prefix cache?")
-	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	keys, n, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 	if want := truth(p); !slices.Equal(keys, want) || tok.count() != 1 || e.path("tokenized") != 1 || n < 400 {
 		t.Fatalf("first request: %d keys (want %d), %d tokens, %d tokenize calls", len(keys), len(want), n, tok.count())
 	}
@@ -154,7 +171,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	// Another question under the same system prompt: no call on the path;
 	// the keys are the system prompt's, a prefix of the exact keys.
 	p2, msgs2 := chat(t, sys, "And how is it evicted?")
-	keys2, n2, after2 := e.r.Keys(context.Background(), p2, msgs2, keysOf)
+	keys2, n2, after2 := e.r.Keys(context.Background(), p2, msgs2, testRoot)
 	exact := truth(p2)
 	if tok.count() != 3 || e.path("prefix") != 1 || len(keys2) == 0 || len(keys2) > len(exact) || !slices.Equal(keys2, exact[:len(keys2)]) {
 		t.Fatalf("second request: %d tokenize calls, prefix %v, keys %d of exact %d", tok.count(), e.path("prefix"), len(keys2), len(exact))
@@ -167,7 +184,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 
 	// The first conversation's next turn, entering with the answer.
 	p3, msgs3 := chat(t, sys, "What is a prefix cache?", "It keeps the attention state of prompts it has seen.", "Where is it kept?")
-	keys3, _, after3 := e.r.Keys(context.Background(), p3, msgs3, keysOf)
+	keys3, _, after3 := e.r.Keys(context.Background(), p3, msgs3, testRoot)
 	exact3 := truth(p3)
 	prev := truth(p)
 	if e.path("prefix") != 2 || len(keys3) < len(prev)-1 || !slices.Equal(keys3, exact3[:len(keys3)]) {
@@ -181,7 +198,7 @@ func TestSeenPrefixesRouteWithoutTokenizing(t *testing.T) {
 	// A different tool list renders differently: no entry applies.
 	p4, msgs4 := chat(t, sys, "And how is it evicted?")
 	p4.Tools = json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
-	if e.r.Keys(context.Background(), p4, msgs4, keysOf); e.path("tokenized") != 2 {
+	if e.r.Keys(context.Background(), p4, msgs4, testRoot); e.path("tokenized") != 2 {
 		t.Fatalf("tools changed, yet routed on a prefix: tokenized %v", e.path("tokenized"))
 	}
 }
@@ -196,7 +213,7 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 	e := newEnv(t, tok, Config{})
 	for i := range 5 {
 		p, msgs := chat(t, sys, "question "+strings.Repeat("x", i))
-		_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+		_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 		after(nil)
 		e.waitLearned(t, float64(2*(i+1)))
 	}
@@ -205,7 +222,7 @@ func TestTemplateWithoutPrefixPropertyIsCaught(t *testing.T) {
 		t.Fatalf("prefix %v tokenized %v wrong %v", e.path("prefix"), e.path("tokenized"), wrong())
 	}
 	p, msgs := chat(t, sys, "question ", "answer", "next")
-	_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 	after(nil)
 	e.waitLearned(t, 12)
 	if e.path("prefix") != 1 || wrong() != 6 || e.r.store.Has(textprefix.Chain(e.r.context(p), msgs)[1]) {
@@ -217,7 +234,7 @@ func TestTokenizeFailureRoutesByLoad(t *testing.T) {
 	tok := &simTokenizer{tok: vllmsim.NewTokenizer(), fail: true}
 	e := newEnv(t, tok, Config{})
 	p, msgs := chat(t, sys, "q")
-	keys, n, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	keys, n, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 	after(nil)
 	if keys != nil || n != 0 || e.path("untokenized") != 1 {
 		t.Fatalf("keys %v tokens %d untokenized %v", keys, n, e.path("untokenized"))
@@ -231,7 +248,7 @@ func TestFullBacklogDrops(t *testing.T) {
 	r := New(Config{Model: "m", Queue: 2}, tok, nil)
 	for i := range 3 {
 		p, msgs := chat(t, sys, "q"+strings.Repeat("y", i))
-		_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
+		_, _, after := r.Keys(context.Background(), p, msgs, testRoot)
 		after(nil)
 	}
 	// 1st: one job for the system prompt and the conversation; 2nd: the
@@ -276,7 +293,7 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 	b := newEnv(t, &simTokenizer{tok: vllmsim.NewTokenizer()}, Config{})
 	a.r.SetShare(b.r.Accept)
 	p, msgs := chat(t, sys, "What is a prefix cache?")
-	_, _, after := a.r.Keys(context.Background(), p, msgs, keysOf)
+	_, _, after := a.r.Keys(context.Background(), p, msgs, testRoot)
 	after(nil)
 	a.waitLearned(t, 2)
 	deadline := time.Now().Add(5 * time.Second)
@@ -287,7 +304,7 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	p2, msgs2 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?")
-	keys, _, _ := b.r.Keys(context.Background(), p2, msgs2, keysOf)
+	keys, _, _ := b.r.Keys(context.Background(), p2, msgs2, testRoot)
 	if b.tok.count() != 0 || b.path("prefix") != 1 || len(keys) == 0 {
 		t.Fatalf("b: %d tokenize calls, prefix %v, %d keys", b.tok.count(), b.path("prefix"), len(keys))
 	}
@@ -303,10 +320,12 @@ func TestSharedPrefixesServeTheNextTurnElsewhere(t *testing.T) {
 // learned, and the bytes of learned jobs are given back.
 func TestBacklogBytesBound(t *testing.T) {
 	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
-	r := New(Config{Model: "m", QueueBytes: 4000}, tok, nil)
-	for _, q := range []string{"q", "r"} { // ~2.4 KB of messages each: one job fits, not two
+	p, _ := chat(t, sys, "q")
+	size := len(p.Messages) + 4*len(tok.answer(t, p)) // a job keeps the messages and the request's ids
+	r := New(Config{Model: "m", QueueBytes: int64(size * 3 / 2)}, tok, nil)
+	for _, q := range []string{"q", "r"} { // one job fits, not two
 		p, msgs := chat(t, sys, q)
-		_, _, after := r.Keys(context.Background(), p, msgs, keysOf)
+		_, _, after := r.Keys(context.Background(), p, msgs, testRoot)
 		after(nil)
 	}
 	if d := value(r.m.learned.WithLabelValues("dropped")); d != 1 || len(r.jobs) != 1 {
@@ -354,7 +373,7 @@ func TestLearnsFromTheAnswer(t *testing.T) {
 	// First sight: tokenized on the path; the system prompt and (once, to
 	// learn the generation prompt's length) the conversation after it.
 	p, msgs := chat(t, sys, "What is a prefix cache?")
-	_, _, after := e.r.Keys(context.Background(), p, msgs, keysOf)
+	_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 	after(tok.answer(t, p))
 	e.waitLearned(t, 2)
 	if tok.count() != 3 {
@@ -364,7 +383,7 @@ func TestLearnsFromTheAnswer(t *testing.T) {
 	// The next turn is routed on the conversation's entry and learned from
 	// its answer alone; its guess checks right.
 	p2, msgs2 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?")
-	_, _, after2 := e.r.Keys(context.Background(), p2, msgs2, keysOf)
+	_, _, after2 := e.r.Keys(context.Background(), p2, msgs2, testRoot)
 	if e.path("prefix") != 1 {
 		t.Fatal("the follow-up was not routed on the first turn's entry")
 	}
@@ -392,7 +411,7 @@ func TestLearnsFromTheAnswer(t *testing.T) {
 	// A guess the answer contradicts (here: the engine reports other
 	// tokens) is wrong, counted, and its entry dropped.
 	p3, msgs3 := chat(t, sys, "What is a prefix cache?", "It keeps attention state.", "Where?", "On the GPU.", "Why?")
-	_, _, after3 := e.r.Keys(context.Background(), p3, msgs3, keysOf)
+	_, _, after3 := e.r.Keys(context.Background(), p3, msgs3, testRoot)
 	other, _ := chat(t, "another system prompt", "x")
 	checks := value(e.r.m.checks.WithLabelValues("right")) + value(e.r.m.checks.WithLabelValues("wrong"))
 	after3(tok.answer(t, other))
@@ -412,4 +431,113 @@ func (e *env) get(h textprefix.Hash) (textprefix.Entry, bool) {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
 	return e.r.store.Get(h)
+}
+
+// A conversation's turns, each routed on the previous turn's entry, are
+// learned by tokenizing only their new messages: every entry is exactly
+// what a whole tokenization gives, the first verifyFirst are checked
+// against one, and the tokenizer sees a small part of the tokens.
+func TestComposesTheNewMessagesOnly(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	e := newEnv(t, tok, Config{VerifyEvery: 1000})
+	turns := []string{sys, "What is a prefix cache?"}
+	p, msgs := chat(t, turns...)
+	_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
+	after(nil)
+	e.waitLearned(t, 2)
+	learned := 2.0
+	const followUps = 8
+	wholeTokens := 0
+	for i := range followUps {
+		turns = append(turns, "An answer of some length, number "+strings.Repeat("x", i), "Question "+strings.Repeat("y", i)+"?")
+		p, msgs := chat(t, turns...)
+		keys, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
+		exact := keysOf(tok.answer(t, p))
+		if e.path("prefix") != float64(i+1) || len(keys) == 0 || !slices.Equal(keys, exact[:len(keys)]) {
+			t.Fatalf("turn %d: prefix %v, %d keys not a prefix of the %d exact ones", i, e.path("prefix"), len(keys), len(exact))
+		}
+		after(nil)
+		learned++
+		e.waitLearned(t, learned)
+		no := false
+		closed := p
+		closed.AddGenerationPrompt = &no
+		ids := tok.answer(t, closed)
+		wholeTokens += len(ids)
+		got, ok := e.get(textprefix.Chain(e.r.context(p), msgs)[len(msgs)-1])
+		if want := blockkey.DefaultScheme().Prefix(testRoot, ids); !ok || got.Tokens != want.Tokens || got.Last != want.Last ||
+			!slices.Equal(got.Keys, want.Keys) || !slices.Equal(got.Tail, want.Tail) {
+			t.Fatalf("turn %d: entry %v (%d tokens, %d keys); want %d tokens, %d keys", i, ok, got.Tokens, len(got.Keys), want.Tokens, len(want.Keys))
+		}
+	}
+	composed := value(e.r.m.learned.WithLabelValues("composed"))
+	right := value(e.r.m.composeChecks.WithLabelValues("right"))
+	if composed != followUps-verifyFirst || right != verifyFirst || value(e.r.m.composeChecks.WithLabelValues("wrong")) != 0 {
+		t.Errorf("composed %v, verified right %v; want %d and %d", composed, right, followUps-verifyFirst, verifyFirst)
+	}
+	if g := value(e.r.m.guesses.WithLabelValues("unchecked")); g != followUps-verifyFirst {
+		t.Errorf("unchecked guesses %v; want %d", g, followUps-verifyFirst)
+	}
+	// The unverified ones tokenized only their new messages.
+	var verify dto.Metric
+	e.r.m.seconds.WithLabelValues("verify").(prometheus.Histogram).Write(&verify)
+	composedTokens := value(e.r.m.tokens.WithLabelValues("compose"))
+	if composedTokens <= 0 || composedTokens*4 > float64(wholeTokens) || verify.GetHistogram().GetSampleCount() != verifyFirst {
+		t.Errorf("compose tokenized %v tokens against %d whole; %d verifications", composedTokens, wholeTokens, verify.GetHistogram().GetSampleCount())
+	}
+}
+
+// A template that renders a message by its place in the conversation
+// composes wrong: the first composition is checked, found wrong, the
+// whole tokenization stored instead, and the context composes no more.
+func TestWrongCompositionIsCaught(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer(), indexed: true}
+	e := newEnv(t, tok, Config{})
+	turns := []string{sys, "q"}
+	p, msgs := chat(t, turns...)
+	_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
+	after(nil)
+	e.waitLearned(t, 2)
+	for i := range 3 {
+		turns = append(turns, "a", "q"+strings.Repeat("y", i))
+		p, msgs := chat(t, turns...)
+		_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
+		after(nil)
+		e.waitLearned(t, float64(3+i))
+		no := false
+		closed := p
+		closed.AddGenerationPrompt = &no
+		got, ok := e.get(textprefix.Chain(e.r.context(p), msgs)[len(msgs)-1])
+		if want := keysOf(tok.answer(t, closed)); !ok || !slices.Equal(got.Keys, want) || got.Composed {
+			t.Fatalf("turn %d: entry %v composed %v, keys equal to the whole tokenization's: %v", i, ok, got.Composed, slices.Equal(got.Keys, want))
+		}
+	}
+	if w, c := value(e.r.m.composeChecks.WithLabelValues("wrong")), value(e.r.m.learned.WithLabelValues("composed")); w != 1 || c != 0 {
+		t.Errorf("compositions wrong %v, learned composed %v; want 1 and 0", w, c)
+	}
+	if n := value(e.r.m.tokens.WithLabelValues("compose")); n == 0 {
+		t.Error("no composition was tried")
+	}
+}
+
+// A composed entry is not routed on once its context's compositions were
+// found wrong.
+func TestComposedEntriesOfADistrustedContext(t *testing.T) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	e := newEnv(t, tok, Config{})
+	p, msgs := chat(t, sys, "q", "a", "q2")
+	c := e.r.context(p)
+	hs := textprefix.Chain(c, msgs)
+	e.r.mu.Lock()
+	e.r.store.Put(hs[1], textprefix.Entry{Keys: []blockkey.Key{1}, Tokens: 100, Composed: true})
+	e.r.mu.Unlock()
+	if e.r.Keys(context.Background(), p, msgs, testRoot); e.path("prefix") != 1 {
+		t.Fatal("a composed entry of a trusted context was not routed on")
+	}
+	e.r.mu.Lock()
+	e.r.rendering(xxhash.Sum64(c)).wrong, e.r.rendering(xxhash.Sum64(c)).checks = 1, 10
+	e.r.mu.Unlock()
+	if e.r.Keys(context.Background(), p, msgs, testRoot); e.path("prefix") != 1 || e.path("tokenized") != 1 {
+		t.Fatalf("distrusted: prefix %v tokenized %v; want 1 and 1", e.path("prefix"), e.path("tokenized"))
+	}
 }

@@ -40,10 +40,14 @@ type config struct {
 	MaxBodyBytes   int64
 	TextPrefixKeys int  // 0: chat prompts are tokenized on the request path
 	TextPrefixIDs  bool // learn chat prefixes from the answer's prompt token ids
-	DrainTimeout   time.Duration
-	LoadInterval   time.Duration
-	DigestInterval time.Duration
-	ModelsInterval time.Duration
+	// TextPrefixCompose learns a prefix that extends a known one from its
+	// new messages alone; one in TextPrefixVerify is tokenized whole too.
+	TextPrefixCompose bool
+	TextPrefixVerify  int
+	DrainTimeout      time.Duration
+	LoadInterval      time.Duration
+	DigestInterval    time.Duration
+	ModelsInterval    time.Duration
 
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -88,6 +92,8 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
 	fs.IntVar(&c.TextPrefixKeys, "text-prefix-keys", 1<<20, "routing keys of learned chat prefixes held (8 bytes each); chats whose leading messages were seen are routed without a /tokenize call; 0: off")
 	fs.BoolVar(&c.TextPrefixIDs, "text-prefix-from-answer", true, "learn a chat's prefix from the prompt token ids its answer carries (the sidecar sets vLLM's return_token_ids, vLLM >= 0.10.2, and gives the client null there, as vLLM does unasked) instead of tokenizing the conversation again; false, or an engine that ignores the field: tokenize it after the answer")
+	fs.BoolVar(&c.TextPrefixCompose, "text-prefix-compose", true, "learn a chat prefix that extends a known one by tokenizing only its new messages (behind a short stand-in turn) and continuing the known one's keys; false: tokenize every learned prefix whole")
+	fs.IntVar(&c.TextPrefixVerify, "text-prefix-verify-every", 16, "tokenize one composed prefix in this many whole as well, and compare (and the first few of every chat-template context); a template whose compositions are wrong composes no more")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long a drain (POST /drain, GET /drain/prestop, SIGTERM) waits for in-flight requests")
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
@@ -147,6 +153,8 @@ func (c config) validate() error {
 		return errors.New("--kv-events-dp-ranks must be at least 1")
 	case c.TextPrefixKeys < 0:
 		return errors.New("--text-prefix-keys must not be negative")
+	case c.TextPrefixVerify < 1:
+		return errors.New("--text-prefix-verify-every must be at least 1")
 	case c.ModelsInterval <= 0:
 		return errors.New("--models-interval must be positive")
 	case c.MaxBodyBytes <= 0:

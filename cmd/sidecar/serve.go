@@ -171,15 +171,18 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	front := forward.New(fcfg, mesh, tok, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
 	if cfg.TextPrefixKeys > 0 {
-		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys}, tok, reg)
+		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys,
+			WholeOnly: !cfg.TextPrefixCompose, VerifyEvery: cfg.TextPrefixVerify}, tok, reg)
 		front.SetTextPrefixes(text, cfg.TextPrefixIDs)
 		// Learned prefixes go to every peer, and theirs come here: a
 		// conversation's next turn enters a random sidecar.
 		mesh.OnTextPrefix(func(p gossip.TextPrefix) {
-			text.Accept(textprefix.Hash(p.Hash), textprefix.Entry{Keys: p.Keys, Tokens: p.Tokens, Bytes: p.Bytes})
+			text.Accept(textprefix.Hash(p.Hash), textprefix.Entry{Keys: p.Keys, Tokens: p.Tokens, Bytes: p.Bytes,
+				Chained: p.Chained, Composed: p.Composed, Last: p.Last, Tail: p.Tail})
 		})
 		text.SetShare(func(h textprefix.Hash, e textprefix.Entry) {
-			if err := mesh.ShareTextPrefix(gossip.TextPrefix{Hash: uint64(h), Tokens: e.Tokens, Bytes: e.Bytes, Keys: e.Keys}); err != nil {
+			if err := mesh.ShareTextPrefix(gossip.TextPrefix{Hash: uint64(h), Tokens: e.Tokens, Bytes: e.Bytes, Keys: e.Keys,
+				Chained: e.Chained, Composed: e.Composed, Last: e.Last, Tail: e.Tail}); err != nil {
 				log.Debug().Err(err).Msg("text prefix not shared")
 			}
 		})
