@@ -239,6 +239,14 @@ type reply struct {
 	Type     string // Content-Type
 	Body     []byte
 	Service  time.Duration // X-Sim-Service-Us; -1 when absent
+	// Inside is the entry sidecar's Server-Timing "kvroute": from the
+	// last request byte read to the answer's headers; -1 when absent.
+	Inside time.Duration
+	// Route and Hop are Server-Timing's kvroute-route (the entry sidecar
+	// choosing) and kvroute-hop (the serving sidecar's own part); -1.
+	Route, Hop time.Duration
+	// Read is X-Sim-Read-Us: the engine's handler reading the body; -1.
+	Read time.Duration
 }
 
 // cached returns usage.prompt_tokens_details.cached_tokens, -1 if absent.

@@ -176,6 +176,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 	deltas := make([][2][]time.Duration, len(ss))
 	pooled := make([][]time.Duration, len(ss))
 	outside := make([][]time.Duration, len(ss))
+	inside := make([][]time.Duration, len(ss))
 	b.ResetTimer()
 	for round := range *rounds {
 		for _, s := range ss {
@@ -196,6 +197,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			deltas[i][1] = append(deltas[i][1], percentile(s.ttfb, 99)-percentile(d.ttfb, 99))
 			pooled[i] = append(pooled[i], s.ttfb...)
 			outside[i] = append(outside[i], s.outside...)
+			inside[i] = append(inside[i], s.inside...)
 			if s.errs > 0 {
 				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
 			}
@@ -205,10 +207,14 @@ func BenchmarkTextPrefix(b *testing.B) {
 			for _, top := range []struct {
 				what string
 				xs   [][2]time.Duration
-			}{{"slowest", s.slowest}, {"most outside", s.outsideTop}} {
+				of   string
+			}{{"slowest", s.slowest, "engine"}, {"most outside", s.outsideTop, "engine"}, {"most inside", s.insideTop, "choosing"}, {"most in hop", s.hopTop, "engine's body read"}} {
+				if len(top.xs) == 0 {
+					continue
+				}
 				fmt.Fprintf(&slow, "\n  %-24s %-13s", s.name, top.what)
 				for _, x := range top.xs {
-					fmt.Fprintf(&slow, "  %s (engine %s)", us(x[0]), us(x[1]))
+					fmt.Fprintf(&slow, "  %s (%s %s)", us(x[0]), top.of, us(x[1]))
 				}
 			}
 		}
@@ -225,15 +231,23 @@ func BenchmarkTextPrefix(b *testing.B) {
 			direct[s.kind()] = percentile(outside[i], 50)
 		}
 	}
-	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %10s %10s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "added p50", "added p99", "decisions (last round)")
+	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %10s %10s  %10s %10s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "added p50", "added p99", "inside p50", "inside p99", "decisions (last round)")
 	for i, s := range ss {
 		dp50, dp99 := percentile(deltas[i][0], 50), percentile(deltas[i][1], 50)
 		base := direct[s.kind()]
 		ap50, ap99 := percentile(outside[i], 50)-base, percentile(outside[i], 99)-base
-		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %10s %10s  %v\n", s.name, len(pooled[i]),
-			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), us(ap50), us(ap99), s.decisions)
+		ip50, ip99 := "-", "-"
+		if len(inside[i]) > 0 {
+			ip50, ip99 = us(percentile(inside[i], 50)), us(percentile(inside[i], 99))
+		}
+		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %10s %10s  %10s %10s  %v\n", s.name, len(pooled[i]),
+			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), us(ap50), us(ap99), ip50, ip99, s.decisions)
 		if !strings.HasPrefix(s.name, "direct") {
 			unit := strings.ReplaceAll(s.name, " ", "-")
+			if len(inside[i]) > 0 {
+				b.ReportMetric(float64(percentile(inside[i], 50).Microseconds()), unit+"-inside-p50-µs")
+				b.ReportMetric(float64(percentile(inside[i], 99).Microseconds()), unit+"-inside-p99-µs")
+			}
 			b.ReportMetric(float64(dp50.Microseconds()), unit+"-Δp50-µs")
 			b.ReportMetric(float64(dp99.Microseconds()), unit+"-Δp99-µs")
 			b.ReportMetric(float64(ap50.Microseconds()), unit+"-added-p50-µs")
@@ -252,11 +266,17 @@ func BenchmarkTextPrefix(b *testing.B) {
 			b.Fatal(err)
 		}
 		m := string(r.Body)
-		fmt.Fprintf(&tab, "%s pod 2 sidecar: textprefix requests prefix %.0f tokenized %.0f; guesses right %.0f wrong %.0f; learned from answers %.0f, by tokenizing %.0f, dropped %.0f\n", f.name,
-			metricValue(m, `kvroute_textprefix_requests_total{path="prefix"}`), metricValue(m, `kvroute_textprefix_requests_total{path="tokenized"}`),
-			metricValue(m, `kvroute_textprefix_guesses_total{result="right"}`), metricValue(m, `kvroute_textprefix_guesses_total{result="wrong"}`),
-			metricValue(m, `kvroute_textprefix_learned_total{result="answer"}`), metricValue(m, `kvroute_textprefix_learned_total{result="stored"}`),
-			metricValue(m, `kvroute_textprefix_learned_total{result="dropped"}`))
+		v := func(name, label string) float64 { return metricValue(m, "kvroute_textprefix_"+name+"{"+label+"}") }
+		fmt.Fprintf(&tab, "%s pod 2 sidecar: textprefix requests prefix %.0f tokenized %.0f; guesses right %.0f wrong %.0f unchecked %.0f; "+
+			"learned from the request %.0f, from answers %.0f, composed %.0f, by tokenizing %.0f, dropped %.0f; compositions checked right %.0f wrong %.0f; "+
+			"tokens tokenized on the request path %.0f, whole prefixes %.0f, new messages %.0f, stand-ins %.0f, checks %.0f\n", f.name,
+			v("requests_total", `path="prefix"`), v("requests_total", `path="tokenized"`),
+			v("guesses_total", `result="right"`), v("guesses_total", `result="wrong"`), v("guesses_total", `result="unchecked"`),
+			v("learned_total", `result="request"`), v("learned_total", `result="answer"`), v("learned_total", `result="composed"`),
+			v("learned_total", `result="stored"`), v("learned_total", `result="dropped"`),
+			v("compose_checks_total", `result="right"`), v("compose_checks_total", `result="wrong"`),
+			v("tokenized_tokens_total", `path="request"`), v("tokenized_tokens_total", `path="learn"`), v("tokenized_tokens_total", `path="compose"`),
+			v("tokenized_tokens_total", `path="lead"`), v("tokenized_tokens_total", `path="verify"`))
 		for i := range 2 {
 			r, err := f.f.do(ctx, http.MethodGet, f.f.c.Pod(i).SimAddr, "/metrics", nil, nil)
 			if err != nil {
@@ -270,6 +290,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 	}
 	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size and prompt form) in that round; every routed request enters pod 2's sidecar and is served on pod 1\n")
 	fmt.Fprintf(&tab, "added = per request, TTFB less the simulator's own time from the body read to the first byte (X-Sim-Service-Us: tokenizing, queueing, prefill, encoding), pooled over rounds, less the direct series' median of the same\n")
+	fmt.Fprintf(&tab, "inside = per request, the entry sidecar's own time from the last request byte read to the answer's headers (Server-Timing kvroute), less the simulator's own time: both sidecars, the hop and the engine's body read, without the client's part\n")
 	fmt.Print(tab.String())
 }
 
@@ -288,8 +309,13 @@ type chatSeries struct {
 
 	mu      sync.Mutex
 	ttfb    []time.Duration
-	outside []time.Duration    // ttfb less the simulator's service time
-	slowest [][2]time.Duration // the round's three slowest: ttfb, service
+	outside []time.Duration // ttfb less the simulator's service time
+	inside  []time.Duration // the entry sidecar's own time less the same
+	// insideTop: the three largest inside (with the entry's choosing
+	// time); hopTop: the three largest serving-sidecar parts (with the
+	// engine's body read).
+	insideTop, hopTop [][2]time.Duration
+	slowest           [][2]time.Duration // the round's three slowest: ttfb, service
 	// outsideTop: the three with the most time outside the engine.
 	outsideTop [][2]time.Duration
 	errs       int
@@ -306,7 +332,8 @@ func (s *chatSeries) kind() string {
 func (s *chatSeries) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ttfb, s.outside, s.slowest, s.outsideTop, s.errs, s.firstErr, s.decisions = nil, nil, nil, nil, 0, nil, nil
+	s.ttfb, s.outside, s.inside, s.slowest, s.outsideTop, s.errs, s.firstErr, s.decisions = nil, nil, nil, nil, nil, 0, nil, nil
+	s.insideTop, s.hopTop = nil, nil
 }
 
 // chatLoop is openLoop for chat series.
@@ -332,6 +359,15 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 				err = fmt.Errorf("%s: served by %q (%s), want %q", s.name, r.ServedBy, r.Decision, s.servedBy)
 			}
 			s.record(ttfb, r.Service, r.Decision, err)
+			if err == nil && r.Service >= 0 && r.Inside >= 0 {
+				s.mu.Lock()
+				s.inside = append(s.inside, r.Inside-r.Service)
+				s.insideTop = top3(s.insideTop, [2]time.Duration{r.Inside - r.Service, r.Route}, byTTFB)
+				if r.Hop >= 0 {
+					s.hopTop = top3(s.hopTop, [2]time.Duration{r.Hop - r.Service, r.Read}, byTTFB)
+				}
+				s.mu.Unlock()
+			}
 		}
 	})
 }
@@ -365,6 +401,20 @@ func (s *chatSeries) record(ttfb, service time.Duration, decision string, err er
 	}
 }
 
+// serverTiming returns the duration of the named Server-Timing metric,
+// -1 when there is none.
+func serverTiming(h http.Header, name string) time.Duration {
+	for _, v := range h.Values("Server-Timing") {
+		for _, m := range strings.Split(v, ",") {
+			n, param, ok := strings.Cut(strings.TrimSpace(m), ";dur=")
+			if ms, err := strconv.ParseFloat(param, 64); ok && err == nil && n == name {
+				return time.Duration(ms * float64(time.Millisecond))
+			}
+		}
+	}
+	return -1
+}
+
 // timeChat posts a chat body and times its first response byte.
 func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []byte) (reply, time.Duration, error) {
 	if path == "" {
@@ -389,10 +439,15 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 	}
 	rest, _ := io.ReadAll(resp.Body)
 	r := reply{Status: resp.StatusCode, ServedBy: resp.Header.Get("X-Kvroute-Served-By"), Decision: resp.Header.Get("X-Kvroute-Decision"),
-		Body: append(buf[:n:n], rest...), Service: -1}
+		Body: append(buf[:n:n], rest...), Service: -1,
+		Inside: serverTiming(resp.Header, "kvroute"), Route: serverTiming(resp.Header, "kvroute-route"), Hop: serverTiming(resp.Header, "kvroute-hop")}
 	// vllm-sim's ServiceHeader: its own time, body read to first output.
 	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Service-Us"), 10, 64); err == nil {
 		r.Service = time.Duration(us) * time.Microsecond
+	}
+	r.Read = -1
+	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Read-Us"), 10, 64); err == nil {
+		r.Read = time.Duration(us) * time.Microsecond
 	}
 	if r.Status != http.StatusOK {
 		return r, 0, fmt.Errorf("status %d: %s", r.Status, r.Body)

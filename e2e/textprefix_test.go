@@ -18,7 +18,8 @@ import (
 func TestChatPrefixLearnedFromTheAnswer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, progress: testProgress{t}}, t.Cleanup)
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, progress: testProgress{t},
+		args: []string{"--text-prefix-from-answer=true"}}, t.Cleanup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,5 +86,73 @@ func TestChatPrefixLearnedFromTheAnswer(t *testing.T) {
 	}
 	if !bytes.Contains(r3.Body, []byte(`"prompt_token_ids":[`)) {
 		t.Errorf("a client that asked for token ids got none: %.300s", r3.Body)
+	}
+}
+
+// A conversation whose turns alternate between the two sidecars (the
+// default learning mode): every follow-up is routed to the pod that holds
+// its prefix and hits it there, each turn is learned by tokenizing only
+// its new messages (after the first checks, which tokenize it whole and
+// agree), and no answer carries token ids.
+func TestChatPrefixComposed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, progress: testProgress{t}}, t.Cleanup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{}
+	rng := seeded(t.Name())
+	sys := words(rng, 3000)
+	turns := []string{words(rng, 30)}
+	first, err := postChat(ctx, hc, f.c.Pod(0).API, chatBody(sys, turns...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := first.ServedBy
+	sum := func(name string) float64 {
+		return metricValue(f.metrics(t, 0), name) + metricValue(f.metrics(t, 1), name)
+	}
+	learned := func() float64 {
+		return sum(`kvroute_textprefix_learned_total{result="composed"}`) + sum(`kvroute_textprefix_learned_total{result="stored"}`) +
+			sum(`kvroute_textprefix_learned_total{result="request"}`)
+	}
+	const followUps = 12 // 6 per sidecar: past the first checks (4 per sidecar)
+	prev := 0
+	for i := range followUps {
+		// Wait until the last turn is learned and shared: the next one
+		// enters the other sidecar.
+		want := float64(2 + i) // the first turn teaches the system prompt and itself
+		waitFor(t, 20*time.Second, fmt.Sprintf("turn %d learned", i+1), func(context.Context) (bool, string) {
+			n, shared := learned(), sum(`kvroute_textprefix_learned_total{result="shared"}`)
+			return n >= want && shared >= want, fmt.Sprintf("%v learned, %v shared; want %v", n, shared, want)
+		})
+		turns = append(turns, words(rng, 40), words(rng, 30))
+		r, err := postChat(ctx, hc, f.c.Pod((i+1)%2).API, chatBody(sys, turns...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ServedBy != holder || bytes.Contains(r.Body, []byte("prompt_token_ids")) {
+			t.Fatalf("follow-up %d entering pod %d: served by %s (%s), want %s; token ids in the answer: %v", i+1, (i+1)%2+1, r.ServedBy, r.Decision, holder,
+				bytes.Contains(r.Body, []byte("prompt_token_ids")))
+		}
+		if c := r.cached(); c < prev {
+			t.Errorf("follow-up %d: %d cached tokens; the turn before had at least %d", i+1, c, prev)
+		}
+		prev = r.cached()
+	}
+	if got := sum(`kvroute_textprefix_requests_total{path="prefix"}`); got != followUps {
+		t.Errorf("%v follow-ups routed on a prefix; want %d", got, followUps)
+	}
+	composed := sum(`kvroute_textprefix_learned_total{result="composed"}`)
+	right, wrong := sum(`kvroute_textprefix_compose_checks_total{result="right"}`), sum(`kvroute_textprefix_compose_checks_total{result="wrong"}`)
+	if composed < 1 || right < 1 || wrong != 0 || sum(`kvroute_textprefix_guesses_total{result="wrong"}`) != 0 {
+		t.Errorf("composed %v, checked right %v wrong %v, wrong guesses %v; want some composed, checks right, none wrong", composed, right, wrong,
+			sum(`kvroute_textprefix_guesses_total{result="wrong"}`))
+	}
+	// What the tokenizers saw to compose is a small part of the
+	// conversations they learned.
+	if c, whole := sum(`kvroute_textprefix_tokenized_tokens_total{path="compose"}`), float64(prev); c <= 0 || c > whole {
+		t.Errorf("composing tokenized %v tokens; the last turn alone is %v", c, whole)
 	}
 }

@@ -273,7 +273,8 @@ type reqState struct {
 	reason    string // what DecisionHeader says
 	predicted int    // cached tokens the choice expects at the target
 	plan      *plan
-	started   time.Time
+	started   time.Time // the body was read
+	routed    time.Time // the target was chosen (zero for a hop)
 	// tapIDs: take the prompt's token ids from the answer (promptIDs);
 	// stripIDs: the front asked for them, so the client gets null.
 	tapIDs, stripIDs bool
@@ -335,6 +336,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, keys, tokens)
 		targets := h.targets(st.decision, peers)
+		st.routed = h.now()
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
 			st.reason += "-nokeys"
@@ -531,7 +533,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		resp.Body.Close()
 		return errModelNotServed
 	}
-	h.metrics.forwardSeconds.WithLabelValues(where).Observe(h.now().Sub(st.started).Seconds())
+	now := h.now()
+	h.metrics.forwardSeconds.WithLabelValues(where).Observe(now.Sub(st.started).Seconds())
+	resp.Header.Add("Server-Timing", serverTiming(st, now))
 	if resp.StatusCode == http.StatusOK && st.tapIDs {
 		if err := tapTokenIDs(resp, st.stripIDs, func(ids []byte) { st.promptIDs = ids }); err != nil {
 			return err
@@ -546,6 +550,19 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	h.log.Debug().Str("req", st.id).Str("served_by", served).Str("decision", reason).
 		Strs("tried", p.tried).Int("predicted_cached", st.predicted).Msg("routed")
 	return nil
+}
+
+// serverTiming is the front's part of a W3C Server-Timing header, in ms
+// from the last request byte read: kvroute-route until the target was
+// chosen (parsing, keys, tokenizing if any, choosing), kvroute until the
+// answer's headers are about to go out (the rest is upstream's; a hop's
+// sidecar says its own part as kvroute-hop).
+func serverTiming(st *reqState, now time.Time) string {
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
+	if st.routed.IsZero() {
+		return "kvroute-hop;dur=" + ms(now.Sub(st.started))
+	}
+	return "kvroute-route;dur=" + ms(st.routed.Sub(st.started)) + ", kvroute;dur=" + ms(now.Sub(st.started))
 }
 
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {

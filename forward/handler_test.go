@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -396,5 +397,31 @@ func TestKeysSeedAdaptersNotAliases(t *testing.T) {
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("keys(model %q, IsAdapter set %v) differ from the expected seed", tt.model, tt.isAdapter != nil)
 		}
+	}
+}
+
+// The answer says, in a W3C Server-Timing header, how long each sidecar
+// took: the serving one's part lies inside the entry one's, and choosing
+// inside the whole.
+func TestServerTiming(t *testing.T) {
+	a, _ := holderPair(t)
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil)
+	io.Copy(io.Discard, resp.Body)
+	dur := map[string]float64{}
+	for _, h := range resp.Header.Values("Server-Timing") {
+		for _, m := range strings.Split(h, ",") {
+			name, param, ok := strings.Cut(strings.TrimSpace(m), ";dur=")
+			v, err := strconv.ParseFloat(param, 64)
+			if !ok || err != nil || v < 0 {
+				t.Fatalf("Server-Timing %q: metric %q", h, m)
+			}
+			dur[name] = v
+		}
+	}
+	hop, hopOK := dur["kvroute-hop"]
+	route, routeOK := dur["kvroute-route"]
+	total, totalOK := dur["kvroute"]
+	if !hopOK || !routeOK || !totalOK || hop > total || route > total || len(dur) != 3 {
+		t.Fatalf("Server-Timing %q; want kvroute-hop and kvroute-route within kvroute", resp.Header.Values("Server-Timing"))
 	}
 }

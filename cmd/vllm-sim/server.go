@@ -212,12 +212,14 @@ type genRequest struct {
 	salt         string
 	stream       bool
 	includeUsage bool
-	tokenIDs     bool      // return_token_ids
-	start        time.Time // the request's body was read
-	rank         int       // X-data-parallel-rank, -1 when absent
+	tokenIDs     bool          // return_token_ids
+	start        time.Time     // the request's body was read
+	read         time.Duration // from the handler's start to then
+	rank         int           // X-data-parallel-rank, -1 when absent
 }
 
 func (s *server) chat(c *gin.Context) {
+	arrived := s.cfg.Now()
 	body, aerr := readBody(c)
 	if aerr != nil {
 		writeError(c, aerr)
@@ -229,7 +231,7 @@ func (s *server) chat(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
-	g := genRequest{start: start, chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
+	g := genRequest{start: start, read: start.Sub(arrived), chat: true, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -251,6 +253,7 @@ func (s *server) chat(c *gin.Context) {
 }
 
 func (s *server) completions(c *gin.Context) {
+	arrived := s.cfg.Now()
 	body, aerr := readBody(c)
 	if aerr != nil {
 		writeError(c, aerr)
@@ -266,7 +269,7 @@ func (s *server) completions(c *gin.Context) {
 		writeError(c, badRequest("n=%d is not supported by the simulator; use n=1", *r.N))
 		return
 	}
-	g := genRequest{start: start, salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
+	g := genRequest{start: start, read: start.Sub(arrived), salt: r.CacheSalt, stream: r.Stream, includeUsage: r.StreamOptions != nil && r.StreamOptions.IncludeUsage, tokenIDs: r.ReturnTokenIDs}
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		writeError(c, aerr)
 		return
@@ -348,7 +351,7 @@ func (s *server) generate(c *gin.Context, g genRequest) {
 		}()
 	}()
 	t := textSource{tok: s.tok, prompt: g.prompt, echo: s.cfg.Echo}
-	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat, tokenIDs: g.tokenIDs, prompt: g.prompt, start: g.start, now: s.cfg.Now}
+	resp := respShape{id: id, model: g.model, created: s.cfg.Now().Unix(), chat: g.chat, tokenIDs: g.tokenIDs, prompt: g.prompt, start: g.start, read: g.read, now: s.cfg.Now}
 	if g.stream {
 		s.stream(c, st, t, resp, g.includeUsage)
 		return
@@ -506,9 +509,16 @@ func (t *textSource) next(ids []uint32) ([]uint32, string) {
 // since what a request asks to be returned (token ids) costs there.
 const ServiceHeader = "X-Sim-Service-Us"
 
-// served sets ServiceHeader; call it when the first output is ready.
+// ReadHeader is the microseconds the handler took to read the request's
+// body (the headers were read before it started): with ServiceHeader it
+// tells a body that was slow to arrive from an engine slow to serve.
+const ReadHeader = "X-Sim-Read-Us"
+
+// served sets ServiceHeader and ReadHeader; call it when the first output
+// is ready.
 func (r respShape) served(c *gin.Context) {
 	c.Header(ServiceHeader, strconv.FormatInt(r.now().Sub(r.start).Microseconds(), 10))
+	c.Header(ReadHeader, strconv.FormatInt(r.read.Microseconds(), 10))
 }
 
 // respShape builds the OpenAI response objects of one request.
@@ -519,6 +529,7 @@ type respShape struct {
 	tokenIDs  bool     // return_token_ids
 	prompt    []uint32 // the ids the engine ran
 	start     time.Time
+	read      time.Duration
 	now       func() time.Time
 }
 
