@@ -34,6 +34,8 @@ import (
 //   - direct: straight to pod 1's simulator (it tokenizes too: the baseline);
 //   - today sys / new sys: a shared system prompt (seen at the entry sidecar
 //     before) and a new question;
+//   - new doc question: a document in a user message of its own (seen
+//     before with another question), then a new question;
 //   - new follow-up other: a conversation's second turn, whose first turn
 //     entered pod 1's sidecar (pod 2's sidecar has the first turn's entry
 //     from pod 1's, by gossip);
@@ -100,22 +102,21 @@ func BenchmarkTextPrefix(b *testing.B) {
 				b.Fatal(err)
 			}
 			f.waitRoute(b, 1, chatBody(sys, words(rng, 30)), f.c.Pod(0).Name, size/blockSize/2)
-			deadline := time.Now().Add(15 * time.Second)
-			for {
-				r, err := postChat(ctx, hc, f.c.Pod(1).API, chatBody(sys, words(rng, 30)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				if r.ServedBy == f.c.Pod(0).Name {
-					break
-				}
-				if time.Now().After(deadline) {
-					b.Fatalf("%d tokens: pod 2 never routed the system prompt to pod 1 (last: %s, %s)", size, r.ServedBy, r.Decision)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			routedToPod1(ctx, b, hc, f, size, func() []byte { return chatBody(sys, words(rng, 30)) })
 		}
 		q := func() []byte { return chatBody(sys, words(rng, 30)) }
+		// A document in a message of its own under a short instruction,
+		// asked a new question each time: cached on pod 1, and its
+		// prefix learned at pod 2's sidecar from a first question.
+		doc := words(rng, size-90)
+		qd := func() []byte { return docBody(doc, words(rng, 30)) }
+		if _, err := postChat(ctx, hc, fresh.c.Pod(0).SimAddr, qd()); err != nil {
+			b.Fatal(err)
+		}
+		// Until pod 2's sidecar knows where the document is cached, a
+		// question it tokenizes could be placed on its own pod.
+		fresh.waitRoute(b, 1, qd(), fresh.c.Pod(0).Name, size/blockSize/2)
+		routedToPod1(ctx, b, hc, fresh, size, qd)
 		// A token-id prompt of the same length on the same path: what a hop
 		// of a body this size costs on this machine with no tokenization
 		// at all (today's fast path).
@@ -132,6 +133,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			&chatSeries{name: fmt.Sprintf("hop ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qi},
 			&chatSeries{name: fmt.Sprintf("direct %dk", size/1024), size: size, addr: fresh.c.Pod(0).SimAddr, draw: q},
 			&chatSeries{name: fmt.Sprintf("new sys %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: q},
+			&chatSeries{name: fmt.Sprintf("new doc question %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qd},
 		)
 		if today != nil {
 			ss = append(ss, &chatSeries{name: fmt.Sprintf("today sys %dk", size/1024), size: size, addr: today.c.Pod(1).API, servedBy: today.c.Pod(0).Name, draw: q})
@@ -177,6 +179,8 @@ func BenchmarkTextPrefix(b *testing.B) {
 	pooled := make([][]time.Duration, len(ss))
 	outside := make([][]time.Duration, len(ss))
 	inside := make([][]time.Duration, len(ss))
+	choosing := make([][]time.Duration, len(ss))
+	serving := make([][]time.Duration, len(ss))
 	b.ResetTimer()
 	for round := range *rounds {
 		for _, s := range ss {
@@ -198,6 +202,8 @@ func BenchmarkTextPrefix(b *testing.B) {
 			pooled[i] = append(pooled[i], s.ttfb...)
 			outside[i] = append(outside[i], s.outside...)
 			inside[i] = append(inside[i], s.inside...)
+			choosing[i] = append(choosing[i], s.choosing...)
+			serving[i] = append(serving[i], s.serving...)
 			if s.errs > 0 {
 				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
 			}
@@ -253,6 +259,19 @@ func BenchmarkTextPrefix(b *testing.B) {
 			b.ReportMetric(float64(ap50.Microseconds()), unit+"-added-p50-µs")
 			b.ReportMetric(float64(ap99.Microseconds()), unit+"-added-p99-µs")
 		}
+	}
+	fmt.Fprintf(&tab, "\ninside, p50 / p99 of its parts: the entry sidecar choosing (parse, keys, route), the serving sidecar to the engine and back less the engine's time, and the rest (both hops' transfers and the entry sidecar's copying)\n")
+	fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s\n", "series", "choosing", "serving sidecar", "rest")
+	for i, s := range ss {
+		if len(inside[i]) == 0 || len(serving[i]) != len(inside[i]) {
+			continue
+		}
+		rest := make([]time.Duration, len(inside[i]))
+		for j := range rest {
+			rest[j] = inside[i][j] - choosing[i][j] - serving[i][j]
+		}
+		pp := func(xs []time.Duration) string { return us(percentile(xs, 50)) + " / " + us(percentile(xs, 99)) }
+		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(rest))
 	}
 	for _, f := range []struct {
 		name string
@@ -311,6 +330,9 @@ type chatSeries struct {
 	ttfb    []time.Duration
 	outside []time.Duration // ttfb less the simulator's service time
 	inside  []time.Duration // the entry sidecar's own time less the same
+	// choosing is the entry sidecar's time to choose the target;
+	// serving the serving sidecar's own time less the engine's.
+	choosing, serving []time.Duration
 	// insideTop: the three largest inside (with the entry's choosing
 	// time); hopTop: the three largest serving-sidecar parts (with the
 	// engine's body read).
@@ -333,7 +355,7 @@ func (s *chatSeries) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ttfb, s.outside, s.inside, s.slowest, s.outsideTop, s.errs, s.firstErr, s.decisions = nil, nil, nil, nil, nil, 0, nil, nil
-	s.insideTop, s.hopTop = nil, nil
+	s.insideTop, s.hopTop, s.choosing, s.serving = nil, nil, nil, nil
 }
 
 // chatLoop is openLoop for chat series.
@@ -362,6 +384,10 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 			if err == nil && r.Service >= 0 && r.Inside >= 0 {
 				s.mu.Lock()
 				s.inside = append(s.inside, r.Inside-r.Service)
+				s.choosing = append(s.choosing, r.Route)
+				if r.Hop >= 0 {
+					s.serving = append(s.serving, r.Hop-r.Service)
+				}
 				s.insideTop = top3(s.insideTop, [2]time.Duration{r.Inside - r.Service, r.Route}, byTTFB)
 				if r.Hop >= 0 {
 					s.hopTop = top3(s.hopTop, [2]time.Duration{r.Hop - r.Service, r.Read}, byTTFB)
@@ -458,6 +484,37 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 func postChat(ctx context.Context, hc *http.Client, addr string, body []byte) (reply, error) {
 	r, _, err := timeChat(ctx, hc, addr, "", body)
 	return r, err
+}
+
+// routedToPod1 posts bodies drawn by draw to pod 2's sidecar until one is
+// served by pod 1 (the prefix's holder), for at most 15 s.
+func routedToPod1(ctx context.Context, b *testing.B, hc *http.Client, f *fixture, size int, draw func() []byte) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		lockRNG.Lock()
+		body := draw()
+		lockRNG.Unlock()
+		r, err := postChat(ctx, hc, f.c.Pod(1).API, body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r.ServedBy == f.c.Pod(0).Name {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d tokens: pod 2 never routed to pod 1 (last: %s, %s)", size, r.ServedBy, r.Decision)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// docBody is a question about a document given in a message of its own.
+func docBody(doc, question string) []byte {
+	b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4, "messages": []map[string]string{
+		{"role": "system", "content": "Answer from the document the user gives."},
+		{"role": "user", "content": doc},
+		{"role": "user", "content": question}}})
+	return b
 }
 
 // chatBody is a chat request: a system prompt, then alternating user and

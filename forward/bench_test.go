@@ -1,6 +1,9 @@
 package forward
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/textprefix"
 )
 
 // BenchmarkFront compares a completions request sent straight to a stub
@@ -76,6 +80,83 @@ func BenchmarkParsePrompt1032(b *testing.B) {
 	for b.Loop() {
 		if p, err := prompt.Parse(body, false); err != nil || len(p.Tokens) != 1032 {
 			b.Fatal(err, len(p.Tokens))
+		}
+	}
+}
+
+// fixedText routes every chat on fixed keys, as a learned prefix would.
+type fixedText []blockkey.Key
+
+func (k fixedText) Keys(context.Context, prompt.Prompt, []textprefix.Message, blockkey.Key) ([]blockkey.Key, int, func([]uint32)) {
+	return k, 32768, func([]uint32) {}
+}
+
+// BenchmarkHopChat sends a 32k-token text chat (~160 KB: what a follow-up
+// routed on a learned prefix is) straight to a stub vLLM, and through a
+// front that forwards it to the front of the pod holding its prefix, one
+// request at a time over loopback: hop − direct is what the two sidecars
+// add to such a request on an idle machine; -cpuprofile shows where.
+func BenchmarkHopChat(b *testing.B) {
+	a, holder := holderPair(b)
+	for _, n := range []*node{a, holder} {
+		n.h.cfg.MaxBodyBytes, n.h.cfg.Scheme = DefaultConfig().MaxBodyBytes, blockkey.DefaultScheme()
+	}
+	// The holder holds the whole 32k-token prefix the chat is keyed on.
+	toks := make([]uint32, 32768)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	keys := blockkey.DefaultScheme().Request(blockkey.Root("m", "", ""), toks)
+	held := keySet{}
+	for _, k := range keys {
+		held[k] = true
+	}
+	a.peers.views[1].Digest = held
+	a.h.SetTextPrefixes(fixedText(keys), false)
+	words := strings.Fields("the of and to in is was for that on as with by he at from his it an were are which this be or has had first")
+	var doc strings.Builder
+	for i := range 32700 {
+		doc.WriteString(words[(i*7+i/3)%len(words)])
+		doc.WriteByte(' ')
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{
+		{"role": "system", "content": doc.String()}, {"role": "user", "content": "What is it about?"}}})
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
+	for _, bc := range []struct{ name, url, pod string }{
+		{"direct", holder.vllm.URL, "b"}, {"hop", a.srv.URL, "b"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				resp, err := hc.Post(bc.url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Pod") != bc.pod {
+					b.Fatalf("status %d from %q", resp.StatusCode, resp.Header.Get("X-Pod"))
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseChat160KB is the front's parse of a 32k-token text chat:
+// prompt.Parse (validating the JSON, finding the fields) and the split of
+// its messages.
+func BenchmarkParseChat160KB(b *testing.B) {
+	content := strings.Repeat("the quick brown fox jumps over the lazy dog ", 160<<10/44)
+	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{
+		{"role": "system", "content": content}, {"role": "user", "content": "What is it about?"}}})
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		p, err := prompt.Parse(body, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if msgs, err := splitMessages(p.Messages); err != nil || len(msgs) != 2 {
+			b.Fatal(err)
 		}
 	}
 }

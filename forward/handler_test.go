@@ -153,7 +153,7 @@ func promptKeys() []blockkey.Key {
 
 // holderPair returns nodes a and b where b holds the test prompt and a's
 // peer table says so.
-func holderPair(t *testing.T) (a, b *node) {
+func holderPair(t testing.TB) (a, b *node) {
 	a, b = newNode(t, "a"), newNode(t, "b")
 	held := keySet{}
 	for _, k := range promptKeys() {

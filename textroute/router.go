@@ -1,9 +1,14 @@
 // Package textroute is the sidecar's text-prefix router: it gives the
 // front the routing keys of a chat prompt from the textprefix store when
 // the prompt's leading messages were seen before, and otherwise tokenizes
-// it on the request path as before. After each request it tokenizes, off
-// the request path and one call at a time, the prefixes later requests
-// will look for, and checks every guess against them.
+// it on the request path as before. After each request it learns, off the
+// request path and one /tokenize call at a time, the prefixes later
+// requests will look for: from the prompt's own token ids when it has
+// them, else by composing (a known shorter prefix continued with the new
+// messages' tokens, tokenized alone behind a stand-in turn), else by
+// tokenizing the prefix whole. Compositions are checked against a whole
+// tokenization now and then (Config.VerifyEvery), guesses whenever a whole
+// tokenization of the request is at hand.
 package textroute
 
 import (
