@@ -520,7 +520,12 @@ func docBody(doc, question string) []byte {
 // chatBody is a chat request: a system prompt, then alternating user and
 // assistant messages.
 func chatBody(system string, turns ...string) []byte {
-	msgs := []map[string]string{{"role": "system", "content": system}}
+	return conversationBody([]map[string]string{{"role": "system", "content": system}}, turns)
+}
+
+// conversationBody is a chat request of msgs followed by turns, user and
+// assistant in turn.
+func conversationBody(msgs []map[string]string, turns []string) []byte {
 	for i, t := range turns {
 		role := "user"
 		if i%2 == 1 {

@@ -94,10 +94,22 @@ func TestChatPrefixLearnedFromTheAnswer(t *testing.T) {
 // its prefix and hits it there, each turn is learned by tokenizing only
 // its new messages (after the first checks, which tokenize it whole and
 // agree), and no answer carries token ids.
+//
+// It runs under the simulator's ChatML template and under its Llama 3.1
+// template with conversations that have no system message (that template
+// renders a system block first anyway, the stand-in turn included).
 func TestChatPrefixComposed(t *testing.T) {
+	t.Run("chatml", func(t *testing.T) { composedConversation(t, nil, true) })
+	t.Run("llama3 without a system message", func(t *testing.T) {
+		composedConversation(t, []string{"--sim-chat-template", "llama3"}, false)
+	})
+}
+
+func composedConversation(t *testing.T, simArgs []string, system bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, progress: testProgress{t}}, t.Cleanup)
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, progress: testProgress{t},
+		simArgs: simArgs}, t.Cleanup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +117,13 @@ func TestChatPrefixComposed(t *testing.T) {
 	rng := seeded(t.Name())
 	sys := words(rng, 3000)
 	turns := []string{words(rng, 30)}
-	first, err := postChat(ctx, hc, f.c.Pod(0).API, chatBody(sys, turns...))
+	body := func(turns []string) []byte {
+		if system {
+			return chatBody(sys, turns...)
+		}
+		return userChatBody(append([]string{sys + " " + turns[0]}, turns[1:]...))
+	}
+	first, err := postChat(ctx, hc, f.c.Pod(0).API, body(turns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,13 +140,16 @@ func TestChatPrefixComposed(t *testing.T) {
 	for i := range followUps {
 		// Wait until the last turn is learned and shared: the next one
 		// enters the other sidecar.
-		want := float64(2 + i) // the first turn teaches the system prompt and itself
+		want := float64(1 + i) // the first turn teaches itself (and its system prompt alone)
+		if system {
+			want++
+		}
 		waitFor(t, 20*time.Second, fmt.Sprintf("turn %d learned", i+1), func(context.Context) (bool, string) {
 			n, shared := learned(), sum(`kvroute_textprefix_learned_total{result="shared"}`)
 			return n >= want && shared >= want, fmt.Sprintf("%v learned, %v shared; want %v", n, shared, want)
 		})
 		turns = append(turns, words(rng, 40), words(rng, 30))
-		r, err := postChat(ctx, hc, f.c.Pod((i+1)%2).API, chatBody(sys, turns...))
+		r, err := postChat(ctx, hc, f.c.Pod((i+1)%2).API, body(turns))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,3 +177,7 @@ func TestChatPrefixComposed(t *testing.T) {
 		t.Errorf("composing tokenized %v tokens; the last turn alone is %v", c, whole)
 	}
 }
+
+// userChatBody is a chat request without a system message: user first,
+// then alternating assistant and user messages.
+func userChatBody(turns []string) []byte { return conversationBody(nil, turns) }

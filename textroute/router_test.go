@@ -28,6 +28,7 @@ import (
 // tokens depend on what came before it (and a composition is wrong).
 type simTokenizer struct {
 	tok     *vllmsim.Tokenizer
+	tmpl    vllmsim.ChatTemplate
 	broken  bool
 	indexed bool
 	fail    bool
@@ -46,7 +47,7 @@ func (s *simTokenizer) Tokenize(_ context.Context, p prompt.Prompt) ([]uint32, e
 	if err := json.Unmarshal(p.Messages, &msgs); err != nil {
 		return nil, err
 	}
-	o := vllmsim.ChatOptions{AddGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt}
+	o := vllmsim.ChatOptions{Template: s.tmpl, AddGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt}
 	if s.indexed {
 		var ids []uint32
 		for i, m := range msgs {
@@ -67,13 +68,31 @@ func (s *simTokenizer) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.
 
 func chat(t *testing.T, turns ...string) (prompt.Prompt, []textprefix.Message) {
 	t.Helper()
+	return conversation(t, true, turns)
+}
+
+// userChat is chat without a system message: user first, then
+// alternating assistant and user turns.
+func userChat(t *testing.T, turns ...string) (prompt.Prompt, []textprefix.Message) {
+	t.Helper()
+	return conversation(t, false, turns)
+}
+
+// conversation parses a chat of turns (the first a system message when
+// system is set, then user and assistant in turn) and splits its messages.
+func conversation(t *testing.T, system bool, turns []string) (prompt.Prompt, []textprefix.Message) {
+	t.Helper()
 	var ms []map[string]string
 	for i, c := range turns {
+		j := i
+		if system {
+			j--
+		}
 		role := "user"
 		switch {
-		case i == 0:
+		case j < 0:
 			role = "system"
-		case i%2 == 0:
+		case j%2 == 1:
 			role = "assistant"
 		}
 		ms = append(ms, map[string]string{"role": role, "content": c})
@@ -87,9 +106,7 @@ func chat(t *testing.T, turns ...string) (prompt.Prompt, []textprefix.Message) {
 	json.Unmarshal(p.Messages, &raws)
 	out := make([]textprefix.Message, len(raws))
 	for i, r := range raws {
-		var m struct{ Role string }
-		json.Unmarshal(r, &m)
-		out[i] = textprefix.Message{Raw: r, Role: []byte(m.Role)}
+		out[i] = textprefix.Message{Raw: r, Role: []byte(ms[i]["role"])}
 	}
 	return p, out
 }
@@ -438,19 +455,39 @@ func (e *env) get(h textprefix.Hash) (textprefix.Entry, bool) {
 // what a whole tokenization gives, the first verifyFirst are checked
 // against one, and the tokenizer sees a small part of the tokens.
 func TestComposesTheNewMessagesOnly(t *testing.T) {
-	tok := &simTokenizer{tok: vllmsim.NewTokenizer()}
+	for _, tc := range []struct {
+		name   string
+		tmpl   vllmsim.ChatTemplate
+		system bool
+	}{
+		{"chatml", vllmsim.ChatML, true},
+		{"llama3", vllmsim.Llama3, true},
+		// Llama 3's template puts a system block first even without a
+		// system message: the stand-in turn gets it too.
+		{"llama3 without a system message", vllmsim.Llama3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) { composeTurns(t, tc.tmpl, tc.system) })
+	}
+}
+
+func composeTurns(t *testing.T, tmpl vllmsim.ChatTemplate, system bool) {
+	tok := &simTokenizer{tok: vllmsim.NewTokenizer(), tmpl: tmpl}
 	e := newEnv(t, tok, Config{VerifyEvery: 1000})
 	turns := []string{sys, "What is a prefix cache?"}
-	p, msgs := chat(t, turns...)
+	talk := chat
+	if !system {
+		turns, talk = []string{sys + " What is a prefix cache?"}, userChat
+	}
+	p, msgs := talk(t, turns...)
 	_, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 	after(nil)
-	e.waitLearned(t, 2)
-	learned := 2.0
+	e.waitLearned(t, float64(len(turns)))
+	learned := float64(len(turns))
 	const followUps = 8
 	wholeTokens := 0
 	for i := range followUps {
 		turns = append(turns, "An answer of some length, number "+strings.Repeat("x", i), "Question "+strings.Repeat("y", i)+"?")
-		p, msgs := chat(t, turns...)
+		p, msgs := talk(t, turns...)
 		keys, _, after := e.r.Keys(context.Background(), p, msgs, testRoot)
 		exact := keysOf(tok.answer(t, p))
 		if e.path("prefix") != float64(i+1) || len(keys) == 0 || !slices.Equal(keys, exact[:len(keys)]) {

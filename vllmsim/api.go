@@ -7,6 +7,7 @@ package vllmsim
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/kvroute/kvroute/kvevent"
@@ -125,8 +126,32 @@ type Message struct {
 	Content string
 }
 
+// ChatTemplate is the chat template a simulated model renders with.
+type ChatTemplate int
+
+const (
+	// ChatML is Qwen's: "<|im_start|>role\ncontent<|im_end|>\n" per message.
+	ChatML ChatTemplate = iota
+	// Llama3 is Llama 3.1's: a system block always first, then headed
+	// turns closed by <|eot_id|>.
+	Llama3
+)
+
+// ParseChatTemplate reads a template's name: chatml or llama3.
+func ParseChatTemplate(name string) (ChatTemplate, error) {
+	switch name {
+	case "chatml":
+		return ChatML, nil
+	case "llama3":
+		return Llama3, nil
+	}
+	return 0, fmt.Errorf("chat template %q: want chatml or llama3", name)
+}
+
 // ChatOptions mirror vLLM's chat rendering fields.
 type ChatOptions struct {
+	// Template is the model's chat template (the server's, not a request's).
+	Template             ChatTemplate
 	AddGenerationPrompt  bool
 	ContinueFinalMessage bool
 	// Tools is the raw JSON of the tools array (rendered into the system

@@ -20,9 +20,14 @@ const (
 	TokenIMStart   uint32 = 2 // <|im_start|>
 	TokenIMEnd     uint32 = 3 // <|im_end|>
 	TokenPad       uint32 = 4 // <|pad|>
+	// Llama 3's header and turn-end tokens.
+	TokenStartHeader uint32 = 5 // <|start_header_id|>
+	TokenEndHeader   uint32 = 6 // <|end_header_id|>
+	TokenEOT         uint32 = 7 // <|eot_id|>
 )
 
-var specials = []string{"<|endoftext|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"}
+var specials = []string{"<|endoftext|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>",
+	"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
 
 // Vocabulary layout. Ids below numSpecial are specials (some reserved),
 // then one token per byte (fallback for anything else), then every
@@ -329,6 +334,9 @@ func (t *Tokenizer) Chat(msgs []Message, o ChatOptions) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Template == Llama3 {
+		return t.llama3(msgs, o, tools), nil
+	}
 	if tools != "" {
 		sys := ""
 		if len(msgs) > 0 && msgs[0].Role == "system" {
@@ -369,6 +377,45 @@ func compactTools(raw []byte) (string, error) {
 		return s, nil
 	}
 	return "", nil
+}
+
+// llama3 renders as Llama 3.1's template does (without its tool-call
+// forms): <|begin_of_text|>, then a system block that is always there,
+// holding the knowledge-date lines, the tools if any and the system
+// message if the first message is one, then per message a header and its
+// content trimmed, each closed by <|eot_id|>. Unlike ChatML, a
+// conversation without a system message still starts with that block.
+func (t *Tokenizer) llama3(msgs []Message, o ChatOptions, tools string) []uint32 {
+	ids := []uint32{TokenBOS}
+	sys := ""
+	if len(msgs) > 0 && msgs[0].Role == "system" {
+		sys, msgs = strings.TrimSpace(msgs[0].Content), msgs[1:]
+	}
+	head := "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+	if tools != "" {
+		head = "Environment: ipython\n" + head + toolsHeader + tools + toolsFooter + "\n\n"
+	}
+	ids = t.header(ids, "system")
+	ids = t.encode(ids, head+sys)
+	ids = append(ids, TokenEOT)
+	for i, m := range msgs {
+		ids = t.header(ids, m.Role)
+		ids = t.encode(ids, strings.TrimSpace(m.Content))
+		if !(o.ContinueFinalMessage && i == len(msgs)-1) {
+			ids = append(ids, TokenEOT)
+		}
+	}
+	if o.AddGenerationPrompt {
+		ids = t.header(ids, "assistant")
+	}
+	return ids
+}
+
+func (t *Tokenizer) header(ids []uint32, role string) []uint32 {
+	ids = append(ids, TokenStartHeader)
+	ids = t.encode(ids, role)
+	ids = append(ids, TokenEndHeader)
+	return t.encode(ids, "\n\n")
 }
 
 func (t *Tokenizer) turn(ids []uint32, role, content string, closed bool) []uint32 {

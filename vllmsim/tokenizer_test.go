@@ -206,3 +206,40 @@ func BenchmarkEncode(b *testing.B) {
 		tok.Encode(text, false)
 	}
 }
+
+// Llama 3.1's template, as the simulator renders it with Template Llama3:
+// the system block is there with or without a system message, contents
+// are trimmed, and a conversation's prefix renders as a prefix of it.
+func TestLlama3Template(t *testing.T) {
+	tok := NewTokenizer()
+	const sysHead = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+	cases := []struct {
+		name string
+		msgs []Message
+		o    ChatOptions
+		want string
+	}{
+		{"system and user", []Message{{"system", " S "}, {"user", "U\n"}}, ChatOptions{AddGenerationPrompt: true},
+			sysHead + "S<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+		{"no system message", []Message{{"user", "U"}}, ChatOptions{},
+			sysHead + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"},
+		{"continue", []Message{{"user", "U"}, {"assistant", "A"}}, ChatOptions{ContinueFinalMessage: true},
+			sysHead + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nA"},
+	}
+	for _, tc := range cases {
+		tc.o.Template = Llama3
+		ids, err := tok.Chat(tc.msgs, tc.o)
+		if err != nil || tok.Decode(ids) != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.name, tok.Decode(ids), err, tc.want)
+		}
+	}
+	o := ChatOptions{Template: Llama3}
+	short, _ := tok.Chat([]Message{{"user", "U"}}, o)
+	long, _ := tok.Chat([]Message{{"user", "U"}, {"assistant", "A"}, {"user", "V"}}, o)
+	if !slices.Equal(long[:len(short)], short) {
+		t.Error("a conversation's first message does not render as a prefix of it")
+	}
+	if _, err := ParseChatTemplate("jinja"); err == nil {
+		t.Error("an unknown template name was accepted")
+	}
+}

@@ -45,6 +45,7 @@ type options struct {
 	// Tokenization charge (vllmsim.TokenizeCost): us per token, workers.
 	TokenizeUS      float64
 	TokenizeWorkers int
+	ChatTemplate    vllmsim.ChatTemplate
 }
 
 // kvEventsConfig is vLLM's --kv-events-config JSON (KVEventsConfig in vLLM's
@@ -164,7 +165,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 			"Flags use vLLM's names; simulator-only flags start with --sim-. /sim/* injects faults.")
 	var o options
 	var names, loras listFlag
-	var kvCfg, algo, enc string
+	var kvCfg, algo, enc, tmpl string
 	fs.StringVar(&o.Host, "host", "", "bind address (vLLM: all interfaces)")
 	fs.IntVar(&o.Port, "port", 8000, "HTTP port (0: OS-chosen, logged)")
 	fs.Var(&names, "served-model-name", "model name(s) served (default: --model)")
@@ -188,6 +189,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	fs.DurationVar(&o.ShutdownWait, "sim-shutdown-timeout", 10*time.Second, "grace period for open requests on SIGTERM")
 	fs.Int64Var(&o.BodyLimitBytes, "sim-body-limit-bytes", 32<<20, "max request body size")
 	fs.Float64Var(&o.TokenizeUS, "sim-tokenize-us-per-token", float64(vllmsim.DefaultTokenizeCost)/1e3, "wall time charged per prompt token tokenized (/tokenize, render, text prompts); 0: free")
+	fs.StringVar(&tmpl, "sim-chat-template", "chatml", "the model's chat template: chatml (Qwen's) or llama3 (Llama 3.1's: a system block always first)")
 	fs.IntVar(&o.TokenizeWorkers, "sim-tokenize-workers", vllmsim.DefaultTokenizeWorkers, "tokenizations that run at once (vLLM: one thread per API server)")
 	if err := cli.Parse(fs, expandMulti(args), stdout, stderr); err != nil {
 		return o, err
@@ -222,6 +224,11 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	default:
 		return o, fmt.Errorf("--kv-events-encoding %q: want map or array", enc)
 	}
+	ct, err := vllmsim.ParseChatTemplate(tmpl)
+	if err != nil {
+		return o, fmt.Errorf("--sim-chat-template: %w", err)
+	}
+	o.ChatTemplate = ct
 	if o.DropRate < 0 || o.DropRate > 1 {
 		return o, fmt.Errorf("--sim-drop-rate %v outside [0, 1]", o.DropRate)
 	}
@@ -237,7 +244,6 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	if o.BlockSize <= 0 {
 		return o, fmt.Errorf("--block-size %d must be positive", o.BlockSize)
 	}
-	var err error
 	if o.Events, err = parseKVEventsConfig(kvCfg); err != nil {
 		return o, err
 	}

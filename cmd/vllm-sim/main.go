@@ -146,7 +146,7 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 	}
 	srv := newServer(serverConfig{
 		Models: o.Models, Root: o.Model, LoRAs: o.LoRAs, RuntimeLoRA: o.RuntimeLoRA, MaxModelLen: cfg.MaxModelLen, Echo: o.Echo,
-		RestartDowntime: o.RestartDown, BodyLimitBytes: o.BodyLimitBytes, TokenizeCost: cost,
+		RestartDowntime: o.RestartDown, BodyLimitBytes: o.BodyLimitBytes, TokenizeCost: cost, ChatTemplate: o.ChatTemplate,
 	}, dp, dp.engs[0].Tokenizer(), events, met)
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)))

@@ -142,6 +142,7 @@ func (s *server) rendered(prefix string, ids []uint32, maxTokens int, model stri
 // template error it answers 400. ok is false when an answer was written or
 // the client left.
 func (s *server) chatTokens(c *gin.Context, msgs []vllmsim.Message, o vllmsim.ChatOptions) ([]uint32, bool) {
+	o.Template = s.cfg.ChatTemplate
 	var ids []uint32
 	var err error
 	if !s.charged(c, func() int { ids, err = s.tok.Chat(msgs, o); return len(ids) }) {

@@ -71,6 +71,8 @@ type serverConfig struct {
 	BodyLimitBytes int64
 	// Now is the wall clock (for "created" and the restart window).
 	Now func() time.Time
+	// ChatTemplate is the model's chat template.
+	ChatTemplate vllmsim.ChatTemplate
 	// TokenizeCost charges tokenization time (nil: free).
 	TokenizeCost *vllmsim.TokenizeCost
 }
