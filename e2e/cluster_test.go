@@ -245,6 +245,9 @@ type reply struct {
 	// Route and Hop are Server-Timing's kvroute-route (the entry sidecar
 	// choosing) and kvroute-hop (the serving sidecar's own part); -1.
 	Route, Hop time.Duration
+	// HopRead is kvroute-hop-read: the serving sidecar reading the body;
+	// Send kvroute-send: the entry sidecar writing the request to it.
+	HopRead, Send time.Duration
 	// Read is X-Sim-Read-Us: the engine's handler reading the body; -1.
 	Read time.Duration
 }

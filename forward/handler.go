@@ -273,6 +273,7 @@ type reqState struct {
 	reason    string // what DecisionHeader says
 	predicted int    // cached tokens the choice expects at the target
 	plan      *plan
+	arrived   time.Time // the handler began (the headers were read)
 	started   time.Time // the body was read
 	routed    time.Time // the target was chosen (zero for a hop)
 	// tapIDs: take the prompt's token ids from the answer (promptIDs);
@@ -288,6 +289,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		h.active.Add(1)
 		defer h.active.Done()
 		r := c.Request
+		arrived := h.now()
 		body, err := readBody(c.Writer, r, h.cfg.MaxBodyBytes)
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -300,7 +302,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			writeError(c, http.StatusBadRequest, "could not read request body: "+err.Error())
 			return
 		}
-		st := &reqState{id: h.requestID(r), started: h.now()}
+		st := &reqState{id: h.requestID(r), arrived: arrived, started: h.now()}
 		if v := r.Header.Get(HopHeader); v != "" {
 			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
 			if err == nil {
@@ -559,17 +561,23 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// serverTiming is the front's part of a W3C Server-Timing header, in ms
-// from the last request byte read: kvroute-route until the target was
-// chosen (parsing, keys, tokenizing if any, choosing), kvroute until the
-// answer's headers are about to go out (the rest is upstream's; a hop's
-// sidecar says its own part as kvroute-hop).
+// serverTiming is the front's part of a W3C Server-Timing header, in ms:
+// kvroute-read reading the request body (kvroute-hop-read at a hop's
+// sidecar); then from the last request byte read, kvroute-route until the
+// target was chosen (parsing, keys, tokenizing if any, choosing), and
+// kvroute until the answer's headers are about to go out (the rest is
+// upstream's; a hop's sidecar says its own part as kvroute-hop);
+// kvroute-send is from choosing until the request was written upstream.
 func serverTiming(st *reqState, now time.Time) string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
 	if st.routed.IsZero() {
-		return "kvroute-hop;dur=" + ms(now.Sub(st.started))
+		return "kvroute-hop-read;dur=" + ms(st.started.Sub(st.arrived)) + ", kvroute-hop;dur=" + ms(now.Sub(st.started))
 	}
-	return "kvroute-route;dur=" + ms(st.routed.Sub(st.started)) + ", kvroute;dur=" + ms(now.Sub(st.started))
+	out := "kvroute-read;dur=" + ms(st.started.Sub(st.arrived)) + ", kvroute-route;dur=" + ms(st.routed.Sub(st.started))
+	if w := st.plan.wrote.Load(); w != 0 {
+		out += ", kvroute-send;dur=" + ms(time.Unix(0, w).Sub(st.routed))
+	}
+	return out + ", kvroute;dur=" + ms(now.Sub(st.started))
 }
 
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {

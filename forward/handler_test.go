@@ -419,9 +419,12 @@ func TestServerTiming(t *testing.T) {
 		}
 	}
 	hop, hopOK := dur["kvroute-hop"]
+	hopRead, hopReadOK := dur["kvroute-hop-read"]
 	route, routeOK := dur["kvroute-route"]
 	total, totalOK := dur["kvroute"]
-	if !hopOK || !routeOK || !totalOK || hop > total || route > total || len(dur) != 3 {
-		t.Fatalf("Server-Timing %q; want kvroute-hop and kvroute-route within kvroute", resp.Header.Values("Server-Timing"))
+	_, readOK := dur["kvroute-read"]
+	send, sendOK := dur["kvroute-send"]
+	if !hopOK || !hopReadOK || !routeOK || !totalOK || !readOK || !sendOK || hop+hopRead > total || route+send > total || len(dur) != 6 {
+		t.Fatalf("Server-Timing %q; want the reads, kvroute-hop and kvroute-route, the hop's within kvroute", resp.Header.Values("Server-Timing"))
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +26,9 @@ type plan struct {
 	body    []byte
 	served  int // index into targets; -1 until an attempt gets a response
 	tried   []string
+	// wrote is when the last attempt's request was written out (Unix
+	// ns; the transport's write loop sets it).
+	wrote atomic.Int64
 }
 
 type planKey struct{}
@@ -66,6 +71,9 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
 		}
 		p.tried = append(p.tried, peerName(tg.Peer))
+		out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
+			WroteRequest: func(httptrace.WroteRequestInfo) { p.wrote.Store(a.now().UnixNano()) },
+		}))
 		resp, err := a.base.RoundTrip(out)
 		// A 503 is a refusal: a peer's sidecar that cannot serve, or a vLLM
 		// whose engine is dead or restarting. Another pod may serve.
