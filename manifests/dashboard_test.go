@@ -24,14 +24,17 @@ var requiredMetrics = []string{
 
 var (
 	metricLit = regexp.MustCompile(`"(kvroute_[a-z0-9_]+)"`)
-	snakeLit  = regexp.MustCompile(`"([a-z][a-z0-9]*(?:_[a-z0-9]+)+)"`)
-	metricRef = regexp.MustCompile(`\bkvroute_[a-z0-9_]+`)
-	varUse    = regexp.MustCompile(`\$(\w+)|\$\{(\w+)\}`)
+	// subsystemLit: a file's Subsystem: "x" puts kvroute_x_ before its names.
+	subsystemLit = regexp.MustCompile(`Subsystem:\s*"([a-z0-9_]+)"`)
+	snakeLit     = regexp.MustCompile(`"([a-z][a-z0-9]*(?:_[a-z0-9]+)+)"`)
+	metricRef    = regexp.MustCompile(`\bkvroute_[a-z0-9_]+`)
+	varUse       = regexp.MustCompile(`\$(\w+)|\$\{(\w+)\}`)
 )
 
 // codeMetrics finds the metric names the repository's Go code may register:
 // every "kvroute_x" literal, and in a file that declares Namespace: "kvroute",
-// every snake_case literal x as kvroute_x (names also reach Opts through
+// every snake_case literal x as kvroute_x and, for each Subsystem: "s" in
+// it, as kvroute_s_x (names also reach Opts through
 // helpers such as gauge("gossip_members", ...)). It over-approximates; the
 // dashboard check needs only that a name it uses is among them.
 func codeMetrics(root string) (map[string]bool, error) {
@@ -51,8 +54,14 @@ func codeMetrics(root string) (map[string]bool, error) {
 			return err
 		}
 		if strings.Contains(string(b), `Namespace: "kvroute"`) {
+			subs := []string{""}
+			for _, m := range subsystemLit.FindAllStringSubmatch(string(b), -1) {
+				subs = append(subs, m[1]+"_")
+			}
 			for _, m := range snakeLit.FindAllStringSubmatch(string(b), -1) {
-				found["kvroute_"+m[1]] = true
+				for _, sub := range subs {
+					found["kvroute_"+sub+m[1]] = true
+				}
 			}
 		}
 		for _, m := range metricLit.FindAllStringSubmatch(string(b), -1) {
