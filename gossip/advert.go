@@ -73,20 +73,34 @@ func (a *advert) kickNow() {
 // how long Shutdown can wait for it.
 const maxMetaWait = time.Second
 
+// metaRepeat is when a kicked meta update is broadcast once more. With a
+// few members memberlist sends each broadcast to each peer once, by UDP:
+// one lost packet would hide an adapter unload or a drain from that peer
+// until the next push-pull (15-30 s).
+const metaRepeat = 300 * time.Millisecond
+
 // metaLoop re-advertises the node meta when it changed, at most once per
-// MetaInterval, or at once when kicked (draining, engine, models). It
-// returns when Shutdown closes done.
+// MetaInterval, or at once when kicked (draining, engine, models), and
+// again metaRepeat after a kicked change. It returns when Shutdown closes
+// done.
 func (m *Mesh) metaLoop() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.MetaInterval)
 	defer t.Stop()
+	repeat := time.NewTimer(metaRepeat)
+	repeat.Stop()
+	defer repeat.Stop()
 	a := &m.advert
 	for {
+		kicked, again := false, false
 		select {
 		case <-m.done:
 			return
 		case <-t.C:
 		case <-a.kick:
+			kicked = true
+		case <-repeat.C:
+			again = true
 		}
 		a.mu.Lock()
 		dirty := a.dirty
@@ -97,15 +111,19 @@ func (m *Mesh) metaLoop() {
 			}
 		}
 		a.mu.Unlock()
-		if !dirty {
+		if !dirty && !again {
 			continue
 		}
 		// UpdateNode waits for the broadcast to leave, and does not stop
 		// waiting when memberlist shuts down: bound it so Shutdown is not
 		// held up for a long MetaInterval. A broadcast still queued when the
 		// wait ends goes out all the same.
+		m.stats.metaUpdates.Add(1)
 		if err := m.ml.Load().UpdateNode(min(m.cfg.MetaInterval, maxMetaWait)); err != nil {
 			m.log.Debug().Err(err).Msg("update node meta")
+		}
+		if dirty && kicked {
+			repeat.Reset(metaRepeat)
 		}
 	}
 }

@@ -560,3 +560,16 @@ func TestMeshFullDigestResend(t *testing.T) {
 		t.Errorf("n0 Stats() = %+v; want more full digests, no delta sent, no need-full served", s)
 	}
 }
+
+// A kicked meta change is broadcast twice, metaRepeat apart: memberlist
+// sends each broadcast to a peer once in a small cluster, and a lost
+// packet must not hide an unload until the next push-pull.
+func TestKickedMetaIsSentAgain(t *testing.T) {
+	ms := cluster(t, 2, func(_ int, c *Config) { c.MetaInterval = time.Hour })
+	before := ms[0].Stats().MetaUpdates
+	ms[0].SetModels([]string{"m", "alice"})
+	waitFor(t, 5*time.Second, "two meta broadcasts", func() bool { return ms[0].Stats().MetaUpdates-before >= 2 })
+	if v, ok := view(ms[1], "n0"); !ok || !slices.Equal(v.Models, []string{"m", "alice"}) {
+		t.Fatalf("n1's view of n0: %v %v", v.Models, ok)
+	}
+}

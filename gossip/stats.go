@@ -33,6 +33,7 @@ type Stats struct {
 	FullServed     uint64 // need-full requests we answered
 	JoinAttempts   uint64 // memberlist.Join calls
 	JoinFailures   uint64 // calls that reached no one
+	MetaUpdates    uint64 // node-meta broadcasts (memberlist UpdateNode calls)
 }
 
 type counters struct {
@@ -42,6 +43,7 @@ type counters struct {
 	held, gaps, stale, epochDrops          atomic.Uint64
 	fullRequests, fullServed               atomic.Uint64
 	joinAttempts, joinFailures             atomic.Uint64
+	metaUpdates                            atomic.Uint64
 }
 
 type traffic struct{ msgs, bytes atomic.Uint64 }
@@ -78,6 +80,7 @@ func (c *counters) snapshot() Stats {
 		Held:          c.held.Load(),
 		Gaps:          c.gaps.Load(),
 		Stale:         c.stale.Load(),
+		MetaUpdates:   c.metaUpdates.Load(),
 		EpochDrops:    c.epochDrops.Load(),
 		FullRequests:  c.fullRequests.Load(),
 		FullServed:    c.fullServed.Load(),
