@@ -66,6 +66,7 @@ func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.
 			return float64(s.Digest.Bytes + s.Delta.Bytes + s.NeedFull.Bytes)
 		}),
 		counter("gossip_decode_errors_total", "Gossip messages that did not decode and were dropped.", func() float64 { return float64(mesh.Stats().DecodeErrors) }),
+		counter("gossip_meta_updates_total", "Node-meta broadcasts: each change of models, drain or engine goes out twice, 300 ms apart.", func() float64 { return float64(mesh.Stats().MetaUpdates) }),
 		gauge("digest_staleness_seconds", "Age of the oldest peer digest in the peer table.", func() float64 {
 			now := time.Now()
 			worst := 0.0
