@@ -144,10 +144,12 @@ type job struct {
 	// (idsFrom "answer") or the request path's tokenization ("request").
 	ids     []uint32
 	idsFrom string
+	// keys are Request's keys of ids when the request path computed them.
+	keys []blockkey.Key
 }
 
 // size is what j keeps alive, for the backlog bound.
-func (j job) size() int64 { return int64(len(j.p.Messages) + 4*len(j.ids)) }
+func (j job) size() int64 { return int64(len(j.p.Messages) + 4*len(j.ids) + 8*len(j.keys)) }
 
 // New returns a Router that tokenizes through tok; reg may be nil.
 func New(cfg Config, tok Tokenizer, reg prometheus.Registerer) *Router {
@@ -245,7 +247,7 @@ func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Me
 	r.mu.Unlock()
 	after := func(ids []uint32) { // j as the branch below leaves it
 		if ids != nil {
-			j.ids, j.idsFrom = ids, "answer"
+			j.ids, j.idsFrom, j.keys = ids, "answer", nil
 		}
 		r.enqueue(plan.Learn, j)
 	}
@@ -260,8 +262,8 @@ func (r *Router) Keys(ctx context.Context, p prompt.Prompt, msgs []textprefix.Me
 		return nil, 0, after
 	}
 	r.m.requests.WithLabelValues("tokenized").Inc()
-	j.ids, j.idsFrom = ids, "request"
-	return r.cfg.Scheme.Request(root, ids), len(ids), after
+	j.ids, j.idsFrom, j.keys = ids, "request", r.cfg.Scheme.Request(root, ids)
+	return j.keys, len(ids), after
 }
 
 func continued(p prompt.Prompt) bool {
@@ -324,8 +326,11 @@ func (r *Router) learn(ctx context.Context, j job) {
 	defer r.queued.Add(-j.size())
 	var truth *textprefix.Entry // the whole prompt's, generation prompt included
 	if j.ids != nil {
-		t := textprefix.Entry{Keys: r.cfg.Scheme.Request(j.root, j.ids), Tokens: len(j.ids)}
-		truth = &t
+		keys := j.keys
+		if keys == nil {
+			keys = r.cfg.Scheme.Request(j.root, j.ids)
+		}
+		truth = &textprefix.Entry{Keys: keys, Tokens: len(j.ids)}
 	}
 	if j.usedK > 0 && truth != nil {
 		r.mu.Lock()
