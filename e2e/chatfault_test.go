@@ -313,34 +313,21 @@ type chatLoad struct {
 
 func startChatLoad(f *fixture, seed string, next func(rng *mrand.Rand, n int) ([]chatMessage, bool)) *chatLoad {
 	l := &chatLoad{f: f, quit: make(chan struct{})}
-	for w := range 2 {
-		l.wg.Add(1)
-		go func() { // exits when quit closes
-			defer l.wg.Done()
-			rng := seeded(fmt.Sprintf("%s/%d", seed, w))
-			for n := w; ; n += 2 {
-				select {
-				case <-l.quit:
-					return
-				default:
-				}
-				via := n % f.c.Len()
-				msgs, held := next(rng, n)
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				start := time.Now()
-				r, err := f.streamChat(ctx, via, msgs, n%4 < 2)
-				end := time.Now()
-				cancel()
-				p, cut := chatProblem(r, err)
-				res := chatResult{via: via, held: held, served: r.ServedBy, decision: r.Decision, status: r.Status,
-					start: start, end: end, problem: p, cut: cut, idsNull: bytes.Contains(r.Body, []byte(`"prompt_token_ids":null`))}
-				l.mu.Lock()
-				l.out = append(l.out, res)
-				l.mu.Unlock()
-				time.Sleep(10 * time.Millisecond) // pacing, not synchronisation
-			}
-		}()
-	}
+	twoWorkers(&l.wg, l.quit, seed, func(rng *mrand.Rand, n int) {
+		via := n % f.c.Len()
+		msgs, held := next(rng, n)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		r, err := f.streamChat(ctx, via, msgs, n%4 < 2)
+		end := time.Now()
+		cancel()
+		p, cut := chatProblem(r, err)
+		res := chatResult{via: via, held: held, served: r.ServedBy, decision: r.Decision, status: r.Status,
+			start: start, end: end, problem: p, cut: cut, idsNull: bytes.Contains(r.Body, []byte(`"prompt_token_ids":null`))}
+		l.mu.Lock()
+		l.out = append(l.out, res)
+		l.mu.Unlock()
+	})
 	return l
 }
 

@@ -37,39 +37,48 @@ type load struct {
 // engine died) is counted apart: no router can save it.
 func startLoad(t *testing.T, f *fixture, seed, broken string, next func(rng *mrand.Rand, n int) []uint32) *load {
 	l := &load{f: f, stop: make(chan struct{})}
+	twoWorkers(&l.wg, l.stop, seed, func(rng *mrand.Rand, n int) {
+		via := n % f.c.Len()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		r, err := f.do(ctx, http.MethodPost, f.c.Pod(via).API, "/v1/completions", body(next(rng, n), 4, n%3 == 0), nil)
+		cancel()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.sent++
+		switch {
+		case err != nil && r.Status == http.StatusOK && r.ServedBy == broken:
+			l.midstream++
+		case err != nil:
+			l.failed = append(l.failed, fmt.Sprintf("via %s: %v", f.c.Pod(via).Name, err))
+		case r.Status != http.StatusOK:
+			l.failed = append(l.failed, fmt.Sprintf("via %s: status %d: %s", f.c.Pod(via).Name, r.Status, r.Body))
+		case strings.HasSuffix(r.Decision, "-retried"):
+			l.retried++
+		}
+	})
+	return l
+}
+
+// twoWorkers runs each with two workers, each with its own source seeded
+// from seed, on request numbers n = 0, 2, 4... and 1, 3, 5..., about every
+// 10 ms, until stop closes; wg counts them.
+func twoWorkers(wg *sync.WaitGroup, stop <-chan struct{}, seed string, each func(rng *mrand.Rand, n int)) {
 	for w := range 2 {
-		l.wg.Add(1)
+		wg.Add(1)
 		go func() { // exits when stop closes
-			defer l.wg.Done()
+			defer wg.Done()
 			rng := seeded(fmt.Sprintf("%s/%d", seed, w))
 			for n := w; ; n += 2 {
 				select {
-				case <-l.stop:
+				case <-stop:
 					return
 				default:
 				}
-				via := n % f.c.Len()
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				r, err := f.do(ctx, http.MethodPost, f.c.Pod(via).API, "/v1/completions", body(next(rng, n), 4, n%3 == 0), nil)
-				cancel()
-				l.mu.Lock()
-				l.sent++
-				switch {
-				case err != nil && r.Status == http.StatusOK && r.ServedBy == broken:
-					l.midstream++
-				case err != nil:
-					l.failed = append(l.failed, fmt.Sprintf("via %s: %v", f.c.Pod(via).Name, err))
-				case r.Status != http.StatusOK:
-					l.failed = append(l.failed, fmt.Sprintf("via %s: status %d: %s", f.c.Pod(via).Name, r.Status, r.Body))
-				case strings.HasSuffix(r.Decision, "-retried"):
-					l.retried++
-				}
-				l.mu.Unlock()
+				each(rng, n)
 				time.Sleep(10 * time.Millisecond) // pacing, not synchronisation
 			}
 		}()
 	}
-	return l
 }
 
 func (l *load) stopLoad(t *testing.T) {
