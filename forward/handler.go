@@ -345,16 +345,9 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		}
 		st.predicted = st.decision.Expected()
 		if len(keys) > 0 && targets[0].Peer != "" {
-			// Off the request path: a long prompt has many keys (512 for
-			// 32k tokens, ~40 µs). On one P the goroutine runs as soon as
-			// this one blocks sending the request, before the next request
-			// is routed.
-			peer, now := targets[0].Peer, h.now()
-			go func() { // returns once recorded
-				h.mu.Lock()
-				h.recent.Record(peer, keys, now)
-				h.mu.Unlock()
-			}()
+			h.mu.Lock()
+			h.recent.Record(targets[0].Peer, keys, h.now())
+			h.mu.Unlock()
 		}
 		if len(keys) > 0 && h.peers != nil {
 			to := targets[0].Peer

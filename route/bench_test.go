@@ -91,3 +91,20 @@ func BenchmarkRecent(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkRecentFull records a new 32k-token chain (512 keys) per forward
+// into a Recent kept full by the forwards before it, as a busy sidecar's
+// is: every write and expiry misses the cache.
+func BenchmarkRecentFull(b *testing.B) {
+	r := NewRecent(DefaultRecentConfig())
+	peers := []string{"pod-1", "pod-2", "pod-3"}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		now := t0.Add(time.Duration(i) * 40 * time.Millisecond)
+		keys := keysN(i*1000, 512)
+		r.Record(peers[i%len(peers)], keys, now)
+		i++
+	}
+	b.ReportMetric(float64(r.Len()), "live")
+}

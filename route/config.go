@@ -132,10 +132,12 @@ type RecentConfig struct {
 	// entry vLLM never kept (a failed request, an eviction) stops pulling
 	// traffic soon. Default 5s. Values below 1ns mean the default.
 	TTL time.Duration
-	// MaxEntries caps memory, in (peer, key) entries (about 80 bytes each).
-	// When full, the oldest entries go first, tail keys before their
-	// prefixes. Default 65536 (≈5 MB): 32 requests of 32k tokens a second
-	// at 16 tokens a key. Values below 1 mean the default.
+	// MaxEntries caps memory, in stored (peer, key) entries of about 45
+	// bytes (a map entry and a queue slot). A forward stores its chain's
+	// checkpoints: all of a chain up to 32 keys, 97 of a 32k-token
+	// prompt's 512. When full, the oldest entries go first, tail keys
+	// before their prefixes. Default 65536 (≈3 MB): 130 forwards of 32k
+	// tokens a second for the 5 s TTL. Values below 1 mean the default.
 	MaxEntries int
 }
 

@@ -85,7 +85,9 @@
 // # Speculation
 //
 // Recent records what this sidecar forwarded where, for a short TTL, and
-// Affinity counts it as cached (the max of digest and Recent). Recent is
+// Affinity counts it as cached (the max of digest and Recent). It keeps a
+// chain's checkpoints, not every key, so a long prefix is known to within
+// 1/16 of its length; the claims hold a chain's exact end. Recent is
 // not safe for concurrent use: the caller holds one lock around it.
 //
 // # Explanation

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math/bits"
 	"sort"
 	"time"
 
@@ -16,8 +17,12 @@ import (
 // mutex around Record, PrefixLen and Expire). Memory is bounded by
 // RecentConfig.MaxEntries.
 type Recent struct {
-	cfg  RecentConfig
-	live map[recentKey]int64 // expiry, Unix ns; the latest of every Record
+	cfg RecentConfig
+	// peers holds each peer's live keys and their expiry (Unix ns; the
+	// latest of every Record). One map per peer keyed by the key alone: a
+	// 32k-token forward writes 512 entries, and a (peer, key) map key
+	// hashed the peer's name every time, ~4x the cost.
+	peers map[string]*recentPeer
 	// queue holds entries in Record order, each request's keys tail first,
 	// so expiry and eviction drop a chain's tail before its prefix and the
 	// live set stays prefix-closed: PrefixLen can binary-search.
@@ -25,14 +30,15 @@ type Recent struct {
 	head  int
 }
 
-type recentKey struct {
-	peer string
-	key  blockkey.Key
+type recentPeer struct {
+	name string
+	live map[blockkey.Key]int64
 }
 
 type recentEntry struct {
-	recentKey
-	exp int64
+	peer *recentPeer
+	key  blockkey.Key
+	exp  int64
 }
 
 // NewRecent returns an empty Recent.
@@ -44,24 +50,38 @@ func NewRecent(cfg RecentConfig) *Recent {
 	if cfg.MaxEntries < 1 {
 		cfg.MaxEntries = d.MaxEntries
 	}
-	return &Recent{cfg: cfg, live: make(map[recentKey]int64)}
+	return &Recent{cfg: cfg, peers: make(map[string]*recentPeer)}
 }
 
 // Record notes that keys, a chain, were sent to peer at now. Only the
-// first MaxEntries keys are kept. A nil Recent records nothing.
+// chain's checkpoints are kept (checkpoint), the first MaxEntries of
+// them. A nil Recent records nothing.
 func (r *Recent) Record(peer string, keys []blockkey.Key, now time.Time) {
 	if r == nil || len(keys) == 0 {
 		return
 	}
 	r.Expire(now)
-	keys = keys[:min(len(keys), r.cfg.MaxEntries)]
 	exp := now.Add(r.cfg.TTL).UnixNano()
-	for i := len(keys) - 1; i >= 0; i-- {
-		k := recentKey{peer, keys[i]}
-		if old, ok := r.live[k]; !ok || exp > old {
-			r.live[k] = exp
+	p := r.peers[peer]
+	if p == nil {
+		p = &recentPeer{name: peer, live: make(map[blockkey.Key]int64)}
+		r.peers[peer] = p
+	}
+	count := 0
+	for i := floorCheckpoint(len(keys) - 1); i >= 0; i = floorCheckpoint(i - 1) {
+		count++
+	}
+	skip := max(0, count-r.cfg.MaxEntries) // from the tail
+	for i := floorCheckpoint(len(keys) - 1); i >= 0; i = floorCheckpoint(i - 1) {
+		if skip > 0 {
+			skip--
+			continue
 		}
-		r.queue = append(r.queue, recentEntry{k, exp})
+		k := keys[i]
+		if old, ok := p.live[k]; !ok || exp > old {
+			p.live[k] = exp
+		}
+		r.queue = append(r.queue, recentEntry{p, k, exp})
 	}
 	for len(r.queue)-r.head > r.cfg.MaxEntries {
 		r.pop()
@@ -69,30 +89,59 @@ func (r *Recent) Record(peer string, keys []blockkey.Key, now time.Time) {
 	r.compact()
 }
 
+// checkpointDense is how many leading keys of a chain Recent keeps all
+// of; past them it keeps 16 per doubling of the length.
+const checkpointDense = 32
+
+// floorCheckpoint returns the index of the last checkpoint at or before
+// index i (-1 if i < 0). The key at index i stands for a prefix of i+1
+// keys; the checkpoints are every one of the first checkpointDense, then
+// those whose prefix length is a multiple of 2^(⌊log2 n⌋-4). A recorded
+// prefix is thus known to within 1/16 of its length, for 5x fewer map
+// writes at 512 keys: a 32k-token forward recorded every key in ~250 µs
+// of the sidecar's one core, the map cold in cache between requests, and
+// the claims (ClaimsFor) hold the exact end of the chain anyway.
+func floorCheckpoint(i int) int {
+	n := i + 1
+	if n <= checkpointDense {
+		return i
+	}
+	step := 1 << (bits.Len(uint(n)) - 5)
+	return n/step*step - 1
+}
+
 // PrefixLen returns how many leading keys were sent to peer within the
-// TTL. It tests O(log n) keys: the live set is prefix-closed because keys
-// are chained (keys[i] implies keys[:i]). A nil Recent holds nothing.
+// TTL, to the last checkpoint (floorCheckpoint) at or below it. It tests
+// O(log n) keys: the live set is prefix-closed because keys are chained
+// (keys[i] implies keys[:i]) and a chain's checkpoints expire tail first.
+// A nil Recent holds nothing.
 func (r *Recent) PrefixLen(peer string, keys []blockkey.Key, now time.Time) int {
 	return r.prefixLen(peer, keys, now, time.Time{})
 }
 
 // prefixLen is PrefixLen counting only entries recorded after since.
 func (r *Recent) prefixLen(peer string, keys []blockkey.Key, now, since time.Time) int {
-	if r == nil || len(keys) == 0 || len(r.live) == 0 {
+	if r == nil || len(keys) == 0 {
+		return 0
+	}
+	p := r.peers[peer]
+	if p == nil {
 		return 0
 	}
 	t, after := now.UnixNano(), int64(0)
 	if !since.IsZero() {
 		after = since.Add(r.cfg.TTL).UnixNano() // an entry's expiry is its record time + TTL
 	}
+	// has(i): the checkpoint at or before i is live; monotone in i.
 	has := func(i int) bool {
-		exp, ok := r.live[recentKey{peer, keys[i]}]
+		exp, ok := p.live[keys[floorCheckpoint(i)]]
 		return ok && exp > t && exp > after
 	}
 	if !has(0) {
 		return 0
 	}
-	return sort.Search(len(keys), func(i int) bool { return !has(i) })
+	n := sort.Search(len(keys), func(i int) bool { return !has(i) })
+	return floorCheckpoint(n-1) + 1
 }
 
 // Match returns how many leading keys p holds by its digest or by r's
@@ -121,7 +170,11 @@ func (r *Recent) Len() int {
 	if r == nil {
 		return 0
 	}
-	return len(r.live)
+	n := 0
+	for _, p := range r.peers {
+		n += len(p.live)
+	}
+	return n
 }
 
 // pop removes the oldest queue entry, and its key unless a later Record
@@ -130,8 +183,11 @@ func (r *Recent) pop() {
 	e := r.queue[r.head]
 	r.queue[r.head] = recentEntry{}
 	r.head++
-	if r.live[e.recentKey] == e.exp {
-		delete(r.live, e.recentKey)
+	if e.peer.live[e.key] == e.exp {
+		delete(e.peer.live, e.key)
+		if len(e.peer.live) == 0 {
+			delete(r.peers, e.peer.name)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -81,28 +82,69 @@ func TestRecentBounded(t *testing.T) {
 // TestRecentMatchesLinearScan checks the binary search against a linear
 // walk, over many interleaved records, refreshes and evictions.
 func TestRecentMatchesLinearScan(t *testing.T) {
-	r := NewRecent(RecentConfig{TTL: 50 * time.Millisecond, MaxEntries: 300})
-	convs := 20
+	r := NewRecent(RecentConfig{TTL: 50 * time.Millisecond, MaxEntries: 3000})
+	convs, long := 20, 0
 	for step := range 3000 {
 		now := t0.Add(time.Duration(step) * time.Millisecond)
 		c := (step * 7) % convs
-		n := 1 + (step*13)%60
+		n := 1 + (step*13)%600
 		chain := keysN(c*1000, n)
 		peer := string(rune('a' + c%3))
-		if got, want := r.PrefixLen(peer, chain, now), linear(r, peer, chain, now); got != want {
+		got, want := r.PrefixLen(peer, chain, now), linear(r, peer, chain, now)
+		if got != want {
 			t.Fatalf("step %d: PrefixLen = %d; linear scan %d", step, got, want)
+		}
+		if got > checkpointDense {
+			long++
 		}
 		r.Record(peer, chain, now)
 	}
+	if long < 100 {
+		t.Errorf("only %d lookups matched past the dense checkpoints; the test does not exercise them", long)
+	}
 }
 
+// linear walks keys' checkpoints from the front: the prefix through the
+// last live one before the first that is not.
 func linear(r *Recent, peer string, keys []blockkey.Key, now time.Time) int {
-	for i, k := range keys {
-		if exp, ok := r.live[recentKey{peer, k}]; !ok || exp <= now.UnixNano() {
-			return i
+	p := r.peers[peer]
+	n := 0
+	for i := range keys {
+		if floorCheckpoint(i) != i {
+			continue
+		}
+		if p == nil {
+			return n
+		}
+		if exp, ok := p.live[keys[i]]; !ok || exp <= now.UnixNano() {
+			return n
+		}
+		n = i + 1
+	}
+	return n
+}
+
+// TestRecentPrecision checks what the sparse checkpoints cost: a prefix
+// shared with a recorded chain is matched exactly up to checkpointDense
+// keys and to within 1/16 of its length beyond, never over it.
+func TestRecentPrecision(t *testing.T) {
+	r := NewRecent(RecentConfig{})
+	chain := keysN(1, 512)
+	r.Record("a", chain, t0)
+	if r.Len() > 100 {
+		t.Errorf("a 512-key chain keeps %d entries; want at most 100", r.Len())
+	}
+	for m := 1; m <= len(chain); m++ {
+		q := append(slices.Clone(chain[:m]), keysN(10_000, 20)...)
+		got := r.PrefixLen("a", q, t0.Add(time.Second))
+		lo := m - m/16
+		if m <= checkpointDense {
+			lo = m
+		}
+		if got > m || got < lo {
+			t.Fatalf("sharing %d keys: PrefixLen = %d; want %d..%d", m, got, lo, m)
 		}
 	}
-	return len(keys)
 }
 
 func TestRecentNil(t *testing.T) {
