@@ -39,6 +39,8 @@ var (
 	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
 	textToday  = flag.Bool("e2e.text-today", true, "BenchmarkTextPrefix: run today's design (a second cluster) beside the new one")
 	textSeries = flag.String("e2e.text-series", "", "BenchmarkTextPrefix: only the series whose names match this regexp (and the direct ones)")
+	profile    = flag.String("e2e.profile", "", "BenchmarkTextPrefix: take a profile of every sidecar of the new cluster over 10 s of the first round: cpu or trace (a runtime trace)")
+	profileDir = flag.String("e2e.profile-dir", "e2e-profiles", "BenchmarkTextPrefix: where -e2e.profile writes sidecar-N.cpu or sidecar-N.trace")
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 )

@@ -5,10 +5,13 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -189,7 +192,16 @@ func BenchmarkTextPrefix(b *testing.B) {
 			s.reset()
 		}
 		rctx, rcancel := context.WithTimeout(ctx, *duration+time.Minute)
+		traced := make(chan error, 1)
+		if *profile != "" && round == 0 {
+			go func() { traced <- profileSidecars(rctx, fresh, *profile, *profileDir, 10*time.Second) }()
+		} else {
+			traced <- nil
+		}
 		chatLoop(rctx, hc, ss, *rate, *duration, rng)
+		if err := <-traced; err != nil {
+			b.Errorf("-e2e.profile: %v", err)
+		}
 		rcancel()
 		base := map[string]*chatSeries{}
 		for _, s := range ss {
@@ -574,3 +586,48 @@ func top3(xs [][2]time.Duration, x [2]time.Duration, by func([2]time.Duration) t
 
 func byTTFB(x [2]time.Duration) time.Duration    { return x[0] }
 func byOutside(x [2]time.Duration) time.Duration { return x[0] - x[1] }
+
+// profileSidecars writes a profile of d of every sidecar of f to dir:
+// sidecar-N.cpu (go tool pprof) or sidecar-N.trace (go tool trace).
+func profileSidecars(ctx context.Context, f *fixture, kind, dir string, d time.Duration) error {
+	path := map[string]string{"cpu": "profile", "trace": "trace"}[kind]
+	if path == "" {
+		return fmt.Errorf("unknown kind %q (cpu or trace)", kind)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, f.c.Len())
+	for i := range f.c.Len() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", f.c.Pod(i).Admin, path, int(d.Seconds()))
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			r, err := http.DefaultClient.Do(req)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer r.Body.Close()
+			if r.StatusCode != http.StatusOK {
+				errs[i] = fmt.Errorf("%s: %s", url, r.Status)
+				return
+			}
+			out, err := os.Create(filepath.Join(dir, fmt.Sprintf("sidecar-%d.%s", i+1, kind)))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			_, err = io.Copy(out, r.Body)
+			errs[i] = errors.Join(err, out.Close())
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -55,6 +55,7 @@ func (a *admin) mux() *http.ServeMux {
 	// Profiles, on the admin port only (never on the API port clients reach).
 	m.HandleFunc("GET /debug/pprof/", pprof.Index)
 	m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	m.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	return m
 }
 
