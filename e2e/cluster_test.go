@@ -245,11 +245,11 @@ type reply struct {
 	// last request byte read to the answer's headers; -1 when absent.
 	Inside time.Duration
 	// Route and Hop are Server-Timing's kvroute-route (the entry sidecar
-	// choosing) and kvroute-hop (the serving sidecar's own part); -1.
+	// choosing) and kvroute-hop (the serving sidecar's own part, from the
+	// request's headers, its body streaming through); -1.
 	Route, Hop time.Duration
-	// HopRead is kvroute-hop-read: the serving sidecar reading the body;
-	// Send kvroute-send: the entry sidecar writing the request to it.
-	HopRead, Send time.Duration
+	// Send is kvroute-send: the entry sidecar writing the request out.
+	Send time.Duration
 	// Read is X-Sim-Read-Us: the engine's handler reading the body; -1.
 	Read time.Duration
 }

@@ -184,7 +184,6 @@ func BenchmarkTextPrefix(b *testing.B) {
 	inside := make([][]time.Duration, len(ss))
 	choosing := make([][]time.Duration, len(ss))
 	serving := make([][]time.Duration, len(ss))
-	hopRead := make([][]time.Duration, len(ss))
 	send := make([][]time.Duration, len(ss))
 	b.ResetTimer()
 	for round := range *rounds {
@@ -218,7 +217,6 @@ func BenchmarkTextPrefix(b *testing.B) {
 			inside[i] = append(inside[i], s.inside...)
 			choosing[i] = append(choosing[i], s.choosing...)
 			serving[i] = append(serving[i], s.serving...)
-			hopRead[i] = append(hopRead[i], s.hopRead...)
 			send[i] = append(send[i], s.send...)
 			if s.errs > 0 {
 				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
@@ -276,8 +274,8 @@ func BenchmarkTextPrefix(b *testing.B) {
 			b.ReportMetric(float64(ap99.Microseconds()), unit+"-added-p99-µs")
 		}
 	}
-	fmt.Fprintf(&tab, "\ninside, p50 / p99 of its parts: the entry sidecar choosing (parse, keys, route), the serving sidecar to the engine and back less the engine's time, and the rest (both hops' transfers and the entry sidecar's copying)\n")
-	fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s  %19s\n", "series", "choosing", "serving sidecar", "rest", "of it: entry's send", "of it: hop's read")
+	fmt.Fprintf(&tab, "\ninside, p50 / p99 of its parts: the entry sidecar choosing (parse, keys, route), the serving sidecar from the request's headers to the answer's less the engine's time (the body streams through it to the engine), and the rest (the hop's connection both ways and the entry sidecar's copying)\n")
+	fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s\n", "series", "choosing", "serving sidecar", "rest", "of it: entry's send")
 	for i, s := range ss {
 		if len(inside[i]) == 0 || len(serving[i]) != len(inside[i]) {
 			continue
@@ -287,7 +285,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			rest[j] = inside[i][j] - choosing[i][j] - serving[i][j]
 		}
 		pp := func(xs []time.Duration) string { return us(percentile(xs, 50)) + " / " + us(percentile(xs, 99)) }
-		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(rest), pp(send[i]), pp(hopRead[i]))
+		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(rest), pp(send[i]))
 	}
 	for _, f := range []struct {
 		name string
@@ -349,7 +347,6 @@ type chatSeries struct {
 	// choosing is the entry sidecar's time to choose the target;
 	// serving the serving sidecar's own time less the engine's.
 	choosing, serving []time.Duration
-	hopRead           []time.Duration // the serving sidecar reading the body
 	send              []time.Duration // the entry sidecar writing it out
 	// insideTop: the three largest inside (with the entry's choosing
 	// time); hopTop: the three largest serving-sidecar parts (with the
@@ -373,7 +370,7 @@ func (s *chatSeries) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ttfb, s.outside, s.inside, s.slowest, s.outsideTop, s.errs, s.firstErr, s.decisions = nil, nil, nil, nil, nil, 0, nil, nil
-	s.insideTop, s.hopTop, s.choosing, s.serving, s.hopRead, s.send = nil, nil, nil, nil, nil, nil
+	s.insideTop, s.hopTop, s.choosing, s.serving, s.send = nil, nil, nil, nil, nil
 }
 
 // chatLoop is openLoop for chat series.
@@ -405,9 +402,6 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 				s.choosing = append(s.choosing, r.Route)
 				if r.Hop >= 0 {
 					s.serving = append(s.serving, r.Hop-r.Service)
-				}
-				if r.HopRead >= 0 {
-					s.hopRead = append(s.hopRead, r.HopRead)
 				}
 				if r.Send >= 0 {
 					s.send = append(s.send, r.Send)
@@ -491,7 +485,7 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 	r := reply{Status: resp.StatusCode, ServedBy: resp.Header.Get("X-Kvroute-Served-By"), Decision: resp.Header.Get("X-Kvroute-Decision"),
 		Body: append(buf[:n:n], rest...), Service: -1,
 		Inside: serverTiming(resp.Header, "kvroute"), Route: serverTiming(resp.Header, "kvroute-route"), Hop: serverTiming(resp.Header, "kvroute-hop"),
-		HopRead: serverTiming(resp.Header, "kvroute-hop-read"), Send: serverTiming(resp.Header, "kvroute-send")}
+		Send: serverTiming(resp.Header, "kvroute-send")}
 	// vllm-sim's ServiceHeader: its own time, body read to first output.
 	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Service-Us"), 10, 64); err == nil {
 		r.Service = time.Duration(us) * time.Microsecond

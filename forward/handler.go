@@ -290,6 +290,17 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		defer h.active.Done()
 		r := c.Request
 		arrived := h.now()
+		st := &reqState{id: h.requestID(r), arrived: arrived, started: arrived}
+		if v := r.Header.Get(HopHeader); v != "" {
+			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
+			if err == nil {
+				h.serveHop(c, st, from)
+				return
+			}
+			h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
+			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
+			r.Header.Del(HopHeader)
+		}
 		body, err := readBody(c.Writer, r, h.cfg.MaxBodyBytes)
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -302,28 +313,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			writeError(c, http.StatusBadRequest, "could not read request body: "+err.Error())
 			return
 		}
-		st := &reqState{id: h.requestID(r), arrived: arrived, started: h.now()}
-		if v := r.Header.Get(HopHeader); v != "" {
-			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
-			if err == nil {
-				if h.draining.Load() {
-					h.refuse(c, "draining", "node is draining")
-					return
-				}
-				if !h.localReady.Load() {
-					h.refuse(c, "engine-down", "the engine of this pod cannot serve")
-					return
-				}
-				st.reason = "hop"
-				h.metrics.decisions.WithLabelValues("local", "hop").Inc()
-				h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
-				h.serve(c, body, st, []target{{URL: h.cfg.VLLM}})
-				return
-			}
-			h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
-			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
-			r.Header.Del(HopHeader)
-		}
+		st.started = h.now()
 		p, perr := prompt.Parse(body, chat)
 		if errors.Is(perr, prompt.ErrBadJSON) {
 			h.metrics.badRequests.WithLabelValues("bad_json").Inc()
@@ -365,6 +355,33 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 		h.metrics.decisions.WithLabelValues(outcome, st.decision.Reason).Inc()
 		h.serve(c, body, st, targets)
 	}
+}
+
+// serveHop serves a request another sidecar forwarded here (a trusted hop
+// header): locally, or refused so that the sender tries its next
+// candidate. The body streams through to the local vLLM as it arrives:
+// the sender already parsed and routed it, and holds it for a retry, so
+// reading it whole first would only add its transfer time and a copy.
+func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
+	if h.draining.Load() {
+		h.refuse(c, "draining", "node is draining")
+		return
+	}
+	if !h.localReady.Load() {
+		h.refuse(c, "engine-down", "the engine of this pod cannot serve")
+		return
+	}
+	r := c.Request
+	if r.ContentLength > h.cfg.MaxBodyBytes {
+		h.metrics.badRequests.WithLabelValues("too_large").Inc()
+		writeError(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes))
+		return
+	}
+	st.reason = "hop"
+	h.metrics.decisions.WithLabelValues("local", "hop").Inc()
+	h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
+	body := http.MaxBytesReader(c.Writer, r.Body, h.cfg.MaxBodyBytes)
+	h.serveFrom(c, &plan{targets: []target{{URL: h.cfg.VLLM}}, stream: body, length: r.ContentLength, served: -1}, st)
 }
 
 // keys computes the request's routing keys; any failure returns nil keys and
@@ -476,8 +493,13 @@ func (h *Handler) refuse(c *gin.Context, reason, msg string) {
 }
 
 func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []target) {
-	st.plan = &plan{targets: targets, body: body, served: -1}
-	first, start := targets[0].Peer, h.now()
+	h.serveFrom(c, &plan{targets: targets, body: body, length: int64(len(body)), served: -1}, st)
+}
+
+// serveFrom proxies the request along p, counting it in flight.
+func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
+	st.plan = p
+	first, start := p.targets[0].Peer, h.now()
 	h.track(func() { h.flights.add(first, start) }, first)
 	h.metrics.inflight.Inc()
 	defer func() {
@@ -485,10 +507,10 @@ func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []tar
 		h.metrics.inflight.Dec()
 	}()
 	r := c.Request
-	ctx := withPlan(context.WithValue(r.Context(), stateKey{}, st), st.plan)
+	ctx := withPlan(context.WithValue(r.Context(), stateKey{}, st), p)
 	r = r.WithContext(ctx)
 	r.Body = io.NopCloser(http.NoBody)
-	r.ContentLength = int64(len(body))
+	r.ContentLength = p.length
 	h.proxy.ServeHTTP(c.Writer, r)
 }
 
@@ -555,16 +577,17 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 }
 
 // serverTiming is the front's part of a W3C Server-Timing header, in ms:
-// kvroute-read reading the request body (kvroute-hop-read at a hop's
-// sidecar); then from the last request byte read, kvroute-route until the
-// target was chosen (parsing, keys, tokenizing if any, choosing), and
-// kvroute until the answer's headers are about to go out (the rest is
-// upstream's; a hop's sidecar says its own part as kvroute-hop);
+// kvroute-read reading the request body; then from the last request byte
+// read, kvroute-route until the target was chosen (parsing, keys,
+// tokenizing if any, choosing), and kvroute until the answer's headers are
+// about to go out (the rest is upstream's). A hop's sidecar says its own
+// part as kvroute-hop: from the request's headers (its body streams
+// through) to the answer's;
 // kvroute-send is from choosing until the request was written upstream.
 func serverTiming(st *reqState, now time.Time) string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
 	if st.routed.IsZero() {
-		return "kvroute-hop-read;dur=" + ms(st.started.Sub(st.arrived)) + ", kvroute-hop;dur=" + ms(now.Sub(st.started))
+		return "kvroute-hop;dur=" + ms(now.Sub(st.started))
 	}
 	out := "kvroute-read;dur=" + ms(st.started.Sub(st.arrived)) + ", kvroute-route;dur=" + ms(st.routed.Sub(st.started))
 	if w := st.plan.wrote.Load(); w != 0 {

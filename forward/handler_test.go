@@ -2,9 +2,11 @@ package forward
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -401,8 +403,8 @@ func TestKeysSeedAdaptersNotAliases(t *testing.T) {
 }
 
 // The answer says, in a W3C Server-Timing header, how long each sidecar
-// took: the serving one's part lies inside the entry one's, and choosing
-// inside the whole.
+// took: the serving one's part (its body streams through: no read of its
+// own) lies inside the entry one's, and choosing inside the whole.
 func TestServerTiming(t *testing.T) {
 	a, _ := holderPair(t)
 	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil)
@@ -419,12 +421,90 @@ func TestServerTiming(t *testing.T) {
 		}
 	}
 	hop, hopOK := dur["kvroute-hop"]
-	hopRead, hopReadOK := dur["kvroute-hop-read"]
 	route, routeOK := dur["kvroute-route"]
 	total, totalOK := dur["kvroute"]
 	_, readOK := dur["kvroute-read"]
 	send, sendOK := dur["kvroute-send"]
-	if !hopOK || !hopReadOK || !routeOK || !totalOK || !readOK || !sendOK || hop+hopRead > total || route+send > total || len(dur) != 6 {
+	if !hopOK || !routeOK || !totalOK || !readOK || !sendOK || hop > total || route+send > total || len(dur) != 5 {
 		t.Fatalf("Server-Timing %q; want the reads, kvroute-hop and kvroute-route, the hop's within kvroute", resp.Header.Values("Server-Timing"))
+	}
+}
+
+// A forwarded request's body streams through the serving sidecar: its
+// vLLM has the first half before the sender writes the second.
+func TestHopBodyStreams(t *testing.T) {
+	got := make(chan int, 256)
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		buf, n := make([]byte, 4096), 0
+		for {
+			k, err := r.Body.Read(buf)
+			if n += k; k > 0 {
+				got <- n
+			}
+			if err != nil {
+				break
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"read":%d}`, n)
+	}))
+	t.Cleanup(engine.Close)
+	u, _ := url.Parse(engine.URL)
+	cfg := DefaultConfig()
+	cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey = "a", u, "m", []byte("k")
+	h := New(cfg, &fakePeers{}, byteTokenizer{}, nil, zerolog.Nop())
+	e := gin.New()
+	h.Register(e)
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+
+	half := bytes.Repeat([]byte("x"), 64<<10)
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() }) // before the servers close: a failed run leaves the body open
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", pr)
+	req.ContentLength = int64(2 * len(half))
+	req.Header.Set(HopHeader, NewHop([]byte("k"), time.Minute).Sign("b", "a", time.Now()))
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() { // ends when the request does (the server closes at cleanup)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{resp.StatusCode, string(b), err}
+	}()
+	if _, err := pw.Write(half); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(10 * time.Second)
+	for n := 0; n < len(half); {
+		select {
+		case n = <-got:
+		case <-deadline:
+			t.Fatalf("the engine got %d of the first %d bytes while the rest was not yet sent: the serving sidecar holds the body back", n, len(half))
+		}
+	}
+	pw.Write(half)
+	pw.Close()
+	r := <-done
+	if r.err != nil || r.status != http.StatusOK || r.body != fmt.Sprintf(`{"read":%d}`, 2*len(half)) {
+		t.Fatalf("answer %d %q (%v); want 200 with the whole body read", r.status, r.body, r.err)
+	}
+}
+
+// A forwarded body over the limit is refused before any of it is sent on.
+func TestHopBodyTooLarge(t *testing.T) {
+	a := newNode(t, "a")
+	body := `{"prompt":"` + strings.Repeat("x", 2000) + `"}`
+	resp := post(t, a.srv.URL+"/v1/completions", body, map[string]string{HopHeader: NewHop([]byte("k"), time.Minute).Sign("b", "a", time.Now())})
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || len(*a.seen) != 0 {
+		t.Fatalf("status %d, vLLM saw %d requests; want 413 and none", resp.StatusCode, len(*a.seen))
 	}
 }

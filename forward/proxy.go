@@ -23,9 +23,14 @@ type target struct {
 // target served.
 type plan struct {
 	targets []target
-	body    []byte
-	served  int // index into targets; -1 until an attempt gets a response
-	tried   []string
+	// body is the request body, sent to every attempt; or stream, read
+	// once by the only attempt (a hop's body passing through). length is
+	// the body's size, -1 if unknown.
+	body   []byte
+	stream io.Reader
+	length int64
+	served int // index into targets; -1 until an attempt gets a response
+	tried  []string
 	// wrote is when the last attempt's request was written out (Unix
 	// ns; the transport's write loop sets it).
 	wrote atomic.Int64
@@ -64,8 +69,10 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		out := r.Clone(r.Context())
 		out.URL.Scheme, out.URL.Host = tg.URL.Scheme, tg.URL.Host
 		out.Host = tg.URL.Host
-		out.Body = io.NopCloser(bytes.NewReader(p.body))
-		out.ContentLength = int64(len(p.body))
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(p.body)), int64(len(p.body))
+		if p.stream != nil {
+			out.Body, out.ContentLength = io.NopCloser(p.stream), p.length
+		}
 		out.Header.Del(HopHeader)
 		if tg.Peer != "" {
 			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
