@@ -76,7 +76,8 @@ func FuzzParsePrompt(f *testing.F) {
 // body is accepted exactly when it is valid JSON with an object on top.
 func FuzzScanObject(f *testing.F) {
 	for _, s := range []string{`{"model":"m","prompt":[1,2,3]}`, `{}`, ` {"a":{"b":[true,false,null,-0.5e+3,"\u00e9\n"]}} `,
-		`{"a":01}`, `{"a":1.}`, `{"a":"\x"}`, "{\"a\":\"\x01\"}", `{"a":[1,]}`, `{"a":1}{}`, `[1]`, `{"a" 1}`, "{\"a\":\"\xff\"}", `{"a":-}`, `{"a":tru}`} {
+		`{"a":01}`, `{"a":1.}`, `{"a":"\x"}`, "{\"a\":\"\x01\"}", `{"a":[1,]}`, `{"a":1}{}`, `[1]`, `{"a" 1}`, "{\"a\":\"\xff\"}", `{"a":-}`, `{"a":tru}`,
+		`{"a":[0,1]}`, `{"a":[01]}`, `{"a":[1.5,2]}`, `{"a":[1e3]}`, `{"a":[7E-1]}`, `{"a":[1x]}`, `{"a":[12`, `{"a":[-1,0]}`, `{"a":[0.0]}`, `{"a":[1 ,2 ]}`, `{"a":[1.]}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
