@@ -46,6 +46,11 @@ type ClusterConfig struct {
 	// list such as "1"), as a pod's own CPU request would keep it off the
 	// cores vLLM and the clients use. Empty: no pinning.
 	SidecarCPUs string
+	// PodCPUs, when set, pins pod i's simulator and sidecar to
+	// PodCPUs[i % len] (taskset lists), as if each pod had a node of its
+	// own: a pod's sidecar beside its engine, another pod's elsewhere.
+	// SidecarCPUs, if also set, wins for the sidecars. Empty: no pinning.
+	PodCPUs []string
 	// SidecarEnv is added to every sidecar's environment ("GOMAXPROCS=1"),
 	// as a container's env would be; the simulators don't get it.
 	SidecarEnv []string
@@ -289,4 +294,12 @@ func (c ClusterConfig) sidecarArgsJoin(p PodInfo, seeds []string) []string {
 		"--log-format", "json",
 	}
 	return append(args, c.SidecarArgs...)
+}
+
+// podCPUs is the taskset list pod i runs on (PodCPUs), "" for none.
+func (c ClusterConfig) podCPUs(i int) string {
+	if len(c.PodCPUs) == 0 {
+		return ""
+	}
+	return c.PodCPUs[i%len(c.PodCPUs)]
 }

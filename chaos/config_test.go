@@ -120,3 +120,15 @@ func TestPeerIDsAndMissing(t *testing.T) {
 		t.Error("peerIDs accepted an object")
 	}
 }
+
+func TestPodCPUs(t *testing.T) {
+	c := ClusterConfig{PodCPUs: []string{"0", "1"}}
+	for i, want := range []string{"0", "1", "0"} {
+		if got := c.podCPUs(i); got != want {
+			t.Errorf("podCPUs(%d) = %q; want %q", i, got, want)
+		}
+	}
+	if got := (ClusterConfig{}).podCPUs(3); got != "" {
+		t.Errorf("no PodCPUs: podCPUs = %q; want none", got)
+	}
+}

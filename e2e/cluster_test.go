@@ -39,10 +39,11 @@ var (
 	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
 	textToday  = flag.Bool("e2e.text-today", true, "BenchmarkTextPrefix: run today's design (a second cluster) beside the new one")
 	textSeries = flag.String("e2e.text-series", "", "BenchmarkTextPrefix: only the series whose names match this regexp (and the direct ones)")
-	profile    = flag.String("e2e.profile", "", "BenchmarkTextPrefix: take a profile of every sidecar of the new cluster over 10 s of the first round: cpu or trace (a runtime trace)")
+	profile    = flag.String("e2e.profile", "", "BenchmarkTextPrefix: take a profile of every sidecar of the new cluster over 10 s of the first round: cpu, allocs or trace (a runtime trace)")
 	profileDir = flag.String("e2e.profile-dir", "e2e-profiles", "BenchmarkTextPrefix: where -e2e.profile writes sidecar-N.cpu or sidecar-N.trace")
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
+	podCPUs    = flag.String("e2e.pod-cpus", "", "BenchmarkTextPrefix: pin pod i's simulator and sidecar to the i-th of these space-separated taskset lists (\"0 1\": a core per pod, as a node per pod would be)")
 )
 
 // env is what TestMain prepares once: binaries built into a private
@@ -103,6 +104,7 @@ type clusterSpec struct {
 	args      []string
 	simArgs   []string // appended to every simulator's command line
 	cpus      string   // chaos.ClusterConfig.SidecarCPUs
+	podCPUs   []string // chaos.ClusterConfig.PodCPUs
 	env       []string // chaos.ClusterConfig.SidecarEnv
 	progress  io.Writer
 }
@@ -129,6 +131,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Sim.ExtraArgs = s.simArgs
 	cfg.Progress = s.progress
 	cfg.SidecarCPUs = s.cpus
+	cfg.PodCPUs = s.podCPUs
 	cfg.SidecarEnv = s.env
 	// The sidecar's short timing that has a flag: digest changes go out
 	// every 50 ms instead of 100 ms.

@@ -70,13 +70,13 @@ func BenchmarkTextPrefix(b *testing.B) {
 	var today *fixture
 	if *textToday {
 		var err error
-		today, err = startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, cpus: *pinCPUs,
+		today, err = startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, cpus: *pinCPUs, podCPUs: strings.Fields(*podCPUs),
 			env: append(slices.Clone(envs), "KVROUTE_TEXT_PREFIX_KEYS=0"), progress: testProgress{b}}, b.Cleanup)
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
-	fresh, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs,
+	fresh, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs, podCPUs: strings.Fields(*podCPUs),
 		env: envs, progress: testProgress{b}}, b.Cleanup)
 	if err != nil {
 		b.Fatal(err)
@@ -245,23 +245,27 @@ func BenchmarkTextPrefix(b *testing.B) {
 	fmt.Fprintf(&tab, "\nopen loop, %.0f req/s, %d round(s) of %v, %d series, sim time scale 1000, sim tokenize cost on (default)\n", *rate, *rounds, *duration, len(ss))
 	// The direct series' time outside the engine is the client's and the
 	// loopback's own; "added" is a series' less the direct one's median.
-	direct := map[string]time.Duration{}
+	// "p99 vs p99" is a series' p99 less the direct one's p99: the
+	// machine's own tail (the client, the loopback, the scheduler) is in
+	// both.
+	direct, direct99 := map[string]time.Duration{}, map[string]time.Duration{}
 	for i, s := range ss {
 		if strings.HasPrefix(s.name, "direct") {
-			direct[s.kind()] = percentile(outside[i], 50)
+			direct[s.kind()], direct99[s.kind()] = percentile(outside[i], 50), percentile(outside[i], 99)
 		}
 	}
-	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %10s %10s  %10s %10s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "added p50", "added p99", "inside p50", "inside p99", "decisions (last round)")
+	fmt.Fprintf(&tab, "%-24s %5s  %9s %9s  %11s %11s  %10s %10s %11s  %10s %10s  %s\n", "series", "n", "ttfb p50", "ttfb p99", "Δp50 median", "Δp99 median", "added p50", "added p99", "p99 vs p99", "inside p50", "inside p99", "decisions (last round)")
 	for i, s := range ss {
 		dp50, dp99 := percentile(deltas[i][0], 50), percentile(deltas[i][1], 50)
 		base := direct[s.kind()]
 		ap50, ap99 := percentile(outside[i], 50)-base, percentile(outside[i], 99)-base
+		vs99 := percentile(outside[i], 99) - direct99[s.kind()]
 		ip50, ip99 := "-", "-"
 		if len(inside[i]) > 0 {
 			ip50, ip99 = us(percentile(inside[i], 50)), us(percentile(inside[i], 99))
 		}
-		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %10s %10s  %10s %10s  %v\n", s.name, len(pooled[i]),
-			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), us(ap50), us(ap99), ip50, ip99, s.decisions)
+		fmt.Fprintf(&tab, "%-24s %5d  %9s %9s  %11s %11s  %10s %10s %11s  %10s %10s  %v\n", s.name, len(pooled[i]),
+			us(percentile(pooled[i], 50)), us(percentile(pooled[i], 99)), us(dp50), us(dp99), us(ap50), us(ap99), us(vs99), ip50, ip99, s.decisions)
 		if !strings.HasPrefix(s.name, "direct") {
 			unit := strings.ReplaceAll(s.name, " ", "-")
 			if len(inside[i]) > 0 {
@@ -272,6 +276,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			b.ReportMetric(float64(dp99.Microseconds()), unit+"-Δp99-µs")
 			b.ReportMetric(float64(ap50.Microseconds()), unit+"-added-p50-µs")
 			b.ReportMetric(float64(ap99.Microseconds()), unit+"-added-p99-µs")
+			b.ReportMetric(float64(vs99.Microseconds()), unit+"-p99-vs-p99-µs")
 		}
 	}
 	fmt.Fprintf(&tab, "\ninside, p50 / p99 of its parts: the entry sidecar choosing (parse, keys, route), the serving sidecar from the request's headers to the answer's less the engine's time (the body streams through it to the engine), and the rest (the hop's connection both ways and the entry sidecar's copying)\n")
@@ -322,6 +327,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 		}
 	}
 	fmt.Fprintf(&tab, "Δ = a round's TTFB percentile minus the direct series' (same size and prompt form) in that round; every routed request enters pod 2's sidecar and is served on pod 1\n")
+	fmt.Fprintf(&tab, "p99 vs p99 = the same p99 less the direct series' p99 instead of its median: the machine's own tail is in both\n")
 	fmt.Fprintf(&tab, "added = per request, TTFB less the simulator's own time from the body read to the first byte (X-Sim-Service-Us: tokenizing, queueing, prefill, encoding), pooled over rounds, less the direct series' median of the same\n")
 	fmt.Fprintf(&tab, "inside = per request, the entry sidecar's own time from the last request byte read to the answer's headers (Server-Timing kvroute), less the simulator's own time: both sidecars, the hop and the engine's body read, without the client's part\n")
 	fmt.Print(tab.String())
@@ -582,11 +588,12 @@ func byTTFB(x [2]time.Duration) time.Duration    { return x[0] }
 func byOutside(x [2]time.Duration) time.Duration { return x[0] - x[1] }
 
 // profileSidecars writes a profile of d of every sidecar of f to dir:
-// sidecar-N.cpu (go tool pprof) or sidecar-N.trace (go tool trace).
+// sidecar-N.cpu or sidecar-N.allocs (the allocations over d; go tool
+// pprof), or sidecar-N.trace (go tool trace).
 func profileSidecars(ctx context.Context, f *fixture, kind, dir string, d time.Duration) error {
-	path := map[string]string{"cpu": "profile", "trace": "trace"}[kind]
+	path := map[string]string{"cpu": "profile", "trace": "trace", "allocs": "allocs"}[kind]
 	if path == "" {
-		return fmt.Errorf("unknown kind %q (cpu or trace)", kind)
+		return fmt.Errorf("unknown kind %q (cpu, trace or allocs)", kind)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
