@@ -251,8 +251,9 @@ type reply struct {
 	// choosing) and kvroute-hop (the serving sidecar's own part, from the
 	// request's headers, its body streaming through); -1.
 	Route, Hop time.Duration
-	// Send is kvroute-send: the entry sidecar writing the request out.
-	Send time.Duration
+	// Send is kvroute-send: the entry sidecar writing the request out;
+	// HopSend kvroute-hop-send: the serving sidecar streaming it on.
+	Send, HopSend time.Duration
 	// Read is X-Sim-Read-Us: the engine's handler reading the body; -1.
 	Read time.Duration
 }

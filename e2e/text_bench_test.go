@@ -185,6 +185,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 	choosing := make([][]time.Duration, len(ss))
 	serving := make([][]time.Duration, len(ss))
 	send := make([][]time.Duration, len(ss))
+	hopSend := make([][]time.Duration, len(ss))
 	b.ResetTimer()
 	for round := range *rounds {
 		for _, s := range ss {
@@ -218,6 +219,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			choosing[i] = append(choosing[i], s.choosing...)
 			serving[i] = append(serving[i], s.serving...)
 			send[i] = append(send[i], s.send...)
+			hopSend[i] = append(hopSend[i], s.hopSend...)
 			if s.errs > 0 {
 				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
 			}
@@ -279,8 +281,8 @@ func BenchmarkTextPrefix(b *testing.B) {
 			b.ReportMetric(float64(vs99.Microseconds()), unit+"-p99-vs-p99-µs")
 		}
 	}
-	fmt.Fprintf(&tab, "\ninside, p50 / p99 of its parts: the entry sidecar choosing (parse, keys, route), the serving sidecar from the request's headers to the answer's less the engine's time (the body streams through it to the engine), and the rest (the hop's connection both ways and the entry sidecar's copying)\n")
-	fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s\n", "series", "choosing", "serving sidecar", "rest", "of it: entry's send")
+	fmt.Fprintf(&tab, "\ninside, p50 / p99 of its parts: the entry sidecar choosing (parse, keys, route), the serving sidecar from the request's headers to the answer's less the engine's time (the body streams through it to the engine: its send, until the last byte was written; after, until the answer's headers, less the engine's time), and the rest (the hop's connection both ways and the entry sidecar's copying)\n")
+	fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s  %19s  %19s\n", "series", "choosing", "serving sidecar", "of it: its send", "of it: after", "rest", "of it: entry's send")
 	for i, s := range ss {
 		if len(inside[i]) == 0 || len(serving[i]) != len(inside[i]) {
 			continue
@@ -290,7 +292,13 @@ func BenchmarkTextPrefix(b *testing.B) {
 			rest[j] = inside[i][j] - choosing[i][j] - serving[i][j]
 		}
 		pp := func(xs []time.Duration) string { return us(percentile(xs, 50)) + " / " + us(percentile(xs, 99)) }
-		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(rest), pp(send[i]))
+		after := []time.Duration{}
+		if len(hopSend[i]) == len(serving[i]) {
+			for j := range serving[i] {
+				after = append(after, serving[i][j]-hopSend[i][j])
+			}
+		}
+		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(hopSend[i]), pp(after), pp(rest), pp(send[i]))
 	}
 	for _, f := range []struct {
 		name string
@@ -354,6 +362,7 @@ type chatSeries struct {
 	// serving the serving sidecar's own time less the engine's.
 	choosing, serving []time.Duration
 	send              []time.Duration // the entry sidecar writing it out
+	hopSend           []time.Duration // the serving sidecar streaming it to the engine
 	// insideTop: the three largest inside (with the entry's choosing
 	// time); hopTop: the three largest serving-sidecar parts (with the
 	// engine's body read).
@@ -376,7 +385,7 @@ func (s *chatSeries) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ttfb, s.outside, s.inside, s.slowest, s.outsideTop, s.errs, s.firstErr, s.decisions = nil, nil, nil, nil, nil, 0, nil, nil
-	s.insideTop, s.hopTop, s.choosing, s.serving, s.send = nil, nil, nil, nil, nil
+	s.insideTop, s.hopTop, s.choosing, s.serving, s.send, s.hopSend = nil, nil, nil, nil, nil, nil
 }
 
 // chatLoop is openLoop for chat series.
@@ -406,8 +415,9 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 				s.mu.Lock()
 				s.inside = append(s.inside, r.Inside-r.Service)
 				s.choosing = append(s.choosing, r.Route)
-				if r.Hop >= 0 {
+				if r.Hop >= 0 && r.HopSend >= 0 {
 					s.serving = append(s.serving, r.Hop-r.Service)
+					s.hopSend = append(s.hopSend, r.HopSend)
 				}
 				if r.Send >= 0 {
 					s.send = append(s.send, r.Send)
@@ -491,7 +501,7 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 	r := reply{Status: resp.StatusCode, ServedBy: resp.Header.Get("X-Kvroute-Served-By"), Decision: resp.Header.Get("X-Kvroute-Decision"),
 		Body: append(buf[:n:n], rest...), Service: -1,
 		Inside: serverTiming(resp.Header, "kvroute"), Route: serverTiming(resp.Header, "kvroute-route"), Hop: serverTiming(resp.Header, "kvroute-hop"),
-		Send: serverTiming(resp.Header, "kvroute-send")}
+		Send: serverTiming(resp.Header, "kvroute-send"), HopSend: serverTiming(resp.Header, "kvroute-hop-send")}
 	// vllm-sim's ServiceHeader: its own time, body read to first output.
 	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Service-Us"), 10, 64); err == nil {
 		r.Service = time.Duration(us) * time.Microsecond

@@ -582,12 +582,17 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // tokenizing if any, choosing), and kvroute until the answer's headers are
 // about to go out (the rest is upstream's). A hop's sidecar says its own
 // part as kvroute-hop: from the request's headers (its body streams
-// through) to the answer's;
+// through) to the answer's, and kvroute-hop-send until the body was all
+// written to its vLLM;
 // kvroute-send is from choosing until the request was written upstream.
 func serverTiming(st *reqState, now time.Time) string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
 	if st.routed.IsZero() {
-		return "kvroute-hop;dur=" + ms(now.Sub(st.started))
+		out := "kvroute-hop;dur=" + ms(now.Sub(st.started))
+		if w := st.plan.wrote.Load(); w != 0 {
+			out += ", kvroute-hop-send;dur=" + ms(time.Unix(0, w).Sub(st.started))
+		}
+		return out
 	}
 	out := "kvroute-read;dur=" + ms(st.started.Sub(st.arrived)) + ", kvroute-route;dur=" + ms(st.routed.Sub(st.started))
 	if w := st.plan.wrote.Load(); w != 0 {

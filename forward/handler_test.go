@@ -425,7 +425,8 @@ func TestServerTiming(t *testing.T) {
 	total, totalOK := dur["kvroute"]
 	_, readOK := dur["kvroute-read"]
 	send, sendOK := dur["kvroute-send"]
-	if !hopOK || !routeOK || !totalOK || !readOK || !sendOK || hop > total || route+send > total || len(dur) != 5 {
+	hopSend, hopSendOK := dur["kvroute-hop-send"]
+	if !hopOK || !routeOK || !totalOK || !readOK || !sendOK || !hopSendOK || hopSend > hop || hop > total || route+send > total || len(dur) != 6 {
 		t.Fatalf("Server-Timing %q; want the reads, kvroute-hop and kvroute-route, the hop's within kvroute", resp.Header.Values("Server-Timing"))
 	}
 }
