@@ -301,16 +301,8 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
 			r.Header.Del(HopHeader)
 		}
-		body, err := readBody(c.Writer, r, h.cfg.MaxBodyBytes)
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				h.metrics.badRequests.WithLabelValues("too_large").Inc()
-				writeError(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes))
-				return
-			}
-			h.metrics.badRequests.WithLabelValues("read").Inc()
-			writeError(c, http.StatusBadRequest, "could not read request body: "+err.Error())
+		body, ok := h.readBody(c)
+		if !ok {
 			return
 		}
 		st.started = h.now()
@@ -373,15 +365,50 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 	}
 	r := c.Request
 	if r.ContentLength > h.cfg.MaxBodyBytes {
-		h.metrics.badRequests.WithLabelValues("too_large").Inc()
-		writeError(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes))
+		h.tooLarge(c)
 		return
 	}
 	st.reason = "hop"
 	h.metrics.decisions.WithLabelValues("local", "hop").Inc()
 	h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
-	body := http.MaxBytesReader(c.Writer, r.Body, h.cfg.MaxBodyBytes)
-	h.serveFrom(c, &plan{targets: []target{{URL: h.cfg.VLLM}}, stream: body, length: r.ContentLength, served: -1}, st)
+	local := []target{{URL: h.cfg.VLLM}}
+	// Full duplex, or the server drains and closes the body when the
+	// answer's headers go out, under the transport still reading it, and
+	// the failed write cuts the answer on its way (docs/design.md §5). The
+	// limit keeps the transport's last read, a check for bytes past the
+	// Content-Length, off the server's body altogether.
+	if r.ContentLength >= 0 && http.NewResponseController(c.Writer).EnableFullDuplex() == nil {
+		body := io.LimitReader(r.Body, r.ContentLength)
+		h.serveFrom(c, &plan{targets: local, stream: body, length: r.ContentLength, served: -1}, st)
+		return
+	}
+	body, ok := h.readBody(c) // chunked, or a server that cannot
+	if !ok {
+		return
+	}
+	st.started = h.now()
+	h.serve(c, body, st, local)
+}
+
+// readBody reads the request body whole, or answers the client why not.
+func (h *Handler) readBody(c *gin.Context) ([]byte, bool) {
+	body, err := readBody(c.Writer, c.Request, h.cfg.MaxBodyBytes)
+	if err == nil {
+		return body, true
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		h.tooLarge(c)
+		return nil, false
+	}
+	h.metrics.badRequests.WithLabelValues("read").Inc()
+	writeError(c, http.StatusBadRequest, "could not read request body: "+err.Error())
+	return nil, false
+}
+
+func (h *Handler) tooLarge(c *gin.Context) {
+	h.metrics.badRequests.WithLabelValues("too_large").Inc()
+	writeError(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes))
 }
 
 // keys computes the request's routing keys; any failure returns nil keys and

@@ -449,15 +449,7 @@ func TestHopBodyStreams(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"read":%d}`, n)
 	}))
-	t.Cleanup(engine.Close)
-	u, _ := url.Parse(engine.URL)
-	cfg := DefaultConfig()
-	cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey = "a", u, "m", []byte("k")
-	h := New(cfg, &fakePeers{}, byteTokenizer{}, nil, zerolog.Nop())
-	e := gin.New()
-	h.Register(e)
-	srv := httptest.NewServer(e)
-	t.Cleanup(srv.Close)
+	srv := frontOf(t, engine)
 
 	half := bytes.Repeat([]byte("x"), 64<<10)
 	pr, pw := io.Pipe()
@@ -508,4 +500,76 @@ func TestHopBodyTooLarge(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || len(*a.seen) != 0 {
 		t.Fatalf("status %d, vLLM saw %d requests; want 413 and none", resp.StatusCode, len(*a.seen))
 	}
+}
+
+// A forwarded body still streaming to the engine after the engine began
+// its answer is left to the transport: the serving sidecar's server does
+// not drain and close it when the answer's headers go out (full duplex),
+// which would cut the answer on its way.
+func TestHopBodyStreamsWhileAnswered(t *testing.T) {
+	const head, tail = 1 << 10, 64 << 10
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		if _, err := io.ReadFull(r.Body, make([]byte, head)); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "data: rest %d %v\n\n", n, err)
+	}))
+	srv := frontOf(t, engine)
+
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() })
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", pr)
+	req.ContentLength = head + tail
+	req.Header.Set(HopHeader, NewHop([]byte("k"), time.Minute).Sign("b", "a", time.Now()))
+	answered := make(chan *http.Response, 1)
+	failed := make(chan error, 1)
+	go func() { // ends with the request
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			failed <- err
+			return
+		}
+		answered <- resp
+	}()
+	pw.Write(make([]byte, head))
+	var resp *http.Response
+	select {
+	case resp = <-answered:
+	case err := <-failed:
+		t.Fatal(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer's headers while the body was still coming: the serving sidecar's server drains the body before the headers go out (no full duplex)")
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || line != "data: first\n" {
+		t.Fatalf("first event %q (%v)", line, err)
+	}
+	pw.Write(make([]byte, tail))
+	pw.Close()
+	rest, err := io.ReadAll(rd)
+	if want := fmt.Sprintf("\ndata: rest %d <nil>\n\n", tail); err != nil || string(rest) != want {
+		t.Fatalf("rest of the answer %q (%v); want %q: the answer was cut", rest, err, want)
+	}
+}
+
+// frontOf returns node "a"'s front (hop key "k") in front of engine, and
+// closes both at cleanup.
+func frontOf(t *testing.T, engine *httptest.Server) *httptest.Server {
+	t.Cleanup(engine.Close)
+	u, _ := url.Parse(engine.URL)
+	cfg := DefaultConfig()
+	cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey = "a", u, "m", []byte("k")
+	h := New(cfg, &fakePeers{}, byteTokenizer{}, nil, zerolog.Nop())
+	e := gin.New()
+	h.Register(e)
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	return srv
 }
