@@ -256,6 +256,10 @@ type reply struct {
 	Send, HopSend time.Duration
 	// Read is X-Sim-Read-Us: the engine's handler reading the body; -1.
 	Read time.Duration
+	// ToEngine is from the request leaving the client to the engine's
+	// handler starting (X-Sim-Start-Unix-Us), FromEngine from the
+	// engine's first output to the client's first byte; -1 when absent.
+	ToEngine, FromEngine time.Duration
 }
 
 // cached returns usage.prompt_tokens_details.cached_tokens, -1 if absent.

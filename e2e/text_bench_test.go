@@ -186,6 +186,8 @@ func BenchmarkTextPrefix(b *testing.B) {
 	serving := make([][]time.Duration, len(ss))
 	send := make([][]time.Duration, len(ss))
 	hopSend := make([][]time.Duration, len(ss))
+	toEngine := make([][]time.Duration, len(ss))
+	fromEngine := make([][]time.Duration, len(ss))
 	b.ResetTimer()
 	for round := range *rounds {
 		for _, s := range ss {
@@ -220,6 +222,8 @@ func BenchmarkTextPrefix(b *testing.B) {
 			serving[i] = append(serving[i], s.serving...)
 			send[i] = append(send[i], s.send...)
 			hopSend[i] = append(hopSend[i], s.hopSend...)
+			toEngine[i] = append(toEngine[i], s.toEngine...)
+			fromEngine[i] = append(fromEngine[i], s.fromEngine...)
 			if s.errs > 0 {
 				b.Errorf("round %d: %s: %d of %d requests failed or went elsewhere; first: %v", round+1, s.name, s.errs, s.errs+len(s.ttfb), s.firstErr)
 			}
@@ -300,6 +304,17 @@ func BenchmarkTextPrefix(b *testing.B) {
 		}
 		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(hopSend[i]), pp(after), pp(rest), pp(send[i]))
 	}
+	fmt.Fprintf(&tab, "\nto and from the engine, p50 / p99 / p99.5: from the request leaving the client to the engine's handler starting, and from the engine's first output to the client's first byte (the simulator's wall clock against the client's)\n")
+	fmt.Fprintf(&tab, "%-24s  %27s  %27s\n", "series", "to the engine", "from the engine")
+	for i, s := range ss {
+		if len(toEngine[i]) == 0 {
+			continue
+		}
+		pp := func(xs []time.Duration) string {
+			return us(percentile(xs, 50)) + " / " + us(percentile(xs, 99)) + " / " + us(percentile(xs, 99.5))
+		}
+		fmt.Fprintf(&tab, "%-24s  %27s  %27s\n", s.name, pp(toEngine[i]), pp(fromEngine[i]))
+	}
 	for _, f := range []struct {
 		name string
 		f    *fixture
@@ -363,6 +378,10 @@ type chatSeries struct {
 	choosing, serving []time.Duration
 	send              []time.Duration // the entry sidecar writing it out
 	hopSend           []time.Duration // the serving sidecar streaming it to the engine
+	// toEngine: from the request leaving the client to the engine's
+	// handler starting; fromEngine: from its first output to the first
+	// byte here (both on the machine's wall clock).
+	toEngine, fromEngine []time.Duration
 	// insideTop: the three largest inside (with the entry's choosing
 	// time); hopTop: the three largest serving-sidecar parts (with the
 	// engine's body read).
@@ -385,7 +404,7 @@ func (s *chatSeries) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ttfb, s.outside, s.inside, s.slowest, s.outsideTop, s.errs, s.firstErr, s.decisions = nil, nil, nil, nil, nil, 0, nil, nil
-	s.insideTop, s.hopTop, s.choosing, s.serving, s.send, s.hopSend = nil, nil, nil, nil, nil, nil
+	s.insideTop, s.hopTop, s.choosing, s.serving, s.send, s.hopSend, s.toEngine, s.fromEngine = nil, nil, nil, nil, nil, nil, nil, nil
 }
 
 // chatLoop is openLoop for chat series.
@@ -411,6 +430,11 @@ func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float
 				err = fmt.Errorf("%s: served by %q (%s), want %q", s.name, r.ServedBy, r.Decision, s.servedBy)
 			}
 			s.record(ttfb, r.Service, r.Decision, err)
+			if err == nil && r.ToEngine >= 0 {
+				s.mu.Lock()
+				s.toEngine, s.fromEngine = append(s.toEngine, r.ToEngine), append(s.fromEngine, r.FromEngine)
+				s.mu.Unlock()
+			}
 			if err == nil && r.Service >= 0 && r.Inside >= 0 {
 				s.mu.Lock()
 				s.inside = append(s.inside, r.Inside-r.Service)
@@ -509,6 +533,14 @@ func timeChat(ctx context.Context, hc *http.Client, addr, path string, body []by
 	r.Read = -1
 	if us, err := strconv.ParseInt(resp.Header.Get("X-Sim-Read-Us"), 10, 64); err == nil {
 		r.Read = time.Duration(us) * time.Microsecond
+	}
+	// vllm-sim's StartHeader, on this machine's clock: the way to its
+	// handler, and from its first output back to this client's first byte.
+	r.ToEngine, r.FromEngine = -1, -1
+	if at, err := strconv.ParseInt(resp.Header.Get("X-Sim-Start-Unix-Us"), 10, 64); err == nil && r.Service >= 0 && r.Read >= 0 {
+		began := time.UnixMicro(at)
+		r.ToEngine = began.Sub(start)
+		r.FromEngine = start.Add(ttfb).Sub(began.Add(r.Read + r.Service))
 	}
 	if r.Status != http.StatusOK {
 		return r, 0, fmt.Errorf("status %d: %s", r.Status, r.Body)

@@ -98,7 +98,8 @@ func TestTokenizeIsCharged(t *testing.T) {
 }
 
 // A generation answer says how long the simulator took to its first byte,
-// tokenization included: at least the charge, at most what the client saw.
+// tokenization included: at least the charge, at most what the client saw;
+// and when its handler started, in between.
 func TestServiceTimeHeader(t *testing.T) {
 	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) {
 		c.TokenizeCost = vllmsim.NewTokenizeCost(50*time.Microsecond, 1)
@@ -119,6 +120,11 @@ func TestServiceTimeHeader(t *testing.T) {
 		charge := time.Duration(len(ids)) * 50 * time.Microsecond
 		if got := time.Duration(us) * time.Microsecond; err != nil || got < charge || got > took {
 			t.Errorf("stream %v: %s = %q; want between the charge %v and the client's %v", stream, ServiceHeader, resp.Header.Get(ServiceHeader), charge, took)
+		}
+		at, err := strconv.ParseInt(resp.Header.Get(StartHeader), 10, 64)
+		if err != nil || at < start.UnixMicro() || at > start.Add(took).UnixMicro()-us {
+			t.Errorf("stream %v: %s = %q; want after the request left (%d) and a service time before the answer came (%d)",
+				stream, StartHeader, resp.Header.Get(StartHeader), start.UnixMicro(), start.Add(took).UnixMicro())
 		}
 	}
 }

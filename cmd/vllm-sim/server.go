@@ -516,11 +516,17 @@ const ServiceHeader = "X-Sim-Service-Us"
 // tells a body that was slow to arrive from an engine slow to serve.
 const ReadHeader = "X-Sim-Read-Us"
 
-// served sets ServiceHeader and ReadHeader; call it when the first output
-// is ready.
+// StartHeader is the wall clock, Unix µs, when the handler started (its
+// request's headers were read): a benchmark on the same machine puts it
+// against its own clock to tell the way to the engine from the way back.
+const StartHeader = "X-Sim-Start-Unix-Us"
+
+// served sets ServiceHeader, ReadHeader and StartHeader; call it when the
+// first output is ready.
 func (r respShape) served(c *gin.Context) {
 	c.Header(ServiceHeader, strconv.FormatInt(r.now().Sub(r.start).Microseconds(), 10))
 	c.Header(ReadHeader, strconv.FormatInt(r.read.Microseconds(), 10))
+	c.Header(StartHeader, strconv.FormatInt(r.start.Add(-r.read).UnixMicro(), 10))
 }
 
 // respShape builds the OpenAI response objects of one request.
