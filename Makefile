@@ -68,7 +68,7 @@ fuzz:
 # KV events, peers' node meta and messages, clients' request bodies, vLLM's
 # answers), 20000 execs each, one line per target. Four instrumented package builds: about
 # five minutes on a busy 2-core machine, most of it compiling.
-FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./gossip:FuzzTextPrefix ./prompt:FuzzScanObject ./forward:FuzzSplitMessages ./forward:FuzzTakeTokenIDs
+FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./gossip:FuzzTextPrefix ./prompt:FuzzScanObject ./prompt:FuzzParsePromptStd ./tokenids:FuzzParsePrefix ./forward:FuzzSplitMessages ./forward:FuzzTakeTokenIDs
 fuzz-ci:
 	@for t in $(FUZZ_CI); do dir=$${t%%:*}; name=$${t##*:}; \
 	  out=$$($(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=20000x $$dir 2>&1) \

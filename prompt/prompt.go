@@ -53,7 +53,11 @@ var ErrNoPrompt = errors.New("no single prompt to route on")
 // of duplicate names wins, as in Python's json.
 func Parse(body []byte, chat bool) (Prompt, error) {
 	var f wireFields
-	if err := scanObject(body, f.set); err != nil {
+	var take func(key, rest []byte) int
+	if !chat {
+		take = f.takeIDs
+	}
+	if err := scanObjectTaking(body, f.set, take); err != nil {
 		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
 	p := Prompt{Chat: chat, Tools: nullToNil(f.tools), ChatTemplateKwargs: nullToNil(f.chatTemplateKwargs)}
@@ -75,6 +79,10 @@ func Parse(body []byte, chat bool) (Prompt, error) {
 		}
 		return p, nil
 	}
+	if f.promptIDs != nil {
+		p.Tokens = f.promptIDs
+		return p, nil
+	}
 	return p, parseCompletionPrompt(nullToNil(f.prompt), &p)
 }
 
@@ -84,6 +92,23 @@ type wireFields struct {
 	model, stream, messages, prompt, tools, chatTemplateKwargs  []byte
 	addGenerationPrompt, continueFinalMessage, addSpecialTokens []byte
 	cacheSalt, returnTokenIDs                                   []byte
+	// promptIDs are prompt's ids when takeIDs parsed them in the scan;
+	// taken holds them from takeIDs until set sees the member.
+	promptIDs, taken []uint32
+}
+
+// takeIDs parses a completion prompt of token ids in the scan's one pass
+// (tokenids.ParsePrefix accepts only valid JSON).
+func (f *wireFields) takeIDs(key, rest []byte) int {
+	if string(key) != "prompt" {
+		return 0
+	}
+	ids, n, ok := tokenids.ParsePrefix(rest)
+	if !ok {
+		return 0
+	}
+	f.taken = ids
+	return n
 }
 
 func (f *wireFields) set(key, val []byte) error {
@@ -102,7 +127,7 @@ func (f *wireFields) set(key, val []byte) error {
 	case "messages":
 		f.messages = val
 	case "prompt":
-		f.prompt = val
+		f.prompt, f.promptIDs, f.taken = val, f.taken, nil
 	case "tools":
 		f.tools = val
 	case "chat_template_kwargs":

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -57,6 +58,39 @@ func TestParsePrompt(t *testing.T) {
 	}
 }
 
+// A completion prompt of ids is parsed in the scan's one pass; a later
+// duplicate of the member still wins, and what follows the ids is still
+// validated.
+func TestParseTakesIDsInTheScan(t *testing.T) {
+	tests := []struct {
+		body   string
+		tokens []uint32
+		text   string
+		bad    bool
+	}{
+		{`{"prompt":[1,2,3]}`, []uint32{1, 2, 3}, "", false},
+		{`{"prompt":[1,2],"prompt":"x"}`, nil, "x", false},
+		{`{"prompt":"x","prompt":[3]}`, []uint32{3}, "", false},
+		{`{"prompt":[1,2],"prompt":[[5]]}`, []uint32{5}, "", false},
+		{`{"pr\u006fmpt":[7]}`, []uint32{7}, "", false},
+		{`{"prompt":[1,2],}`, nil, "", true},
+		{`{"prompt":[1,2]`, nil, "", true},
+		{`{"prompt":[1,2]]}`, nil, "", true},
+	}
+	for _, tt := range tests {
+		p, err := Parse([]byte(tt.body), false)
+		if tt.bad {
+			if !errors.Is(err, ErrBadJSON) {
+				t.Errorf("Parse(%s) = %v, %v; want ErrBadJSON", tt.body, p.Tokens, err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(p.Tokens, tt.tokens) || p.Text != tt.text {
+			t.Errorf("Parse(%s) = tokens %v text %q (%v); want %v %q", tt.body, p.Tokens, p.Text, err, tt.tokens, tt.text)
+		}
+	}
+}
+
 func FuzzParsePrompt(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":[1,2,3]}`), false)
 	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}]}`), true)
@@ -102,6 +136,10 @@ func FuzzParsePromptStd(f *testing.F) {
 	f.Add([]byte(`{"prompt":[[1]],"cache_salt":"s","add_special_tokens":null}`), false)
 	f.Add([]byte(`{"model":5}`), false)
 	f.Add([]byte(` null `), false)
+	f.Add([]byte(`{"prompt": [1, 2 ] ,"model":"m"}`), false)
+	f.Add([]byte(`{"prompt":[1,2]x}`), false)
+	f.Add([]byte(`{"prompt":[1,2],}`), false)
+	f.Add([]byte(`{"prompt":[4294967296]}`), false)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
 		seen, comparable := map[string]bool{}, true
 		if scanObject(body, func(key, _ []byte) error {

@@ -33,39 +33,48 @@ func (x *IDs) UnmarshalJSON(b []byte) error {
 // over uint32, an empty array); the caller then decodes the general way,
 // with the same result for every input Parse accepts.
 func Parse(raw []byte) ([]uint32, bool) {
-	i := skipSpace(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
+	ids, n, ok := ParsePrefix(raw)
+	if !ok || skipSpace(raw, n) != len(raw) {
 		return nil, false
 	}
-	ids := make([]uint32, 0, len(raw)/6)
+	return ids, true
+}
+
+// ParsePrefix is Parse for an array at the start of raw (after JSON
+// whitespace) that need not end it: it returns the ids and the length of
+// raw up to and including the closing bracket. What it accepts is valid
+// JSON, so a scanner may take its length instead of walking the array.
+func ParsePrefix(raw []byte) (ids []uint32, n int, ok bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, 0, false
+	}
+	ids = make([]uint32, 0, len(raw)/6)
 	for {
 		i = skipSpace(raw, i+1)
 		start, v := i, uint64(0)
 		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
 			v = v*10 + uint64(raw[i]-'0')
 			if v > math.MaxUint32 {
-				return nil, false
+				return nil, 0, false
 			}
 			i++
 		}
 		if i == start || (raw[start] == '0' && i-start > 1) { // no digits, or a leading zero
-			return nil, false
+			return nil, 0, false
 		}
 		ids = append(ids, uint32(v))
 		i = skipSpace(raw, i)
 		if i >= len(raw) {
-			return nil, false
+			return nil, 0, false
 		}
 		switch raw[i] {
 		case ',':
 			continue
 		case ']':
-			if skipSpace(raw, i+1) != len(raw) {
-				return nil, false
-			}
-			return ids, true
+			return ids, i + 1, true
 		}
-		return nil, false
+		return nil, 0, false
 	}
 }
 

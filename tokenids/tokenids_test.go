@@ -56,6 +56,28 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// FuzzParsePrefix checks that what ParsePrefix takes is a valid JSON array
+// ending where it says, with the ids encoding/json reads from it, and that
+// it takes whatever Parse takes.
+func FuzzParsePrefix(f *testing.F) {
+	for _, s := range []string{`[1,2,3]`, ` [ 0 , 4294967295 ] ,"x"`, `[1]]`, `[01]`, `[1,]`, `[]`, `[1]{`, `[2 3]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ids, n, ok := ParsePrefix(b)
+		if whole, wok := Parse(b); wok && (!ok || !slices.Equal(ids, whole)) {
+			t.Fatalf("Parse(%q) = %v; ParsePrefix %v, %v", b, whole, ids, ok)
+		}
+		if !ok {
+			return
+		}
+		var slow []uint32
+		if n < 1 || n > len(b) || b[n-1] != ']' || !json.Valid(b[:n]) || json.Unmarshal(b[:n], &slow) != nil || !slices.Equal(ids, slow) {
+			t.Fatalf("ParsePrefix(%q) = %v, %d: json gives %v for %q", b, ids, n, slow, b[:min(max(n, 0), len(b))])
+		}
+	})
+}
+
 // FuzzIDs checks IDs against []uint32 as a struct field: same error or not,
 // same ids.
 func FuzzIDs(f *testing.F) {
