@@ -301,7 +301,7 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
 			r.Header.Del(HopHeader)
 		}
-		body, ok := h.readBody(c)
+		body, ok := h.readRequest(c)
 		if !ok {
 			return
 		}
@@ -382,7 +382,7 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 		h.serveFrom(c, &plan{targets: local, stream: body, length: r.ContentLength, served: -1}, st)
 		return
 	}
-	body, ok := h.readBody(c) // chunked, or a server that cannot
+	body, ok := h.readRequest(c) // chunked, or a server that cannot
 	if !ok {
 		return
 	}
@@ -390,8 +390,8 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 	h.serve(c, body, st, local)
 }
 
-// readBody reads the request body whole, or answers the client why not.
-func (h *Handler) readBody(c *gin.Context) ([]byte, bool) {
+// readRequest reads the request body whole, or answers the client why not.
+func (h *Handler) readRequest(c *gin.Context) ([]byte, bool) {
 	body, err := readBody(c.Writer, c.Request, h.cfg.MaxBodyBytes)
 	if err == nil {
 		return body, true
