@@ -156,7 +156,7 @@ func (s scanner) array(i, depth int) (int, error) {
 	}
 	for {
 		var err error
-		if i, err = s.element(i, depth); err != nil {
+		if i, err = s.value(i, depth); err != nil {
 			return i, err
 		}
 		i = s.space(i)
@@ -169,22 +169,6 @@ func (s scanner) array(i, depth int) (int, error) {
 		}
 		return i, s.fail(i, "want ',' or ']' in an array")
 	}
-}
-
-// element is value for an array's element, with a short way through a
-// plain non-negative integer: a token-id prompt is 32k of them, and the
-// general path cost ~8 ns each.
-func (s scanner) element(i, depth int) (int, error) {
-	if i < len(s.b) && s.b[i] >= '0' && s.b[i] <= '9' {
-		j := i + 1
-		if s.b[i] != '0' {
-			j = s.digits(j)
-		}
-		if j < len(s.b) && s.b[j] != '.' && s.b[j] != 'e' && s.b[j] != 'E' {
-			return j, nil
-		}
-	}
-	return s.value(i, depth)
 }
 
 // str returns the end (after the closing quote) of the string at i. Like

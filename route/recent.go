@@ -54,7 +54,7 @@ func NewRecent(cfg RecentConfig) *Recent {
 }
 
 // Record notes that keys, a chain, were sent to peer at now. Only the
-// chain's checkpoints are kept (checkpoint), the first MaxEntries of
+// chain's checkpoints are kept (floorCheckpoint), the first MaxEntries of
 // them. A nil Recent records nothing.
 func (r *Recent) Record(peer string, keys []blockkey.Key, now time.Time) {
 	if r == nil || len(keys) == 0 {
