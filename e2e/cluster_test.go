@@ -40,7 +40,7 @@ var (
 	textToday  = flag.Bool("e2e.text-today", true, "BenchmarkTextPrefix: run today's design (a second cluster) beside the new one")
 	textSeries = flag.String("e2e.text-series", "", "BenchmarkTextPrefix: only the series whose names match this regexp (and the direct ones)")
 	profile    = flag.String("e2e.profile", "", "BenchmarkTextPrefix: take a profile of every sidecar of the new cluster over 10 s of the first round: cpu, allocs or trace (a runtime trace)")
-	profileDir = flag.String("e2e.profile-dir", "e2e-profiles", "BenchmarkTextPrefix: where -e2e.profile writes sidecar-N.cpu or sidecar-N.trace")
+	profileDir = flag.String("e2e.profile-dir", "e2e-profiles", "BenchmarkTextPrefix: where -e2e.profile writes sidecar-N.cpu, .allocs or .trace")
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 	podCPUs    = flag.String("e2e.pod-cpus", "", "BenchmarkTextPrefix: pin pod i's simulator and sidecar to the i-th of these space-separated taskset lists (\"0 1\": a core per pod, as a node per pod would be)")

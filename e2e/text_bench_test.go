@@ -296,11 +296,9 @@ func BenchmarkTextPrefix(b *testing.B) {
 			rest[j] = inside[i][j] - choosing[i][j] - serving[i][j]
 		}
 		pp := func(xs []time.Duration) string { return us(percentile(xs, 50)) + " / " + us(percentile(xs, 99)) }
-		after := []time.Duration{}
-		if len(hopSend[i]) == len(serving[i]) {
-			for j := range serving[i] {
-				after = append(after, serving[i][j]-hopSend[i][j])
-			}
+		after := make([]time.Duration, len(serving[i])) // hopSend is appended with serving
+		for j := range after {
+			after[j] = serving[i][j] - hopSend[i][j]
 		}
 		fmt.Fprintf(&tab, "%-24s  %19s  %19s  %19s  %19s  %19s  %19s\n", s.name, pp(choosing[i]), pp(serving[i]), pp(hopSend[i]), pp(after), pp(rest), pp(send[i]))
 	}

@@ -573,3 +573,29 @@ func frontOf(t *testing.T, engine *httptest.Server) *httptest.Server {
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// A forwarded body without a Content-Length (chunked) cannot be capped at
+// its length, so the serving sidecar reads it whole before sending it on.
+func TestHopChunkedBodyIsReadWhole(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, `{"read":%d,"err":%q}`, n, fmt.Sprint(err))
+	}))
+	srv := frontOf(t, engine)
+	pr, pw := io.Pipe()
+	go func() { // ends once the body is written
+		pw.Write(make([]byte, 40<<10))
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", pr) // no ContentLength: chunked
+	req.Header.Set(HopHeader, NewHop([]byte("k"), time.Minute).Sign("b", "a", time.Now()))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	if want := fmt.Sprintf(`{"read":%d,"err":"<nil>"}`, 40<<10); resp.StatusCode != http.StatusOK || string(got) != want {
+		t.Fatalf("status %d, engine saw %s; want 200 and %s", resp.StatusCode, got, want)
+	}
+}
