@@ -43,6 +43,7 @@ var (
 	profileDir = flag.String("e2e.profile-dir", "e2e-profiles", "BenchmarkTextPrefix: where -e2e.profile writes sidecar-N.cpu, .allocs or .trace")
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
+	simArgsF   = flag.String("e2e.sim-args", "", "BenchmarkTextPrefix: space-separated flags added to every simulator's command line (--sim-tokenize-memo-mib 0)")
 	podCPUs    = flag.String("e2e.pod-cpus", "", "BenchmarkTextPrefix: pin pod i's simulator and sidecar to the i-th of these space-separated taskset lists (\"0 1\": a core per pod, as a node per pod would be)")
 )
 

@@ -71,13 +71,13 @@ func BenchmarkTextPrefix(b *testing.B) {
 	if *textToday {
 		var err error
 		today, err = startCluster(ctx, clusterSpec{pods: 2, subnet: 1, secret: true, timeScale: 1000, cpus: *pinCPUs, podCPUs: strings.Fields(*podCPUs),
-			env: append(slices.Clone(envs), "KVROUTE_TEXT_PREFIX_KEYS=0"), progress: testProgress{b}}, b.Cleanup)
+			simArgs: strings.Fields(*simArgsF), env: append(slices.Clone(envs), "KVROUTE_TEXT_PREFIX_KEYS=0"), progress: testProgress{b}}, b.Cleanup)
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
 	fresh, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 2, secret: true, timeScale: 1000, cpus: *pinCPUs, podCPUs: strings.Fields(*podCPUs),
-		env: envs, progress: testProgress{b}}, b.Cleanup)
+		simArgs: strings.Fields(*simArgsF), env: envs, progress: testProgress{b}}, b.Cleanup)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -114,6 +114,9 @@ type Config struct {
 	Timing      Timing
 	// TimeScale > 1 runs the simulated clock faster than real time.
 	TimeScale float64
+	// TokenizerMemoBytes bounds the tokenizer's remembered encodings of
+	// long texts (0: none): the simulator's own CPU, no simulated time.
+	TokenizerMemoBytes int
 	// EventSink receives each step's KV events, in order, from the step
 	// loop. It must not block for long (the publisher queues).
 	EventSink func(ts float64, events []kvevent.Event)

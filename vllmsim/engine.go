@@ -76,7 +76,7 @@ func newEngine(cfg Config, clk clock) (*Engine, error) {
 	}
 	return &Engine{
 		cfg:   cfg,
-		tok:   NewTokenizer(),
+		tok:   NewTokenizerMemo(cfg.TokenizerMemoBytes),
 		clk:   clk,
 		wake:  make(chan struct{}, 1),
 		c:     newCore(cfg, h),

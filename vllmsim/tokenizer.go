@@ -70,11 +70,20 @@ type Tokenizer struct {
 	// Generator vocabulary: each entry is one canonical token.
 	lower, capital, capSpace []uint32 // " word", "Word", " Word"
 	period, comma            uint32
+	memo                     *memo // nil: encode everything
 }
 
 // NewTokenizer builds the vocabulary (a few milliseconds; build once).
-func NewTokenizer() *Tokenizer {
+func NewTokenizer() *Tokenizer { return NewTokenizerMemo(0) }
+
+// NewTokenizerMemo is NewTokenizer remembering the encodings of long texts
+// in up to memoBytes of texts and ids (0: none). The output is the same;
+// only the simulator's own CPU changes (see memo).
+func NewTokenizerMemo(memoBytes int) *Tokenizer {
 	t := &Tokenizer{ids: make(map[string]uint32)}
+	if memoBytes > 0 {
+		t.memo = newMemo(memoBytes)
+	}
 	add := func(p string) uint32 {
 		if id, ok := t.ids[p]; ok {
 			return id
@@ -121,6 +130,19 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []uint32 {
 }
 
 func (t *Tokenizer) encode(ids []uint32, text string) []uint32 {
+	if t.memo == nil || len(text) < memoMinText {
+		return t.encodeText(ids, text)
+	}
+	if got, ok := t.memo.get(text); ok {
+		return append(ids, got...)
+	}
+	got := t.encodeText(make([]uint32, 0, len(text)/3), text)
+	// The key is cloned: text may be a slice of a request's body.
+	t.memo.put(strings.Clone(text), got)
+	return append(ids, got...)
+}
+
+func (t *Tokenizer) encodeText(ids []uint32, text string) []uint32 {
 	for len(text) > 0 {
 		i := strings.Index(text, "<|")
 		if i < 0 {

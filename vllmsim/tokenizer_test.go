@@ -3,6 +3,7 @@ package vllmsim
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -171,7 +172,7 @@ func FuzzEncode(f *testing.F) {
 	f.Add("The quick brown fox, 42 times.\n\n  <|im_end|> héllo")
 	f.Add("<|<|im_start|")
 	f.Add("\xff\xfe  \t")
-	tok := NewTokenizer()
+	tok, mem := NewTokenizer(), NewTokenizerMemo(1<<20)
 	f.Fuzz(func(t *testing.T, s string) {
 		ids := tok.Encode(s, false)
 		if got := tok.Decode(ids); got != s {
@@ -179,6 +180,13 @@ func FuzzEncode(f *testing.F) {
 		}
 		if again := tok.Encode(s, false); !slices.Equal(again, ids) {
 			t.Fatalf("Encode not deterministic")
+		}
+		// Long texts go through the memo: seen first, then remembered.
+		long := strings.Repeat(s+" ", memoMinText/(len(s)+1)+1)
+		for range 2 {
+			if got := mem.Encode(long, false); !slices.Equal(got, tok.Encode(long, false)) {
+				t.Fatalf("remembered encoding of %q repeated differs", s)
+			}
 		}
 	})
 }

@@ -45,6 +45,7 @@ type options struct {
 	// Tokenization charge (vllmsim.TokenizeCost): us per token, workers.
 	TokenizeUS      float64
 	TokenizeWorkers int
+	TokenizeMemoMiB int // the simulator's remembered encodings (its own CPU, no simulated time)
 	ChatTemplate    vllmsim.ChatTemplate
 }
 
@@ -191,6 +192,7 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	fs.Float64Var(&o.TokenizeUS, "sim-tokenize-us-per-token", float64(vllmsim.DefaultTokenizeCost)/1e3, "wall time charged per prompt token tokenized (/tokenize, render, text prompts); 0: free")
 	fs.StringVar(&tmpl, "sim-chat-template", "chatml", "the model's chat template: chatml (Qwen's) or llama3 (Llama 3.1's: a system block always first)")
 	fs.IntVar(&o.TokenizeWorkers, "sim-tokenize-workers", vllmsim.DefaultTokenizeWorkers, "tokenizations that run at once (vLLM: one thread per API server)")
+	fs.IntVar(&o.TokenizeMemoMiB, "sim-tokenize-memo-mib", 64, "MiB of remembered encodings of long texts: spares this machine's CPU, charges the same time; 0: encode every time")
 	if err := cli.Parse(fs, expandMulti(args), stdout, stderr); err != nil {
 		return o, err
 	}
@@ -237,6 +239,9 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	}
 	if o.TokenizeUS < 0 || o.TokenizeUS != o.TokenizeUS || o.TokenizeWorkers <= 0 {
 		return o, fmt.Errorf("--sim-tokenize-us-per-token %v must be >= 0 and --sim-tokenize-workers %d positive", o.TokenizeUS, o.TokenizeWorkers)
+	}
+	if o.TokenizeMemoMiB < 0 || o.TokenizeMemoMiB > 1<<20 {
+		return o, fmt.Errorf("--sim-tokenize-memo-mib %d: want 0..%d", o.TokenizeMemoMiB, 1<<20)
 	}
 	if o.DataParallel < 1 || o.DataParallel > 64 {
 		return o, fmt.Errorf("--data-parallel-size %d: want 1..64", o.DataParallel)

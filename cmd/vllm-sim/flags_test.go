@@ -127,6 +127,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		"--kv-events-encoding yaml",
 		"--sim-drop-rate 2",
 		"--sim-time-scale 0",
+		"--sim-tokenize-memo-mib -1",
 		"--block-size 0",
 		"--lora-modules noequals",
 		`--kv-events-config {"enable_kv_cache_events":true,"bogus":1}`,
@@ -150,7 +151,7 @@ func TestParseFlagsPositionalModel(t *testing.T) {
 }
 
 func TestEngineConfig(t *testing.T) {
-	o, err := parseFlags(splitArgs("--served-model-name m --num-gpu-blocks-override 64 --max-num-seqs 4 --max-num-batched-tokens 512 --max-model-len 1024 --sim-time-scale 10"),
+	o, err := parseFlags(splitArgs("--served-model-name m --num-gpu-blocks-override 64 --max-num-seqs 4 --max-num-batched-tokens 512 --max-model-len 1024 --sim-time-scale 10 --sim-tokenize-memo-mib 3"),
 		func(string) (string, bool) { return "7", true }, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +159,8 @@ func TestEngineConfig(t *testing.T) {
 	base := vllmsim.DefaultConfig()
 	c := engineConfig(o, base)
 	if c.Model != "m" || c.NumGPUBlocks != 64 || c.MaxNumSeqs != 4 || c.MaxNumBatchedTokens != 512 ||
-		c.MaxModelLen != 1024 || c.TimeScale != 10 || c.HashSeed != "7" || !c.HashSeedSet || c.Timing != base.Timing {
+		c.MaxModelLen != 1024 || c.TimeScale != 10 || c.HashSeed != "7" || !c.HashSeedSet || c.Timing != base.Timing ||
+		c.TokenizerMemoBytes != 3<<20 {
 		t.Errorf("engineConfig = %+v", c)
 	}
 	o.NumGPUBlocks, o.MaxModelLen = 0, 0

@@ -79,6 +79,7 @@ func engineConfig(o options, base vllmsim.Config) vllmsim.Config {
 	c.HashAlgo = o.HashAlgo
 	c.HashSeed, c.HashSeedSet = o.HashSeed, o.HashSeedSet
 	c.TimeScale = o.TimeScale
+	c.TokenizerMemoBytes = o.TokenizeMemoMiB << 20
 	return c
 }
 
