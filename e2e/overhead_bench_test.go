@@ -85,7 +85,7 @@ func BenchmarkOverhead(b *testing.B) {
 		{name: "direct text", addr: a.SimAddr, body: textPlain},
 		{name: "local text", addr: a.API, body: textPlain, servedBy: a.Name},
 	}
-	bare := startBareProxy(ctx, b, a.API, a.SimAddr)
+	bare := startBareProxy(ctx, b, a.API, a.SimAddr, "")
 	ss = append(ss, series{name: "bare plain", addr: bare, body: tokPlain}, series{name: "bare stream", addr: bare, body: tokStream})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	// One second unrecorded opens the connections and warms the caches.
@@ -155,17 +155,22 @@ func BenchmarkOverhead(b *testing.B) {
 }
 
 // startBareProxy builds and starts cmd/bareproxy on the host of api (port
-// 8100) in front of sim, with the sidecars' GOMAXPROCS (--procs 1 unless
+// 8100) in front of upstream (host:port), pinned to cpus when set (a
+// taskset list), with the sidecars' GOMAXPROCS (--procs 1 unless
 // -e2e.sidecar-env says otherwise), and returns its address once it
-// accepts connections.
-func startBareProxy(ctx context.Context, b *testing.B, api, sim string) string {
+// accepts connections. args go on its command line.
+func startBareProxy(ctx context.Context, b *testing.B, api, upstream, cpus string, args ...string) string {
 	b.Helper()
 	if err := chaos.Build(ctx, env.binDir, chaos.BareProxyBinary); err != nil {
 		b.Fatal(err)
 	}
 	host, _, _ := strings.Cut(api, ":")
 	addr := host + ":8100"
-	cmd := exec.Command(filepath.Join(env.binDir, chaos.BareProxyBinary), "--listen", addr, "--upstream", "http://"+sim)
+	bin, args := filepath.Join(env.binDir, chaos.BareProxyBinary), append([]string{"--listen", addr, "--upstream", "http://" + upstream}, args...)
+	if cpus != "" {
+		bin, args = "taskset", append([]string{"-c", cpus, bin}, args...)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(append(os.Environ(), "GOMAXPROCS=1"), strings.Fields(*sidecarEnv)...) // the last of a name wins
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -47,7 +47,13 @@ import (
 //     random part of a pacing interval);
 //   - direct ids / hop ids: a completions prompt of token ids of the same
 //     length, straight and through the same hop: what moving a body this
-//     size through two sidecars costs without any tokenization.
+//     size through two sidecars costs without any tokenization;
+//   - bare two-hop sys: the shared-system-prompt chat through two bare
+//     httputil.ReverseProxy processes in the sidecars' places and CPUs
+//     (cmd/bareproxy: the first reads each body whole, as a router must;
+//     the second streams it on, as the sidecars' hop does): what any design
+//     that hops between pods costs on this machine, with no parsing or
+//     routing.
 //
 // Two figures per series. "added" is the sidecars' own latency, request by
 // request: the time to the first byte less the simulator's time from the
@@ -81,6 +87,16 @@ func BenchmarkTextPrefix(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The bare proxies sit where the sidecars do: pod 1's serves, pod 2's
+	// is entered.
+	podCPU := func(i int) string {
+		if cs := strings.Fields(*podCPUs); len(cs) > 0 {
+			return cs[i%len(cs)]
+		}
+		return *pinCPUs
+	}
+	bareServe := startBareProxy(ctx, b, fresh.c.Pod(0).API, fresh.c.Pod(0).SimAddr, podCPU(0), "--stream")
+	bareEntry := startBareProxy(ctx, b, fresh.c.Pod(1).API, bareServe, podCPU(1))
 	rng := seeded(b.Name())
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	var ss []*chatSeries
@@ -136,6 +152,7 @@ func BenchmarkTextPrefix(b *testing.B) {
 			&chatSeries{name: fmt.Sprintf("hop ids %dk", size/1024), size: size, path: "/v1/completions", addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qi},
 			&chatSeries{name: fmt.Sprintf("direct %dk", size/1024), size: size, addr: fresh.c.Pod(0).SimAddr, draw: q},
 			&chatSeries{name: fmt.Sprintf("new sys %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: q},
+			&chatSeries{name: fmt.Sprintf("bare two-hop sys %dk", size/1024), size: size, addr: bareEntry, draw: q},
 			&chatSeries{name: fmt.Sprintf("new doc question %dk", size/1024), size: size, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qd},
 		)
 		if today != nil {

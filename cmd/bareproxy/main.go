@@ -42,6 +42,24 @@ func buffered(next http.Handler) http.Handler {
 	})
 }
 
+// streamed passes a body on as it arrives, as the sidecar's hop does
+// (behind its Content-Length and in full duplex, see forward's serveHop);
+// a body without a length is read whole.
+func streamed(next http.Handler) http.Handler {
+	whole := buffered(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength < 0 || http.NewResponseController(w).EnableFullDuplex() != nil {
+			whole.ServeHTTP(w, r)
+			return
+		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(r.Body, r.ContentLength), r.Body}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // pool lends ReverseProxy its copy buffers, as the sidecar's does, so the
 // reference is no slower than it needs to be.
 type pool struct{ p sync.Pool }
@@ -63,17 +81,19 @@ func main() {
 type options struct {
 	listen   string
 	upstream *url.URL
+	stream   bool
 }
 
 // parseFlags parses args; --help and --version print to stdout and return
 // cli.ErrDone, a flag error is printed to stderr with the usage.
 func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bareproxy", flag.ContinueOnError)
-	cli.Usage(fs, "bareproxy [--listen ADDR] [--upstream URL]",
+	cli.Usage(fs, "bareproxy [--listen ADDR] [--upstream URL] [--stream]",
 		"A bare httputil.ReverseProxy in front of one upstream: the overhead benchmark's reference\n"+
 			"for what any Go proxy hop costs on this machine.")
 	listen := fs.String("listen", "127.0.0.1:8100", "address to serve on")
 	upstream := fs.String("upstream", "http://127.0.0.1:8001", "base URL every request goes to")
+	stream := fs.Bool("stream", false, "pass bodies on as they arrive, as the serving end of the sidecars' hop does (default: read each whole first, as the sidecar that routes must)")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return options{}, err
 	}
@@ -84,7 +104,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	if err != nil || u.Host == "" {
 		return options{}, fmt.Errorf("--upstream %q: not an absolute URL", *upstream)
 	}
-	return options{listen: *listen, upstream: u}, nil
+	return options{listen: *listen, upstream: u, stream: *stream}, nil
 }
 
 // cmdMain is the program with its streams; it returns the exit status.
@@ -102,15 +122,17 @@ func cmdMain(args []string, stdout, stderr io.Writer) int {
 		DisableCompression:  true,
 		WriteBufferSize:     32 << 10,
 	}
-	srv := &http.Server{
-		Addr: o.listen,
-		Handler: buffered(&httputil.ReverseProxy{
-			Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(o.upstream) },
-			Transport:  tr,
-			BufferPool: &pool{},
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
+	var h http.Handler = &httputil.ReverseProxy{
+		Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(o.upstream) },
+		Transport:  tr,
+		BufferPool: &pool{},
 	}
+	if o.stream {
+		h = streamed(h)
+	} else {
+		h = buffered(h)
+	}
+	srv := &http.Server{Addr: o.listen, Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	go func() { // exits with the process
