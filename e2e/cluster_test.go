@@ -39,7 +39,7 @@ var (
 	sidecarEnv = flag.String("e2e.sidecar-env", "", "BenchmarkOverhead: space-separated NAME=value pairs added to the sidecars' environment (GOMAXPROCS=1 GOGC=400)")
 	textToday  = flag.Bool("e2e.text-today", true, "BenchmarkTextPrefix: run today's design (a second cluster) beside the new one")
 	textSeries = flag.String("e2e.text-series", "", "BenchmarkTextPrefix: only the series whose names match this regexp (and the direct ones)")
-	profile    = flag.String("e2e.profile", "", "BenchmarkTextPrefix: take a profile of every sidecar of the new cluster over 10 s of the first round: cpu, allocs or trace (a runtime trace)")
+	profile    = flag.String("e2e.profile", "", "BenchmarkTextPrefix: take a profile of every sidecar of the new cluster over 10 s of the first round: cpu, allocs or trace (a runtime trace); sched records the machine's scheduler with perf and prints how long woken processes waited for a CPU")
 	profileDir = flag.String("e2e.profile-dir", "e2e-profiles", "BenchmarkTextPrefix: where -e2e.profile writes sidecar-N.cpu, .allocs or .trace")
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")

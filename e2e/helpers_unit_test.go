@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -131,5 +132,31 @@ func TestSeededPromptsAreDistinctPerName(t *testing.T) {
 		if x < 1000 || x >= 21000 {
 			t.Fatalf("token %d outside [1000, 21000)", x)
 		}
+	}
+}
+
+func TestSchedDelays(t *testing.T) {
+	const out = `           time    cpu  task name                       wait time  sch delay   run time
+                        [tid/pid]                          (msec)     (msec)     (msec)
+--------------- ------  ------------------------------  ---------  ---------  ---------
+   31594.128749 [0000]  perf[5862]                          0.000      0.000      0.000 
+   31594.166337 [0000]  vllm-sim[5839/5820]                 0.003      1.500      2.523 
+   31594.170894 [0001]  <idle>                              0.000      0.000      4.557 
+   31594.170895 [0001]  sidecar[5846/5843]                  0.080      0.009      4.140 
+   31594.174651 [0000]  vllm-sim[5840/5820]                 0.008      0.250      2.435 
+`
+	names, d, err := schedDelays(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"perf on cpu 0", "vllm-sim on cpu 0", "sidecar on cpu 1"}; !slices.Equal(names, want) {
+		t.Fatalf("names = %q; want %q", names, want)
+	}
+	if got := d["vllm-sim on cpu 0"]; !slices.Equal(got, []time.Duration{1500 * time.Microsecond, 250 * time.Microsecond}) {
+		t.Errorf("vllm-sim delays = %v", got)
+	}
+	tab := schedTable(names, d, 2)
+	if !strings.Contains(tab, "vllm-sim on cpu 0") || strings.Contains(tab, "sidecar") || !strings.Contains(tab, "1500µs") {
+		t.Errorf("table:\n%s", tab)
 	}
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -644,16 +646,41 @@ func top3(xs [][2]time.Duration, x [2]time.Duration, by func([2]time.Duration) t
 func byTTFB(x [2]time.Duration) time.Duration    { return x[0] }
 func byOutside(x [2]time.Duration) time.Duration { return x[0] - x[1] }
 
+// recordSched records the machine's scheduler for d with perf (perf sched
+// record, every CPU) into dir/sched.data and prints, per process name and
+// CPU, how long woken tasks waited for a CPU (also in dir/sched.txt).
+func recordSched(ctx context.Context, dir string, d time.Duration) error {
+	data := filepath.Join(dir, "sched.data")
+	rec := exec.CommandContext(ctx, "perf", "sched", "record", "-a", "-m", "32M", "-o", data, "--", "sleep", strconv.Itoa(int(d.Seconds())))
+	if out, err := rec.CombinedOutput(); err != nil {
+		return fmt.Errorf("perf sched record: %v: %s", err, out)
+	}
+	hist, err := exec.CommandContext(ctx, "perf", "sched", "timehist", "-i", data).Output()
+	if err != nil {
+		return fmt.Errorf("perf sched timehist: %v", err)
+	}
+	names, delays, err := schedDelays(bytes.NewReader(hist))
+	if err != nil {
+		return err
+	}
+	tab := fmt.Sprintf("scheduling delays over %v of round 1 (perf sched: from a task's wake-up until it ran):\n%s", d, schedTable(names, delays, 100))
+	fmt.Print(tab)
+	return os.WriteFile(filepath.Join(dir, "sched.txt"), []byte(tab), 0o644)
+}
+
 // profileSidecars writes a profile of d of every sidecar of f to dir:
 // sidecar-N.cpu or sidecar-N.allocs (the allocations over d; go tool
 // pprof), or sidecar-N.trace (go tool trace).
 func profileSidecars(ctx context.Context, f *fixture, kind, dir string, d time.Duration) error {
-	path := map[string]string{"cpu": "profile", "trace": "trace", "allocs": "allocs"}[kind]
+	path := map[string]string{"cpu": "profile", "trace": "trace", "allocs": "allocs", "sched": "-"}[kind]
 	if path == "" {
-		return fmt.Errorf("unknown kind %q (cpu, trace or allocs)", kind)
+		return fmt.Errorf("unknown kind %q (cpu, trace, allocs or sched)", kind)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
+	}
+	if kind == "sched" {
+		return recordSched(ctx, dir, d)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, f.c.Len())
