@@ -44,6 +44,8 @@ var (
 	textSizes  = flag.String("e2e.text-sizes", "1024,8192,32768", "BenchmarkTextPrefix: prompt sizes in tokens, comma-separated")
 	pinCPUs    = flag.String("e2e.sidecar-cpus", "", "BenchmarkOverhead: pin the sidecars to these CPUs (taskset list); run go test under taskset for the rest")
 	simArgsF   = flag.String("e2e.sim-args", "", "BenchmarkTextPrefix: space-separated flags added to every simulator's command line (--sim-tokenize-memo-mib 0)")
+	arrivals   = flag.String("e2e.arrivals", "poisson", "BenchmarkTextPrefix: poisson (random gaps) or fixed (1/rate apart, as before 2026-12-01's fifth pass)")
+	thinkTime  = flag.Duration("e2e.think", 300*time.Millisecond, "BenchmarkTextPrefix: a follow-up's think time after its first turn's answer (plus a random part of a pacing interval)")
 	podCPUs    = flag.String("e2e.pod-cpus", "", "BenchmarkTextPrefix: pin pod i's simulator and sidecar to the i-th of these space-separated taskset lists (\"0 1\": a core per pod, as a node per pod would be)")
 )
 

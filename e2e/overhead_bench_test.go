@@ -269,32 +269,52 @@ func (s *series) record(ttfb, ttlb time.Duration, err error) {
 // differences swung by ±0.5 ms between runs. It returns when every request
 // has finished.
 func openLoop(ctx context.Context, hc *http.Client, ss []series, rate float64, d time.Duration, rng *rand.Rand) {
-	paced(ctx, rate, d, func() func() {
+	paced(ctx, rate, d, nil, func() func() {
 		s := &ss[rng.IntN(len(ss))]
 		return func() { s.record(measure(ctx, hc, s)) }
 	})
 }
 
-// paced is the open loop's pacing: every 1/rate for d (or until ctx ends)
-// it calls next on its own goroutine, so next may draw from an unlocked
-// source, and runs the request next returns on a goroutine of its own. It
-// returns when every request has finished.
-func paced(ctx context.Context, rate float64, d time.Duration, next func() func()) {
-	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	defer tick.Stop()
+// paced is the open loop's pacing: for d (or until ctx ends) it calls
+// next on its own goroutine, so next may draw from an unlocked source, and
+// runs the request next returns on a goroutine of its own; gap gives the
+// time to the next request (nil: 1/rate every time). It returns when every
+// request has finished.
+func paced(ctx context.Context, rate float64, d time.Duration, gap func() time.Duration, next func() func()) {
+	if gap == nil {
+		gap = func() time.Duration { return time.Duration(float64(time.Second) / rate) }
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
 	end := time.After(d)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	at := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-end:
 			return
-		case <-tick.C:
+		case <-t.C:
 		}
 		wg.Go(next())
+		// Scheduled from the last arrival, not from now, so the rate holds
+		// however late the timer fires.
+		at = at.Add(gap())
+		t.Reset(time.Until(at))
 	}
+}
+
+// poisson returns the gaps of Poisson arrivals at rate per second from a
+// source of its own (not safe for concurrent use). At fixed gaps, series
+// launched on the ticks never met each other in the engines, while a
+// request sent between ticks (a follow-up, after its first turn and a
+// think time) met their CPU bursts, so its tail was the machine's and not
+// the path's; with random gaps every series meets them as often.
+func poisson(rate float64, seed uint64) func() time.Duration {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	return func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
 }
 
 // measure sends one request of s and times its first and last body byte.

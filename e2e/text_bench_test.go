@@ -27,7 +27,9 @@ import (
 // messages were seen before adds between the client and the engine, with
 // the simulator charging for tokenization as vLLM does (its default,
 // 1.15 us per token on one tokenizer thread per pod). Two clusters of two
-// pods run side by side in one open loop:
+// pods run side by side in one open loop, with Poisson arrivals
+// (-e2e.arrivals fixed: 1/rate apart, under which a follow-up, sent
+// between the ticks, alone met the others' bursts in the engines):
 //
 //   - today: sidecars with --text-prefix-keys 0, which tokenize every chat
 //     on the request path (/tokenize at the entry pod's vLLM);
@@ -45,7 +47,7 @@ import (
 //     entered pod 1's sidecar (pod 2's sidecar has the first turn's entry
 //     from pod 1's, by gossip);
 //   - new follow-up same: the second turn entering the sidecar the first
-//     turn entered (300 ms of think time after the first answer, plus a
+//     turn entered (-e2e.think, 300 ms, of think time after the first answer, plus a
 //     random part of a pacing interval);
 //   - direct ids / hop ids: a completions prompt of token ids of the same
 //     length, straight and through the same hop: what moving a body this
@@ -74,6 +76,9 @@ import (
 func BenchmarkTextPrefix(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*rounds)*(*duration+time.Minute))
 	defer cancel()
+	if *arrivals != "poisson" && *arrivals != "fixed" {
+		b.Fatalf("-e2e.arrivals %q: want poisson or fixed", *arrivals)
+	}
 	envs := strings.Fields(*sidecarEnv)
 	var today *fixture
 	if *textToday {
@@ -169,11 +174,11 @@ func BenchmarkTextPrefix(b *testing.B) {
 			s.before = func(ctx context.Context) ([]byte, error) {
 				lockRNG.Lock()
 				u1, a1, u2 := words(rng, 30), words(rng, 50), words(rng, 30)
-				// 300 ms of think time and up to one pacing interval more:
+				// -e2e.think (300 ms) of think time and up to one pacing interval more:
 				// a think time that is a multiple of the interval would land
 				// every follow-up just behind the request the pacer launched
 				// at that tick, in the serving pod's tokenizer queue.
-				think := 300*time.Millisecond + time.Duration(rng.Float64()*float64(time.Second)/(*rate))
+				think := *thinkTime + time.Duration(rng.Float64()*float64(time.Second)/(*rate))
 				lockRNG.Unlock()
 				if _, err := postChat(ctx, hc, first, chatBody(sys, u1)); err != nil {
 					return nil, err
@@ -426,7 +431,13 @@ func (s *chatSeries) reset() {
 
 // chatLoop is openLoop for chat series.
 func chatLoop(ctx context.Context, hc *http.Client, ss []*chatSeries, rate float64, d time.Duration, rng *rand.Rand) {
-	paced(ctx, rate, d, func() func() {
+	var gap func() time.Duration
+	if *arrivals == "poisson" {
+		lockRNG.Lock()
+		gap = poisson(rate, rng.Uint64())
+		lockRNG.Unlock()
+	}
+	paced(ctx, rate, d, gap, func() func() {
 		lockRNG.Lock()
 		s := ss[rng.IntN(len(ss))]
 		var body []byte
