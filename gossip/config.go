@@ -105,6 +105,16 @@ type Config struct {
 	// (63 peers at 25 ms: 2,520/s, ~150 KB/s). Default 25 ms.
 	LoadPushInterval time.Duration
 
+	// LoadPushDelay is how long a changed load waits before it is pushed.
+	// The change is a request landing or leaving, or a claim the front
+	// just made; meanwhile that request is being written out, and a push
+	// at once put this node's send, and each peer's reading of it, on the
+	// request's path (the same core, on a small pod): 70 µs of a 32k chat's
+	// added p50 through two sidecars, and most of its p99 over a bare
+	// proxy pair. Changes within the delay go out in one report. Default
+	// 2 ms, small against LoadPushInterval; negative: none.
+	LoadPushDelay time.Duration
+
 	// RepairAfter is how long a peer's copy may lag behind the digest version
 	// in the peer's meta before we ask the origin for a full digest. The meta
 	// normally lags the deltas, so a lag that lasts means the last deltas
@@ -165,6 +175,7 @@ func DefaultConfig() Config {
 		KeyScheme:          blockkey.Version,
 		FullDigestInterval: 10 * time.Second,
 		LoadPushInterval:   25 * time.Millisecond,
+		LoadPushDelay:      2 * time.Millisecond,
 		MetaInterval:       time.Second,
 		RepairAfter:        2 * time.Second,
 		ReorderWait:        100 * time.Millisecond,
@@ -202,6 +213,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LoadPushInterval <= 0 {
 		c.LoadPushInterval = d.LoadPushInterval
+	}
+	switch {
+	case c.LoadPushDelay == 0:
+		c.LoadPushDelay = d.LoadPushDelay
+	case c.LoadPushDelay < 0:
+		c.LoadPushDelay = 0
 	}
 	if c.MetaInterval <= 0 {
 		c.MetaInterval = d.MetaInterval

@@ -50,7 +50,8 @@ func (p *pusher) stateChangedLocked() {
 	p.pushSoon()
 }
 
-// pushSoon wakes loadLoop, which pushes within LoadPushInterval.
+// pushSoon wakes loadLoop, which pushes after LoadPushDelay, and within
+// LoadPushInterval of its last push.
 func (p *pusher) pushSoon() {
 	select {
 	case p.kick <- struct{}{}:
@@ -146,8 +147,9 @@ func (m *Mesh) claimLocked(peer string, c route.Claim) {
 // from a silent node (route.Config.LoadTTL, 5 s by default).
 const loadRefresh = time.Second
 
-// loadLoop pushes the local load to every member when it changed, at most
-// once per LoadPushInterval, and every loadRefresh regardless. It returns
+// loadLoop pushes the local load to every member LoadPushDelay after it
+// changed, at most once per LoadPushInterval, and every loadRefresh
+// regardless. It returns
 // when Shutdown closes done.
 func (m *Mesh) loadLoop() {
 	defer m.wg.Done()
@@ -159,6 +161,15 @@ func (m *Mesh) loadLoop() {
 		case <-m.done:
 			return
 		case <-p.kick:
+			// Let the request that made the change get on its way first
+			// (Config.LoadPushDelay).
+			if m.cfg.LoadPushDelay > 0 {
+				select {
+				case <-m.done:
+					return
+				case <-time.After(m.cfg.LoadPushDelay):
+				}
+			}
 		case <-refresh.C:
 		}
 		refresh.Reset(loadRefresh)

@@ -304,6 +304,27 @@ func TestMeshPushesLoad(t *testing.T) {
 	}
 }
 
+// TestMeshDelaysLoadPush checks a change waits LoadPushDelay before it is
+// pushed, so the request that made it is on its way first.
+func TestMeshDelaysLoadPush(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	ms := cluster(t, 2, func(i int, c *Config) {
+		c.MetaInterval = time.Hour
+		c.LoadPushInterval = 5 * time.Millisecond
+		c.LoadPushDelay = delay
+	})
+	// Right after a push the next refresh is a second away, so the next
+	// report n1 gets is the change's.
+	sent := ms[0].Stats().Sent.Load.Msgs
+	waitFor(t, 5*time.Second, "a refresh push from n0", func() bool { return ms[0].Stats().Sent.Load.Msgs > sent })
+	t0 := time.Now()
+	ms[0].SetServing(5)
+	waitFor(t, 5*time.Second, "the change on n1", func() bool { v, _ := view(ms[1], "n0"); return v.Load.Serving == 5 })
+	if d := time.Since(t0); d < delay*3/4 {
+		t.Errorf("the change reached n1 after %v; want no sooner than LoadPushDelay %v", d, delay)
+	}
+}
+
 // TestMeshSharesClaims checks a claim reaches every member's view of the
 // claimed peer, the claimed peer's own (local) view included, and is in
 // the claimant's view at once.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/cmd/internal/cli"
+	"github.com/kvroute/kvroute/gossip"
 )
 
 // config is everything `sidecar serve` needs, from flags with
@@ -47,6 +48,7 @@ type config struct {
 	DrainTimeout      time.Duration
 	LoadInterval      time.Duration
 	DigestInterval    time.Duration
+	LoadPushDelay     time.Duration
 	ModelsInterval    time.Duration
 
 	HealthInterval time.Duration
@@ -98,6 +100,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
+	fs.DurationVar(&c.LoadPushDelay, "load-push-delay", gossip.DefaultConfig().LoadPushDelay, "how long a change of this pod's load (a request landing or leaving, a claim) waits before it is pushed to peers, so the request that made it is on its way first; changes meanwhile go in one push; 0: at once")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
 	fs.IntVar(&c.HungAfter, "health-hung-after", 2, "probe timeouts in a row after which the engine counts as hung (down)")
@@ -157,6 +160,8 @@ func (c config) validate() error {
 		return errors.New("--text-prefix-verify-every must be at least 1")
 	case c.ModelsInterval <= 0:
 		return errors.New("--models-interval must be positive")
+	case c.LoadPushDelay < 0:
+		return errors.New("--load-push-delay must not be negative")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
 	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1:

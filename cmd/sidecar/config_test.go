@@ -8,19 +8,20 @@ import (
 
 func TestParseServeEnvTwins(t *testing.T) {
 	env := map[string]string{
-		"KVROUTE_VLLM_URL":       "http://127.0.0.1:9999",
-		"KVROUTE_KV_EVENTS_BIND": "true",
-		"KVROUTE_JOIN":           "a:7946, b:7946",
-		"KVROUTE_LISTEN":         ":7000", // overridden by the flag below
-		"POD_NAME":               "pod-1",
-		"POD_IP":                 "10.0.0.7",
+		"KVROUTE_VLLM_URL":        "http://127.0.0.1:9999",
+		"KVROUTE_KV_EVENTS_BIND":  "true",
+		"KVROUTE_JOIN":            "a:7946, b:7946",
+		"KVROUTE_LISTEN":          ":7000", // overridden by the flag below
+		"KVROUTE_LOAD_PUSH_DELAY": "0s",
+		"POD_NAME":                "pod-1",
+		"POD_IP":                  "10.0.0.7",
 	}
 	c, err := parseServe([]string{"--listen", ":8080"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.VLLMURL != "http://127.0.0.1:9999" || !c.EventsBind || c.Listen != ":8080" ||
-		c.NodeName != "pod-1" || c.AdvertiseAddr != "10.0.0.7" || len(c.Join) != 2 || c.Join[1] != "b:7946" {
+		c.NodeName != "pod-1" || c.AdvertiseAddr != "10.0.0.7" || len(c.Join) != 2 || c.Join[1] != "b:7946" || c.LoadPushDelay != 0 {
 		t.Errorf("parseServe = %+v", c)
 	}
 }
@@ -30,6 +31,7 @@ func TestParseServeErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--block-size", "0"},
 		{"--digest-fp-rate", "1.5"},
+		{"--load-push-delay", "-1ms"},
 		{"--nope"},
 		{"extra"},
 	} {

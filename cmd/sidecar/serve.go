@@ -148,6 +148,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.Models = []string{cfg.Model}
 	gcfg.Engine = route.EngineStarting // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
+	gcfg.LoadPushDelay = cfg.LoadPushDelay
+	if cfg.LoadPushDelay == 0 {
+		gcfg.LoadPushDelay = -1 // the flag's 0 is "at once", the config's is "default"
+	}
 	// The meta keeps gossip's default interval (1 s): load, engine state
 	// and digest epoch reach peers by the direct push, and a meta update
 	// every scrape (250 ms) outran memberlist's broadcast of the last one

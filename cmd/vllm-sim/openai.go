@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/vllmsim"
 )
@@ -194,6 +195,15 @@ func messageText(raw json.RawMessage) (string, error) {
 	}
 	var s string
 	if raw[0] == '"' {
+		// The request was decoded, so raw is a valid JSON string: without
+		// escapes and in valid UTF-8 (which decoding would not replace),
+		// its text is what is between the quotes. Decoding it again was
+		// two more passes over a 150 KB prompt, ~0.7 ms of the engine's CPU.
+		if len(raw) >= 2 {
+			if in := raw[1 : len(raw)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+				return string(in), nil
+			}
+		}
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return "", err
 		}

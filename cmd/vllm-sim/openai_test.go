@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 
@@ -106,6 +107,7 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"tools":[],"max_completion_tokens":5}`,
 		`{"messages":[{"role":"user","content":null}],"add_generation_prompt":false,"continue_final_message":true}`,
 		`{"messages":[]}`, `[]`, `null`, `{`, `{"messages":[{"role":1}]}`, `{"max_tokens":1e400}`,
+		`{"messages":[{"role":"user","content":"a\u00e9\n\"b"}]}`, "{\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff utf8\"}]}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -120,9 +122,16 @@ func FuzzChatRequest(f *testing.F) {
 		if len(msgs) == 0 || len(msgs) != len(r.Messages) {
 			t.Fatalf("accepted %d messages from %d", len(msgs), len(r.Messages))
 		}
-		for _, m := range msgs {
+		for i, m := range msgs {
 			if m.Role == "" {
 				t.Fatal("accepted a message without role")
+			}
+			// A string content is what encoding/json makes of it.
+			if raw := bytes.TrimSpace(r.Messages[i].Content); len(raw) > 0 && raw[0] == '"' {
+				var want string
+				if err := json.Unmarshal(raw, &want); err != nil || m.Content != want {
+					t.Fatalf("content %q read as %q; encoding/json: %q, %v", raw, m.Content, want, err)
+				}
 			}
 		}
 		r.maxTokens()
