@@ -105,14 +105,13 @@ type Config struct {
 	// (63 peers at 25 ms: 2,520/s, ~150 KB/s). Default 25 ms.
 	LoadPushInterval time.Duration
 
-	// LoadPushDelay is how long a changed load waits before it is pushed.
-	// The change is a request landing or leaving, or a claim the front
-	// just made; meanwhile that request is being written out, and a push
-	// at once put this node's send, and each peer's reading of it, on the
-	// request's path (the same core, on a small pod): 70 µs of a 32k chat's
-	// added p50 through two sidecars, and most of its p99 over a bare
-	// proxy pair. Changes within the delay go out in one report. Default
-	// 2 ms, small against LoadPushInterval; negative: none.
+	// LoadPushDelay is how long a changed load or a new claim waits before
+	// it is pushed. The change is a request landing at, leaving or being
+	// sent to a node; meanwhile that request is being written out, and a
+	// push at once put this node's send, and each peer's reading of it, on
+	// the request's path. Changes within the delay go out in one report.
+	// The engine's state goes at once. Default 2 ms, small against
+	// LoadPushInterval; negative: none.
 	LoadPushDelay time.Duration
 
 	// RepairAfter is how long a peer's copy may lag behind the digest version

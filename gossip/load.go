@@ -22,7 +22,8 @@ type pusher struct {
 	stateSent bool          // the last report carried engine and epoch as they are
 	claims    []peerClaim   // to go out with the next report
 	self      []route.Claim // claims on this node, by us or peers
-	kick      chan struct{} // wakes loadLoop: something changed
+	kick      chan struct{} // wakes loadLoop: the load changed
+	now       chan struct{} // wakes loadLoop: a claim or the engine's state, to go at once
 }
 
 // setEpoch records a new digest epoch for the next report, which goes by
@@ -47,7 +48,7 @@ func (p *pusher) withdraw() {
 // epoch, reliably, and soon.
 func (p *pusher) stateChangedLocked() {
 	p.stateSent = false
-	p.pushSoon()
+	p.pushNow()
 }
 
 // pushSoon wakes loadLoop, which pushes after LoadPushDelay, and within
@@ -55,6 +56,14 @@ func (p *pusher) stateChangedLocked() {
 func (p *pusher) pushSoon() {
 	select {
 	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pushNow is pushSoon without the delay.
+func (p *pusher) pushNow() {
+	select {
+	case p.now <- struct{}{}:
 	default:
 	}
 }
@@ -160,6 +169,7 @@ func (m *Mesh) loadLoop() {
 		select {
 		case <-m.done:
 			return
+		case <-p.now:
 		case <-p.kick:
 			// Let the request that made the change get on its way first
 			// (Config.LoadPushDelay).
@@ -167,6 +177,7 @@ func (m *Mesh) loadLoop() {
 				select {
 				case <-m.done:
 					return
+				case <-p.now:
 				case <-time.After(m.cfg.LoadPushDelay):
 				}
 			}

@@ -510,9 +510,10 @@ func TestMeshSetModels(t *testing.T) {
 
 // TestMeshEngineDownWithdrawsAtOnce checks that a node's engine state and
 // a withdrawn digest reach every peer by the push, without waiting for the
-// meta (an hour apart here) or failure detection.
+// meta (an hour apart here), failure detection or LoadPushDelay (the claim
+// below starts one, an hour long).
 func TestMeshEngineDownWithdrawsAtOnce(t *testing.T) {
-	ms := cluster(t, 3, func(i int, c *Config) { c.MetaInterval = time.Hour })
+	ms := cluster(t, 3, func(i int, c *Config) { c.MetaInterval = time.Hour; c.LoadPushDelay = time.Hour })
 	a := ms[0]
 	if err := a.PublishDigest(testDigest("n0", 1, 1, 10, 11)); err != nil {
 		t.Fatal(err)

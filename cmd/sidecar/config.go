@@ -100,7 +100,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
-	fs.DurationVar(&c.LoadPushDelay, "load-push-delay", gossip.DefaultConfig().LoadPushDelay, "how long a change of this pod's load (a request landing or leaving, a claim) waits before it is pushed to peers, so the request that made it is on its way first; changes meanwhile go in one push; 0: at once")
+	fs.DurationVar(&c.LoadPushDelay, "load-push-delay", gossip.DefaultConfig().LoadPushDelay, "how long a change of this pod's load or a claim (a request landing, leaving or sent on) waits before it is pushed to peers, so the request that made it is on its way first; changes meanwhile go in one push (the engine's state goes at once); 0: at once")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
 	fs.IntVar(&c.HungAfter, "health-hung-after", 2, "probe timeouts in a row after which the engine counts as hung (down)")
