@@ -234,10 +234,7 @@ func (c *Cluster) command(p PodInfo, bin string, args []string) (string, []strin
 func (c *Cluster) startSim(i int) error {
 	p := c.Pod(i)
 	removeSockets(p)
-	bin, args := filepath.Join(c.bin, SimBinary), c.cfg.simArgs(p)
-	if cpus := c.cfg.podCPUs(i); cpus != "" {
-		bin, args = "taskset", append([]string{"-c", cpus, bin}, args...)
-	}
+	bin, args := Pinned(c.cfg.podCPUs(i), filepath.Join(c.bin, SimBinary), c.cfg.simArgs(p))
 	bin, args, err := c.command(p, bin, args)
 	if err != nil {
 		return err
@@ -261,15 +258,7 @@ func (c *Cluster) startSidecar(i int) error {
 	for j := 0; j < c.cfg.Pods && j < 2; j++ {
 		seeds = append(seeds, c.Pod(j).Gossip)
 	}
-	bin, args := filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgsJoin(p, seeds)
-	cpus := c.cfg.podCPUs(i)
-	if c.cfg.SidecarCPUs != "" {
-		cpus = c.cfg.SidecarCPUs
-	}
-	if cpus != "" {
-		// taskset execs the sidecar in its own process: signals still reach it.
-		bin, args = "taskset", append([]string{"-c", cpus, bin}, args...)
-	}
+	bin, args := Pinned(c.cfg.SidecarCPUsOf(i), filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgsJoin(p, seeds))
 	bin, args, err := c.command(p, bin, args)
 	if err != nil {
 		return err

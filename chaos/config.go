@@ -303,3 +303,21 @@ func (c ClusterConfig) podCPUs(i int) string {
 	}
 	return c.PodCPUs[i%len(c.PodCPUs)]
 }
+
+// SidecarCPUsOf is the taskset list pod i's sidecar is pinned to ("": not
+// pinned): SidecarCPUs when set, else the pod's PodCPUs.
+func (c ClusterConfig) SidecarCPUsOf(i int) string {
+	if c.SidecarCPUs != "" {
+		return c.SidecarCPUs
+	}
+	return c.podCPUs(i)
+}
+
+// Pinned is bin's command line run on cpus (a taskset list; "": as it is).
+// taskset execs bin in its own process, so signals still reach it.
+func Pinned(cpus, bin string, args []string) (string, []string) {
+	if cpus == "" {
+		return bin, args
+	}
+	return "taskset", append([]string{"-c", cpus, bin}, args...)
+}

@@ -132,3 +132,22 @@ func TestPodCPUs(t *testing.T) {
 		t.Errorf("no PodCPUs: podCPUs = %q; want none", got)
 	}
 }
+
+// A sidecar's CPUs are SidecarCPUs when set, else its pod's; Pinned runs a
+// command under taskset only when there are CPUs to pin to.
+func TestSidecarCPUsAndPinned(t *testing.T) {
+	c := ClusterConfig{PodCPUs: []string{"0", "1"}}
+	if got := c.SidecarCPUsOf(1); got != "1" {
+		t.Errorf("SidecarCPUsOf(1) = %q; want the pod's 1", got)
+	}
+	c.SidecarCPUs = "1"
+	if got := c.SidecarCPUsOf(0); got != "1" {
+		t.Errorf("SidecarCPUsOf(0) with SidecarCPUs = %q; want 1", got)
+	}
+	if bin, args := Pinned("", "x", []string{"-a"}); bin != "x" || !slices.Equal(args, []string{"-a"}) {
+		t.Errorf("Pinned unpinned = %s %q", bin, args)
+	}
+	if bin, args := Pinned("0,1", "x", []string{"-a"}); bin != "taskset" || !slices.Equal(args, []string{"-c", "0,1", "x", "-a"}) {
+		t.Errorf("Pinned = %s %q", bin, args)
+	}
+}

@@ -166,10 +166,7 @@ func startBareProxy(ctx context.Context, b *testing.B, api, upstream, cpus strin
 	}
 	host, _, _ := strings.Cut(api, ":")
 	addr := host + ":8100"
-	bin, args := filepath.Join(env.binDir, chaos.BareProxyBinary), append([]string{"--listen", addr, "--upstream", "http://" + upstream}, args...)
-	if cpus != "" {
-		bin, args = "taskset", append([]string{"-c", cpus, bin}, args...)
-	}
+	bin, args := chaos.Pinned(cpus, filepath.Join(env.binDir, chaos.BareProxyBinary), append([]string{"--listen", addr, "--upstream", "http://" + upstream}, args...))
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(append(os.Environ(), "GOMAXPROCS=1"), strings.Fields(*sidecarEnv)...) // the last of a name wins
 	cmd.Stderr = os.Stderr

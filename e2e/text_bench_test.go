@@ -96,14 +96,9 @@ func BenchmarkTextPrefix(b *testing.B) {
 	}
 	// The bare proxies sit where the sidecars do: pod 1's serves, pod 2's
 	// is entered.
-	podCPU := func(i int) string {
-		if cs := strings.Fields(*podCPUs); len(cs) > 0 {
-			return cs[i%len(cs)]
-		}
-		return *pinCPUs
-	}
-	bareServe := startBareProxy(ctx, b, fresh.c.Pod(0).API, fresh.c.Pod(0).SimAddr, podCPU(0), "--stream")
-	bareEntry := startBareProxy(ctx, b, fresh.c.Pod(1).API, bareServe, podCPU(1))
+	cfg := fresh.c.Config()
+	bareServe := startBareProxy(ctx, b, fresh.c.Pod(0).API, fresh.c.Pod(0).SimAddr, cfg.SidecarCPUsOf(0), "--stream")
+	bareEntry := startBareProxy(ctx, b, fresh.c.Pod(1).API, bareServe, cfg.SidecarCPUsOf(1))
 	rng := seeded(b.Name())
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 	var ss []*chatSeries

@@ -137,7 +137,8 @@ func (t *Tokenizer) encode(ids []uint32, text string) []uint32 {
 		return append(ids, got...)
 	}
 	got := t.encodeText(make([]uint32, 0, len(text)/3), text)
-	// The key is cloned: text may be a slice of a request's body.
+	// The key is cloned: text may be part of a larger string (a trimmed
+	// message), which the memo would otherwise keep alive whole.
 	t.memo.put(strings.Clone(text), got)
 	return append(ids, got...)
 }
