@@ -95,7 +95,8 @@ func (k fixedText) Keys(context.Context, prompt.Prompt, []textprefix.Message, bl
 // routed on a learned prefix is) straight to a stub vLLM, and through a
 // front that forwards it to the front of the pod holding its prefix, one
 // request at a time over loopback: hop − direct is what the two sidecars
-// add to such a request on an idle machine; -cpuprofile shows where.
+// add to such a request on an idle machine, hop − bare what of it is their
+// own work; -cpuprofile shows where.
 func BenchmarkHopChat(b *testing.B) {
 	a, holder := holderPair(b)
 	for _, n := range []*node{a, holder} {
@@ -122,8 +123,12 @@ func BenchmarkHopChat(b *testing.B) {
 	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{
 		{"role": "system", "content": doc.String()}, {"role": "user", "content": "What is it about?"}}})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
+	// bare is two plain ReverseProxies in the fronts' places, the first
+	// reading each body whole as a router must, the second passing it on
+	// as it arrives: hop − bare is the fronts' own work.
+	bare := bareProxy(b, bareProxy(b, holder.vllm.URL, false), true)
 	for _, bc := range []struct{ name, url, pod string }{
-		{"direct", holder.vllm.URL, "b"}, {"hop", a.srv.URL, "b"},
+		{"direct", holder.vllm.URL, "b"}, {"bare", bare, "b"}, {"hop", a.srv.URL, "b"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
@@ -140,6 +145,33 @@ func BenchmarkHopChat(b *testing.B) {
 			}
 		})
 	}
+}
+
+// bareProxy serves a plain ReverseProxy to upstream with the fronts'
+// transport settings, reading each body whole first if whole; it returns
+// its URL.
+func bareProxy(b *testing.B, upstream string, whole bool) string {
+	u, _ := url.Parse(upstream)
+	rp := &httputil.ReverseProxy{
+		Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(u) },
+		Transport:  &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true, WriteBufferSize: 32 << 10},
+		BufferPool: &copyBuffers{},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !whole {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		rp.ServeHTTP(w, r)
+	}))
+	b.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // BenchmarkParseChat160KB is the front's parse of a 32k-token text chat:

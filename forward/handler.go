@@ -150,7 +150,8 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 	}
 	h.localReady.Store(true)
 	h.policy = route.DefaultChain(cfg.Route, h.recent)
-	dialer := &httpDialer{timeout: cfg.DialTimeout}
+	bufs := &copyBuffers{}
+	dialer := &httpDialer{timeout: cfg.DialTimeout, bufs: bufs}
 	base := &http.Transport{
 		DialContext:         dialer.DialContext,
 		MaxIdleConns:        1024,
@@ -183,7 +184,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 		// body with a Content-Length then goes out in one write instead of
 		// a flush per copy plus chunked framing (~10% of the sidecar's CPU).
 		FlushInterval:  0,
-		BufferPool:     &copyBuffers{},
+		BufferPool:     bufs,
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
 	}
@@ -378,6 +379,12 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 	// limit keeps the transport's last read, a check for bytes past the
 	// Content-Length, off the server's body altogether.
 	if r.ContentLength >= 0 && http.NewResponseController(c.Writer).EnableFullDuplex() == nil {
+		// Closed before the server reads the connection's next request: an
+		// attempt that failed before reading the body (the engine refused
+		// the connection) otherwise leaves net/http's server reading the
+		// next request under a read it thinks still pending, and it panics
+		// and drops the connection (golang/go#68560).
+		defer r.Body.Close()
 		body := io.LimitReader(r.Body, r.ContentLength)
 		h.serveFrom(c, &plan{targets: local, stream: body, length: r.ContentLength, served: -1}, st)
 		return

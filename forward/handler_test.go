@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -121,9 +122,23 @@ func newNode(t testing.TB, name string) *node {
 	e := gin.New()
 	h.Register(e)
 	e.NoRoute(h.Passthrough)
-	srv := httptest.NewServer(e)
+	srv := httptest.NewUnstartedServer(e)
+	// A handler's panic is recovered by net/http, which logs it and drops
+	// the connection: the test fails instead.
+	srv.Config.ErrorLog = log.New(panicLog{t}, "", 0)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return &node{h: h, srv: srv, vllm: vllm, seen: seen, peers: fp}
+}
+
+// panicLog fails the test on a server's log line about a panic.
+type panicLog struct{ t testing.TB }
+
+func (p panicLog) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("panic")) {
+		p.t.Errorf("server: %s", bytes.TrimSpace(b))
+	}
+	return len(b), nil
 }
 
 func hostOf(s *httptest.Server) string { u, _ := url.Parse(s.URL); return u.Host }
