@@ -40,8 +40,10 @@ func BenchmarkFront(b *testing.B) {
 		BufferPool: &copyBuffers{},
 	})
 	b.Cleanup(bare.Close)
-	// 136 tokens is 8 blocks and a bit; 1032 is e2e BenchmarkOverhead's.
-	for _, size := range []int{136, 1032} {
+	// 136 tokens is 8 blocks and a bit; 1032 is e2e BenchmarkOverhead's;
+	// 32768 is BenchmarkTextPrefix's largest token prompt, where parsing the
+	// ids is half the front's own time (tokenids BenchmarkParse32k).
+	for _, size := range []int{136, 1032, 32768} {
 		ids := make([]string, size)
 		for i := range ids {
 			ids[i] = fmt.Sprint(1000 + i*7)
