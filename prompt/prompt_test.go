@@ -242,3 +242,22 @@ func TestPlain8(t *testing.T) {
 		}
 	}
 }
+
+// A string's end, escapes and control characters are found wherever they
+// fall against the scan's 32- and 8-byte steps, as encoding/json finds
+// them.
+func TestStringScanSteps(t *testing.T) {
+	for n := range 80 {
+		for pos := range n {
+			for _, c := range []string{`"`, `\n`, `\u00e9`, `\x`, "\x01", "\xc3\xa9"} {
+				s := []byte(strings.Repeat("a", n))
+				s = append(append(append([]byte(nil), s[:pos]...), c...), s[pos:]...)
+				body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + string(s) + `"}]}`)
+				_, err := Parse(body, true)
+				if valid := json.Valid(body); (err == nil) != valid {
+					t.Errorf("%d bytes, %q at %d: Parse error %v; encoding/json valid %v", n, c, pos, err, valid)
+				}
+			}
+		}
+	}
+}

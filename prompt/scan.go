@@ -176,8 +176,12 @@ func (s scanner) array(i, depth int) (int, error) {
 // any other bytes, invalid UTF-8 included.
 func (s scanner) str(i int) (int, error) {
 	for i++; i < len(s.b); i++ {
-		// Skip eight plain bytes at a time: a 160 KB conversation is
-		// almost all string bytes, and this is most of a chat's parse.
+		// Skip plain bytes 32 and then eight at a time: a 160 KB
+		// conversation is almost all string bytes, and this is most of a
+		// chat's parse. Four words a step let the CPU test them at once.
+		for i+32 <= len(s.b) && plain32(s.b[i:i+32]) {
+			i += 32
+		}
 		for i+8 <= len(s.b) && plain8(binary.LittleEndian.Uint64(s.b[i:])) {
 			i += 8
 		}
@@ -210,12 +214,24 @@ func (s scanner) str(i int) (int, error) {
 }
 
 // plain8 reports whether none of w's bytes ends or escapes a string or is
-// a control character (the classic has-zero-byte and has-less-than word
-// tricks, on '"', '\\' and 0x20).
-func plain8(w uint64) bool {
-	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	q, bs := w^(lo*'"'), w^(lo*'\\')
-	return ((q-lo)&^q|(bs-lo)&^bs|(w-lo*0x20)&^w)&hi == 0
+// a control character.
+func plain8(w uint64) bool { return special(w)&hi8 == 0 }
+
+// plain32 is plain8 for the four words of b[:32].
+func plain32(b []byte) bool {
+	_ = b[31]
+	return (special(binary.LittleEndian.Uint64(b))|special(binary.LittleEndian.Uint64(b[8:]))|
+		special(binary.LittleEndian.Uint64(b[16:]))|special(binary.LittleEndian.Uint64(b[24:])))&hi8 == 0
+}
+
+const lo8, hi8 = 0x0101010101010101, 0x8080808080808080
+
+// special has the top bit set in each byte of w that is '"', '\\' or below
+// 0x20, and maybe in bytes above one that is (the classic has-zero-byte and
+// has-less-than word tricks); it is zero only when no byte is.
+func special(w uint64) uint64 {
+	q, bs := w^(lo8*'"'), w^(lo8*'\\')
+	return (q-lo8)&^q | (bs-lo8)&^bs | (w-lo8*0x20)&^w
 }
 
 func hex4(b []byte) bool {
