@@ -139,7 +139,7 @@ func (m *Mesh) PublishDigest(d *bloom.Digest) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.local == nil || x.local.Header().Epoch != h.Epoch {
-		m.load.setEpoch(h.Epoch) // peers match a digest only of the epoch pushes name
+		m.load.setEpoch(h.Epoch, m.now()) // peers match a digest only of the epoch pushes name
 	}
 	x.local, x.full = d, b
 	m.advert.edit(func(mt *Meta) bool {
@@ -192,7 +192,7 @@ func (m *Mesh) WithdrawDigest() {
 			mt.HasDigest, mt.DigestEpoch, mt.DigestVersion = false, 0, 0
 			return true
 		})
-		m.load.withdraw()
+		m.load.withdraw(m.now())
 	}
 	x.mu.Unlock()
 	m.advert.kickNow()

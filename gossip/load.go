@@ -22,25 +22,26 @@ type pusher struct {
 	stateSent bool          // the last report carried engine and epoch as they are
 	claims    []peerClaim   // to go out with the next report
 	self      []route.Claim // claims on this node, by us or peers
+	since     time.Time     // when this node's cache began: engine or epoch last changed (route.PeerView.Since)
 	kick      chan struct{} // wakes loadLoop: the load changed
 	now       chan struct{} // wakes loadLoop: a claim or the engine's state, to go at once
 }
 
 // setEpoch records a new digest epoch for the next report, which goes by
-// TCP and soon.
-func (p *pusher) setEpoch(e uint64) {
+// TCP and soon. A new epoch is a new cache, as peers take it.
+func (p *pusher) setEpoch(e uint64, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.epoch = e
+	p.epoch, p.since = e, now
 	p.stateChangedLocked()
 }
 
 // withdraw records that no digest is advertised: the next report says
 // epoch 0, and the claims on this node are void with the cache.
-func (p *pusher) withdraw() {
+func (p *pusher) withdraw(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.epoch, p.self = 0, nil
+	p.epoch, p.self, p.since = 0, nil, now
 	p.stateChangedLocked()
 }
 
@@ -107,7 +108,7 @@ func (m *Mesh) SetEngine(e route.Engine) {
 	p.mu.Lock()
 	if p.engine != e {
 		p.engine = e
-		p.self = nil // about the cache before the change
+		p.self, p.since = nil, m.now() // about the cache before the change
 		p.stateChangedLocked()
 		m.advert.edit(func(mt *Meta) bool { mt.Engine = e; return true })
 	}

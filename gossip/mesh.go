@@ -212,6 +212,10 @@ func (m *Mesh) self(now time.Time) route.PeerView {
 		Draining:  meta.Draining,
 		Engine:    m.load.engine,
 		Claims:    m.load.self, // copy-on-write (addClaim)
+		// The front's recent forwards to this node from before its
+		// engine restarted are about a cache that is gone, as they are
+		// for a peer (table: since).
+		Since: m.load.since,
 	}
 	if d := m.digests.local; d != nil {
 		v.Digest, v.DigestAt = d, now

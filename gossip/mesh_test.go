@@ -557,6 +557,48 @@ func TestMeshEngineDownWithdrawsAtOnce(t *testing.T) {
 	}
 }
 
+// TestMeshSelfSince checks that the local view says when the local cache
+// began, as a peer's does: at every change of the engine's state or the
+// digest's epoch, and at nothing else. The front's recent forwards to its
+// own pod from before then are about a cache that is gone; before this,
+// a conversation's next turn entering the same sidecar within the 5 s TTL
+// of a restart was routed by affinity to blocks the new engine never had.
+func TestMeshSelfSince(t *testing.T) {
+	a := cluster(t, 1, nil)[0]
+	since := func() time.Time { v, _ := view(a, "n0"); return v.Since }
+	step := func(what string, change bool, do func()) {
+		t.Helper()
+		before, at := since(), time.Now()
+		do()
+		switch got := since(); {
+		case change && got.Before(at):
+			t.Errorf("%s: Since %v; want at or after %v", what, got, at)
+		case !change && !got.Equal(before):
+			t.Errorf("%s: Since moved %v -> %v; want it kept", what, before, got)
+		}
+	}
+	step("serving, as it started", false, func() { a.SetEngine(route.EngineServing) })
+	step("first digest", true, func() {
+		if err := a.PublishDigest(testDigest("n0", 1, 1, 10)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("same epoch, next version", false, func() {
+		if err := a.PublishDigest(testDigest("n0", 1, 2, 10, 11)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("serving again", false, func() { a.SetEngine(route.EngineServing) })
+	step("engine down", true, func() { a.SetEngine(route.EngineDown) })
+	step("digest withdrawn", true, a.WithdrawDigest)
+	step("new epoch", true, func() {
+		if err := a.PublishDigest(testDigest("n0", 2, 1)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("back", true, func() { a.SetEngine(route.EngineServing) })
+}
+
 // TestMeshFullDigestResend checks the periodic full digest heals a copy
 // that nothing else would: n0's only delta to n1 is lost, and the repair
 // by meta lag is an hour away, so n1 catches up by the resend alone.
