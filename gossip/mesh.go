@@ -95,8 +95,24 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	// may still hold if they never saw it leave.
 	m.load.seq = uint64(m.now().UnixNano())
 
-	ml, err := memberlist.Create(cfg.memberlistConfig(delegate{m}))
+	mc := cfg.memberlistConfig(delegate{m})
+	if mc.Transport == nil { // else a test's
+		t, err := newTransport(mc.BindAddr, mc.BindPort, func(err error) { m.log.Warn().Err(err).Msg("gossip transport") })
+		if err != nil {
+			return nil, fmt.Errorf("start memberlist: %w", err)
+		}
+		// What memberlist does for its own transport on port 0.
+		if mc.BindPort == 0 {
+			mc.BindPort = t.Port()
+		}
+		if mc.AdvertisePort == 0 {
+			mc.AdvertisePort = t.Port()
+		}
+		mc.Transport = t
+	}
+	ml, err := memberlist.Create(mc)
 	if err != nil {
+		mc.Transport.Shutdown()
 		return nil, fmt.Errorf("start memberlist: %w", err)
 	}
 	m.ml.Store(ml)
