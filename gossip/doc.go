@@ -55,6 +55,7 @@
 //	join.go       joining the seeds, and rejoining them
 //	stats.go      the counters, per kind by the kind byte
 //	config.go     Config and its presets
+//	transport.go  memberlist's sockets: NetTransport's, each packet in a buffer of its size
 //	mesh.go       Join, the receive loop, Snapshot, Shutdown
 //
 // # Adding a gossip message
