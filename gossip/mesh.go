@@ -96,7 +96,8 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	m.load.seq = uint64(m.now().UnixNano())
 
 	mc := cfg.memberlistConfig(delegate{m})
-	if mc.Transport == nil { // else a test's
+	var own *transport // nil when a test brought its own
+	if mc.Transport == nil {
 		t, err := newTransport(mc.BindAddr, mc.BindPort, func(err error) { m.log.Warn().Err(err).Msg("gossip transport") })
 		if err != nil {
 			return nil, fmt.Errorf("start memberlist: %w", err)
@@ -108,11 +109,13 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 		if mc.AdvertisePort == 0 {
 			mc.AdvertisePort = t.Port()
 		}
-		mc.Transport = t
+		mc.Transport, own = t, t
 	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
-		mc.Transport.Shutdown()
+		if own != nil { // memberlist leaves it open on some failures
+			own.Shutdown()
+		}
 		return nil, fmt.Errorf("start memberlist: %w", err)
 	}
 	m.ml.Store(ml)

@@ -50,15 +50,22 @@ func newTransport(addr string, port int, failures func(error)) (*transport, erro
 	if ip == nil {
 		return nil, fmt.Errorf("gossip transport: bind address %q is not an IP", addr)
 	}
-	tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: ip, Port: port})
-	if err != nil {
-		return nil, fmt.Errorf("gossip transport: TCP listener on %s port %d: %w", addr, port, err)
+	// On port 0 the UDP port the kernel gave TCP may be taken: try again,
+	// ten times as memberlist does for its own transport.
+	tries := 1
+	if port == 0 {
+		tries = 10
 	}
-	port = tcp.Addr().(*net.TCPAddr).Port
-	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip, Port: port})
+	var tcp *net.TCPListener
+	var udp *net.UDPConn
+	var err error
+	for range tries {
+		if tcp, udp, err = listenPair(ip, port); err == nil {
+			break
+		}
+	}
 	if err != nil {
-		tcp.Close()
-		return nil, fmt.Errorf("gossip transport: UDP listener on %s port %d: %w", addr, port, err)
+		return nil, fmt.Errorf("gossip transport: %w", err)
 	}
 	for size := udpRecvBuf; size > 0; size /= 2 {
 		if udp.SetReadBuffer(size) == nil {
@@ -74,6 +81,21 @@ func newTransport(addr string, port int, failures func(error)) (*transport, erro
 	go t.acceptLoop()
 	go t.readLoop()
 	return t, nil
+}
+
+// listenPair listens on ip:port by TCP, then by UDP on the port TCP got.
+func listenPair(ip net.IP, port int) (*net.TCPListener, *net.UDPConn, error) {
+	tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: ip, Port: port})
+	if err != nil {
+		return nil, nil, fmt.Errorf("TCP listener on %s port %d: %w", ip, port, err)
+	}
+	port = tcp.Addr().(*net.TCPAddr).Port
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip, Port: port})
+	if err != nil {
+		tcp.Close()
+		return nil, nil, fmt.Errorf("UDP listener on %s port %d: %w", ip, port, err)
+	}
+	return tcp, udp, nil
 }
 
 // Port is the port listened on.
