@@ -46,7 +46,7 @@ vet: deps
 # fuzzing is `make fuzz`.
 test: vet unit
 
-unit: deps
+unit: deps chaos-deps
 	@echo "== test: go test $(TESTFLAGS) -tags integration ./..."
 	@set -o pipefail; start=$$(date +%s); \
 	  $(GO) test $(TESTFLAGS) -tags integration ./... 2>&1 | grep --line-buffered -v -e '\[no test files\]$$'; \

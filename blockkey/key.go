@@ -22,8 +22,8 @@ func Root(model, lora, salt string) Key {
 // ModelRoot is the chain root of the blocks that an engine serving base
 // computes for a request or event naming model. It is the one rule both
 // sides key by (docs/design.md D1): the base model, or no name, roots at base;
-// any other name is a LoRA adapter of it. No cache_salt: vLLM's KV events
-// do not carry one, so salted requests match as unsalted.
+// any other name is a LoRA adapter of it. A cache_salt is not in the root:
+// vLLM hashes it into block 0 alone, which Salted and RequestMM mirror.
 func ModelRoot(base, model string) Key {
 	lora := ""
 	if model != "" && model != base {

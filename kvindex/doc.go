@@ -22,10 +22,11 @@
 // What it maps: vLLM's block hash → (our blockkey.Key, block position,
 // physical copies). Keys are chained from the event's token ids, seeded by
 // blockkey.ModelRoot(model, lora), so they match what blockkey's
-// Scheme.Request computes for a prompt on any pod. vLLM does not send
-// cache_salt in events: salted blocks are keyed as unsalted, so a salted
-// request never matches them and an unsalted request may match them
-// (a routing miss, never a correctness problem).
+// Scheme.Request computes for a prompt on any pod. A block's extra hash
+// keys in the event (an image's identifier, the cache_salt on block 0;
+// extras.go) are mixed into its key with blockkey.Extend, as the request
+// side does (blockkey.Scheme.RequestMM), so a salted or image-bearing
+// prefix matches only a request with the same salt or image.
 //
 // The routing set is the set of keys at Scheme.Routed positions held by at
 // least one resident hash. Two vLLM hashes can share one key (vLLM seeds

@@ -138,20 +138,21 @@ func (ix *Index) store(ev *kvevent.Event, ch *Change) {
 		return
 	}
 	tokens = tokens[:len(hashes)*bs]
+	extras := eventExtras(ev, len(hashes))
 	switch {
 	case ev.Parent == nil:
 		lora := ""
 		if ev.LoRAName != nil {
 			lora = *ev.LoRAName
 		}
-		ix.link(blockkey.ModelRoot(ix.cfg.Model, lora), 0, hashes, tokens, bs, nil)
+		ix.link(blockkey.ModelRoot(ix.cfg.Model, lora), 0, hashes, tokens, extras, bs, nil)
 	default:
 		p, ok := ix.blocks[*ev.Parent]
 		if !ok {
-			ix.hold(*ev.Parent, hashes, tokens, bs, ch)
+			ix.hold(*ev.Parent, hashes, tokens, extras, bs, ch)
 			return
 		}
-		ix.link(p.key, p.pos+1, hashes, tokens, bs, nil)
+		ix.link(p.key, p.pos+1, hashes, tokens, extras, bs, nil)
 	}
 	ix.resolve(ch)
 }
@@ -159,9 +160,12 @@ func (ix *Index) store(ev *kvevent.Event, ch *Change) {
 // link keys a run of blocks after the block with key parent and position
 // pos-1, and stores the ones not marked gone. Parents it stores that
 // orphans wait for are queued for resolve.
-func (ix *Index) link(parent blockkey.Key, pos int, hashes []uint64, tokens []uint32, bs int, gone []bool) {
+func (ix *Index) link(parent blockkey.Key, pos int, hashes []uint64, tokens []uint32, extras [][]string, bs int, gone []bool) {
 	k := parent
 	for i, h := range hashes {
+		if extras != nil {
+			k = blockkey.Extend(k, extras[i])
+		}
 		k = blockkey.Next(k, tokens[i*bs:(i+1)*bs])
 		if gone == nil || !gone[i] {
 			ix.storeOne(h, k, pos+i)
@@ -182,7 +186,7 @@ func (ix *Index) resolve(ch *Change) {
 		for _, g := range ix.orphans.take(p.hash) {
 			ch.Resolved += g.live
 			ix.stats.Resolved += uint64(g.live)
-			ix.link(p.key, p.pos+1, g.hashes, g.tokens, g.bs, g.gone)
+			ix.link(p.key, p.pos+1, g.hashes, g.tokens, g.extras, g.bs, g.gone)
 		}
 	}
 }
@@ -244,8 +248,8 @@ func (ix *Index) touch(k blockkey.Key, present bool) {
 	}
 }
 
-func (ix *Index) hold(parent uint64, hashes []uint64, tokens []uint32, bs int, ch *Change) {
-	n, expired := ix.orphans.hold(parent, hashes, tokens, bs, ix.cfg.OrphanLimit)
+func (ix *Index) hold(parent uint64, hashes []uint64, tokens []uint32, extras [][]string, bs int, ch *Change) {
+	n, expired := ix.orphans.hold(parent, hashes, tokens, extras, bs, ix.cfg.OrphanLimit)
 	ch.Orphaned += n
 	ix.stats.Orphaned += uint64(n)
 	ch.Expired += expired

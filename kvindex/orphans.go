@@ -20,6 +20,7 @@ type group struct {
 	parent uint64
 	hashes []uint64
 	tokens []uint32
+	extras [][]string // per block, nil when no block has any
 	bs     int
 	gone   []bool // removed while held: keyed for descendants, never stored
 	live   int
@@ -42,7 +43,7 @@ func (o *orphans) waiting(h uint64) bool {
 // hold adds a group within limit blocks, expiring the oldest groups to make
 // room. It returns the blocks held and the blocks expired (a group larger
 // than limit is expired at once).
-func (o *orphans) hold(parent uint64, hashes []uint64, tokens []uint32, bs, limit int) (held, expired int) {
+func (o *orphans) hold(parent uint64, hashes []uint64, tokens []uint32, extras [][]string, bs, limit int) (held, expired int) {
 	n := len(hashes)
 	if n > limit {
 		return 0, n
@@ -54,6 +55,7 @@ func (o *orphans) hold(parent uint64, hashes []uint64, tokens []uint32, bs, limi
 		parent: parent,
 		hashes: append([]uint64(nil), hashes...),
 		tokens: append([]uint32(nil), tokens...),
+		extras: extras,
 		bs:     bs,
 		gone:   make([]bool, n),
 		live:   n,

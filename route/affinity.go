@@ -43,6 +43,10 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 			continue
 		}
 		n, tag := matchPeer(pv, req.Keys, now, p.Config, p.Recent)
+		for _, ks := range req.Batch {
+			m, _ := matchPeer(pv, ks, now, p.Config, p.Recent)
+			n += m
+		}
 		c.Note = addTag(c.Note, tag)
 		c.MatchedKeys = n
 		c.MatchedTokens = n * tpk

@@ -108,8 +108,13 @@ type Request struct {
 	// (blockkey.Scheme.TokensPerKey); values below 1 mean DefaultTokensPerKey.
 	TokensPerKey int
 	// PromptTokens, when above 0, caps MatchedTokens (a match can never save
-	// more than the prompt).
+	// more than the prompt). For a batch it is every prompt's tokens.
 	PromptTokens int
+	// Batch holds the routing keys of a batch request's further prompts
+	// (Keys is the first's). A batch is served whole by one pod, one engine
+	// request per prompt, so a peer's match is the sum of its matches of
+	// every prompt (llm-d's precise scorer sums them too).
+	Batch [][]blockkey.Key
 }
 
 // DefaultTokensPerKey is vLLM's default block size, used when a Request
