@@ -6,6 +6,8 @@ package vllmsim
 // together with the edge.
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -37,6 +39,10 @@ type Request struct {
 	LoRAID int64
 	// CacheSalt enters the hash of the first block only (vLLM semantics).
 	CacheSalt string
+	// MM are the prompt's image placements (from ChatMM). Blocks
+	// overlapping an image carry its ID in their hash extras and in
+	// BlockStored's extra_keys.
+	MM []MMPlacement
 }
 
 // Usage is what vLLM reports in the response's usage object.
@@ -87,6 +93,9 @@ type CachedBlock struct {
 	Parent *uint64
 	Tokens []uint32
 	LoRA   string
+	// Extra are the block's extra hash keys in vLLM's order (LoRA name,
+	// image IDs, salt), nil when none.
+	Extra  []string
 	Copies int // physical copies holding this hash
 }
 
@@ -117,16 +126,52 @@ type Config struct {
 	// TokenizerMemoBytes bounds the tokenizer's remembered encodings of
 	// long texts (0: none): the simulator's own CPU, no simulated time.
 	TokenizerMemoBytes int
+	// ImageTokens is how many placeholder tokens the engine's tokenizer
+	// renders per image (0: DefaultImageTokens).
+	ImageTokens int
 	// EventSink receives each step's KV events, in order, from the step
 	// loop. It must not block for long (the publisher queues).
 	EventSink func(ts float64, events []kvevent.Event)
 }
 
 // Message is one chat message as /v1/chat/completions and /tokenize take it.
-// Content is the text (array-of-parts content is flattened by the edge).
+// Content is the text; when Parts is non-nil the content is Parts instead
+// and Content is ignored.
 type Message struct {
 	Role    string
 	Content string
+	Parts   []Part
+}
+
+// Part is one piece of a message's content, in order.
+type Part struct {
+	Text  string
+	Image *Image // set for an image part (Text ignored)
+}
+
+// Image is one image of a prompt. The simulator never decodes it.
+type Image struct {
+	// ID is the identifier vLLM hashes it by: the request's uuid when the
+	// caller gave one, else a hash of its content (the simulator's:
+	// ContentID(url)).
+	ID string
+}
+
+// ContentID is the simulator's content hash of an image given by URL or
+// data URL: hex sha256 of the string. vLLM hashes the decoded pixels; any
+// stable content hash routes the same.
+func ContentID(url string) string {
+	h := sha256.Sum256([]byte(url))
+	return hex.EncodeToString(h[:])
+}
+
+// MMPlacement is where one image's placeholder tokens sit in a prompt
+// (vLLM's mm_placeholders: offset and length in tokens) and its identifier
+// (vLLM's mm_hashes entry).
+type MMPlacement struct {
+	ID     string `json:"id"`
+	Offset int    `json:"offset"`
+	Length int    `json:"length"`
 }
 
 // ChatTemplate is the chat template a simulated model renders with.

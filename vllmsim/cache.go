@@ -17,6 +17,7 @@ type kvBlock struct {
 	parent *uint64 // wire hash of the block before, nil at token 0
 	tokens []uint32
 	lora   string
+	extra  []string // the extra keys hashed into hash, nil when none
 	// free-list links; inFree says whether the block is in the queue.
 	prev, next *kvBlock
 	inFree     bool
@@ -155,14 +156,17 @@ func (p *pool) evict(b *kvBlock) {
 		BlockHashes: []uint64{b.hash.wire()},
 		Medium:      &gpu,
 	})
-	b.cached, b.parent, b.tokens, b.lora = false, nil, nil, ""
+	b.cached, b.parent, b.tokens, b.lora, b.extra = false, nil, nil, "", nil
 }
 
 // store registers blocks[from:to] of a request under hashes[from:to] and
 // records one BlockStored (BlockPool.cache_full_blocks). tokens are the
 // request's tokens; a new physical copy is added even when the hash is
-// already cached, as vLLM does for blocks computed concurrently.
-func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, to int, lora string, loraID int64) {
+// already cached, as vLLM does for blocks computed concurrently. Like
+// vLLM since #33304 the event's extra_keys has one entry per stored block,
+// None for a block without extra keys, so a plain request sends
+// [None, ...].
+func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, to int, k blockKeys, loraID int64) {
 	if to <= from {
 		return
 	}
@@ -179,9 +183,10 @@ func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, 
 		TokenIDs:  slices.Clone(tokens[from*bs : to*bs]),
 		BlockSize: bs,
 		Medium:    &gpu,
+		ExtraKeys: make([][]any, 0, to-from),
 	}
-	if lora != "" {
-		l := lora
+	if k.lora != "" {
+		l := k.lora
 		ev.LoRAName = &l
 	}
 	if loraID > 0 {
@@ -190,7 +195,8 @@ func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, 
 	}
 	for i := from; i < to; i++ {
 		b := blocks[i]
-		b.cached, b.hash, b.lora = true, hashes[i], lora
+		b.cached, b.hash, b.lora = true, hashes[i], k.lora
+		b.extra = extraKeys(k, i, bs)
 		// Own copy: the sink may keep or change the event's slice.
 		b.tokens = slices.Clone(tokens[i*bs : (i+1)*bs])
 		if i > 0 {
@@ -199,8 +205,22 @@ func (p *pool) store(blocks []*kvBlock, hashes []digest, tokens []uint32, from, 
 		}
 		p.cached[b.hash] = append(p.cached[b.hash], b)
 		ev.BlockHashes = append(ev.BlockHashes, b.hash.wire())
+		ev.ExtraKeys = append(ev.ExtraKeys, anys(b.extra))
 	}
 	p.events = append(p.events, ev)
+}
+
+// anys is keys as an extra_keys entry: a new slice (the sink may keep or
+// change it), nil for none.
+func anys(keys []string) []any {
+	if keys == nil {
+		return nil
+	}
+	out := make([]any, len(keys))
+	for i, k := range keys {
+		out[i] = k
+	}
+	return out
 }
 
 // free releases a request's blocks, given in allocation order. They are
@@ -230,7 +250,7 @@ func (p *pool) clear() bool {
 	}
 	for i := range p.blocks {
 		b := &p.blocks[i]
-		b.cached, b.parent, b.tokens, b.lora = false, nil, nil, ""
+		b.cached, b.parent, b.tokens, b.lora, b.extra = false, nil, nil, "", nil
 	}
 	p.cached = make(map[digest][]*kvBlock)
 	p.events = append(p.events, kvevent.Event{
@@ -252,7 +272,7 @@ func (p *pool) snapshot() []CachedBlock {
 	out := make([]CachedBlock, 0, len(p.cached))
 	for h, copies := range p.cached {
 		b := copies[0]
-		cb := CachedBlock{Hash: h.wire(), Tokens: slices.Clone(b.tokens), LoRA: b.lora, Copies: len(copies)}
+		cb := CachedBlock{Hash: h.wire(), Tokens: slices.Clone(b.tokens), LoRA: b.lora, Extra: slices.Clone(b.extra), Copies: len(copies)}
 		if b.parent != nil {
 			v := *b.parent
 			cb.Parent = &v

@@ -14,8 +14,14 @@
 //     prefix at once hold two copies (two BlockStored, later two
 //     BlockRemoved).
 //   - Block hashes: sha256 over canonical CBOR of (parent, tokens, extra)
-//     with NONE_HASH from PYTHONHASHSEED or random per process, LoRA name on
-//     every block, cache_salt on the first; events carry the last 8 bytes.
+//     with NONE_HASH from PYTHONHASHSEED or random per process; extra is
+//     the LoRA name on every block, then the ID of each image whose
+//     placeholder tokens overlap the block, then cache_salt on the first
+//     block. Events carry the last 8 bytes and, per block, those extra keys
+//     (None for a block without any), as vLLM does since #33304.
+//   - Images (ChatMM, Request.MM): rendered as Qwen2-VL's
+//     <|vision_start|><|image_pad|>*N<|vision_end|>; the simulator never
+//     looks at the pixels, an image is its ID.
 //   - The scheduler: continuous batching under MaxNumSeqs and a per-step
 //     token budget with chunked prefill, FCFS admission that waits for free
 //     blocks, and recompute preemption of the most recently scheduled

@@ -76,7 +76,7 @@ func newEngine(cfg Config, clk clock) (*Engine, error) {
 	}
 	return &Engine{
 		cfg:   cfg,
-		tok:   NewTokenizerMemo(cfg.TokenizerMemoBytes),
+		tok:   NewTokenizerMemo(cfg.TokenizerMemoBytes).WithImageTokens(cfg.ImageTokens),
 		clk:   clk,
 		wake:  make(chan struct{}, 1),
 		c:     newCore(cfg, h),
@@ -203,8 +203,10 @@ func (e *Engine) abortAll() {
 }
 
 // Submit queues a request. Cancelling ctx aborts it and frees its blocks.
-// Generated text is a pseudo-random function of the prompt (and LoRA), so
-// the same prompt always yields the same answer, as greedy decoding would.
+// Generated text is a pseudo-random function of the prompt (and LoRA and
+// images), so the same prompt always yields the same answer, as greedy
+// decoding would. Placements in r.MM must be sorted, disjoint, inside the
+// prompt and named (ErrInvalid otherwise).
 func (e *Engine) Submit(ctx context.Context, r Request) (*Stream, error) {
 	n := len(r.PromptTokens)
 	switch {
@@ -217,6 +219,9 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Stream, error) {
 	case ceilDiv(n+r.MaxTokens-1, e.cfg.BlockSize) > e.cfg.NumGPUBlocks:
 		return nil, ErrTooLong
 	}
+	if !validMM(r.MM, n) {
+		return nil, ErrInvalid
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -225,9 +230,8 @@ func (e *Engine) Submit(ctx context.Context, r Request) (*Stream, error) {
 		tokens:    slices.Clone(r.PromptTokens),
 		nPrompt:   n,
 		maxTokens: r.MaxTokens,
-		lora:      r.LoRA,
+		keys:      blockKeys{lora: r.LoRA, salt: r.CacheSalt, mm: slices.Clone(r.MM)},
 		loraID:    r.LoRAID,
-		salt:      r.CacheSalt,
 		next:      e.tok.generator(promptSeed(r)),
 		out:       &stream{ch: make(chan Output, min(r.MaxTokens+2, streamBuffer))},
 	}
@@ -254,7 +258,28 @@ func promptSeed(r Request) uint64 {
 		h.Write(b[:])
 	}
 	h.Write([]byte(r.LoRA))
+	// Another image is another prompt to a model; a text-only request
+	// keeps the seed it always had.
+	for _, m := range r.MM {
+		h.Write([]byte{0})
+		h.Write([]byte(m.ID))
+	}
 	return h.Sum64()
+}
+
+// validMM reports whether placements are what vLLM's processor yields for
+// a prompt of n tokens: non-empty ranges inside it, each with an
+// identifier, sorted by offset and disjoint (generate_block_hash_extra_keys
+// relies on that order).
+func validMM(mm []MMPlacement, n int) bool {
+	end := 0
+	for _, m := range mm {
+		if m.ID == "" || m.Length < 1 || m.Offset < end || m.Offset > n-m.Length {
+			return false
+		}
+		end = m.Offset + m.Length
+	}
+	return true
 }
 
 // cancel aborts q after its context ended.

@@ -429,14 +429,14 @@ func TestChatFollowUpHits(t *testing.T) {
 	cfg := timingConfig()
 	e, _ := startEngine(t, cfg)
 	tok := e.Tokenizer()
-	msgs := []Message{{"system", "You are terse."}, {"user", "Name three rivers of Europe and say something about each."}}
+	msgs := []Message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "Name three rivers of Europe and say something about each."}}
 	o := ChatOptions{AddGenerationPrompt: true}
 	p1, _ := tok.Chat(msgs, o)
 	var gen []uint32
 	for _, out := range run(t, e, Request{PromptTokens: p1, MaxTokens: 40}) {
 		gen = append(gen, out.Tokens...)
 	}
-	msgs = append(msgs, Message{"assistant", tok.Decode(gen)}, Message{"user", "And two more?"})
+	msgs = append(msgs, Message{Role: "assistant", Content: tok.Decode(gen)}, Message{Role: "user", Content: "And two more?"})
 	p2, _ := tok.Chat(msgs, o)
 	outs := run(t, e, Request{PromptTokens: p2, MaxTokens: 1})
 	bs := cfg.BlockSize

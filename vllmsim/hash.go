@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"sort"
 )
 
 // Hash algorithms accepted in Config.HashAlgo.
@@ -63,16 +64,35 @@ func newHasher(algo, seed string, seedSet bool) (hasher, error) {
 	return h, nil
 }
 
+// blockKeys are a request's inputs to its blocks' extra hash keys.
+type blockKeys struct {
+	lora, salt string
+	// mm are the image placements, sorted by offset and disjoint
+	// (Engine.Submit checks), so the images a block overlaps are found by
+	// binary search.
+	mm []MMPlacement
+}
+
 // extraKeys is vLLM's generate_block_hash_extra_keys for the inputs the
-// simulator supports: the LoRA name on every block, then cache_salt on the
-// block that starts at token 0 only; nil when empty (CBOR null).
-func extraKeys(lora, salt string, block int) []string {
+// simulator supports, for block number block of bs tokens: the LoRA name
+// on every block, then the identifier of each image whose placeholder
+// range overlaps the block (bare, as vLLM v0.18+ sends them), then
+// cache_salt on the block that starts at token 0 only; nil when empty
+// (CBOR null, and a None entry in BlockStored's extra_keys).
+func extraKeys(k blockKeys, block, bs int) []string {
 	var x []string
-	if lora != "" {
-		x = append(x, lora)
+	if k.lora != "" {
+		x = append(x, k.lora)
 	}
-	if salt != "" && block == 0 {
-		x = append(x, salt)
+	if len(k.mm) > 0 {
+		start, end := block*bs, (block+1)*bs
+		i := sort.Search(len(k.mm), func(i int) bool { return k.mm[i].Offset+k.mm[i].Length > start })
+		for ; i < len(k.mm) && k.mm[i].Offset < end; i++ {
+			x = append(x, k.mm[i].ID)
+		}
+	}
+	if k.salt != "" && block == 0 {
+		x = append(x, k.salt)
 	}
 	return x
 }
@@ -119,7 +139,7 @@ func (h hasher) fastBlock(parent digest, tokens []uint32, extra []string) digest
 
 // chain appends the hashes of every full block of tokens not yet in have
 // (have holds the hashes of the first len(have) blocks).
-func (h hasher) chain(have []digest, tokens []uint32, bs int, lora, salt string) []digest {
+func (h hasher) chain(have []digest, tokens []uint32, bs int, k blockKeys) []digest {
 	var buf []byte
 	for i := len(have); (i+1)*bs <= len(tokens); i++ {
 		var parent *digest
@@ -127,7 +147,7 @@ func (h hasher) chain(have []digest, tokens []uint32, bs int, lora, salt string)
 			parent = &have[i-1]
 		}
 		var d digest
-		d, buf = h.block(parent, tokens[i*bs:(i+1)*bs], extraKeys(lora, salt, i), buf)
+		d, buf = h.block(parent, tokens[i*bs:(i+1)*bs], extraKeys(k, i, bs), buf)
 		have = append(have, d)
 	}
 	return have

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/fxamacker/cbor/v2"
@@ -63,7 +64,7 @@ func TestHashVectors(t *testing.T) {
 			if f.LoRAName != nil {
 				lora = *f.LoRAName
 			}
-			got := wires(h.chain(nil, f.TokenIDs, f.BlockSize, lora, ""))
+			got := wires(h.chain(nil, f.TokenIDs, f.BlockSize, blockKeys{lora: lora}))
 			if len(got) != 25 || len(f.BlockHashes) != 25 {
 				t.Fatalf("got %d hashes, fixture %d; want 25", len(got), len(f.BlockHashes))
 			}
@@ -124,30 +125,71 @@ func TestEncodeBlockMatchesLibrary(t *testing.T) {
 	}
 }
 
+// TestExtraKeys: vLLM's order is LoRA, then the images overlapping the
+// block (placement [offset, offset+length) against [start, start+bs)),
+// then the salt on block 0; nil when there are none.
 func TestExtraKeys(t *testing.T) {
+	// Blocks of 4: img a covers tokens 2..5 (blocks 0 and 1), b covers
+	// 8..11 (block 2 exactly), c covers 12 (block 3, its first token).
+	mm := []MMPlacement{{ID: "a", Offset: 2, Length: 4}, {ID: "b", Offset: 8, Length: 4}, {ID: "c", Offset: 12, Length: 1}}
+	adj := []MMPlacement{{ID: "x", Offset: 1, Length: 2}, {ID: "y", Offset: 3, Length: 2}}
 	cases := []struct {
-		lora, salt string
-		block      int
-		want       []string
+		k     blockKeys
+		block int
+		want  []string
 	}{
-		{"", "", 0, nil},
-		{"A", "", 0, []string{"A"}},
-		{"A", "", 3, []string{"A"}},
-		{"", "s", 0, []string{"s"}},
-		{"", "s", 1, nil},
-		{"A", "s", 0, []string{"A", "s"}},
-		{"A", "s", 2, []string{"A"}},
+		{blockKeys{}, 0, nil},
+		{blockKeys{lora: "A"}, 0, []string{"A"}},
+		{blockKeys{lora: "A"}, 3, []string{"A"}},
+		{blockKeys{salt: "s"}, 0, []string{"s"}},
+		{blockKeys{salt: "s"}, 1, nil},
+		{blockKeys{lora: "A", salt: "s"}, 0, []string{"A", "s"}},
+		{blockKeys{lora: "A", salt: "s"}, 2, []string{"A"}},
+		{blockKeys{mm: mm}, 0, []string{"a"}},
+		{blockKeys{mm: mm}, 1, []string{"a"}},
+		{blockKeys{mm: mm}, 2, []string{"b"}},
+		{blockKeys{mm: mm}, 3, []string{"c"}},
+		{blockKeys{mm: mm}, 4, nil},
+		{blockKeys{lora: "A", salt: "s", mm: mm}, 0, []string{"A", "a", "s"}},
+		{blockKeys{lora: "A", salt: "s", mm: mm}, 1, []string{"A", "a"}},
+		// Two images in one block, in offset order; the first also
+		// reaches into the block before.
+		{blockKeys{mm: adj}, 0, []string{"x", "y"}},
+		{blockKeys{mm: adj}, 1, []string{"y"}},
+		{blockKeys{mm: adj}, 2, nil},
 	}
 	for _, c := range cases {
-		got := extraKeys(c.lora, c.salt, c.block)
-		if len(got) != len(c.want) || (got == nil) != (c.want == nil) {
-			t.Errorf("extraKeys(%q,%q,%d) = %q; want %q", c.lora, c.salt, c.block, got, c.want)
-			continue
+		got := extraKeys(c.k, c.block, 4)
+		if !slices.Equal(got, c.want) || (got == nil) != (c.want == nil) {
+			t.Errorf("extraKeys(%+v, %d) = %q; want %q", c.k, c.block, got, c.want)
 		}
-		for i := range got {
-			if got[i] != c.want[i] {
-				t.Errorf("extraKeys(%q,%q,%d) = %q; want %q", c.lora, c.salt, c.block, got, c.want)
+	}
+}
+
+// TestImageChangesHashFromItsBlock: an image's ID enters the hash of the
+// blocks it overlaps, so a different image changes those blocks' hashes
+// and, through the chain, every later one, and nothing before.
+func TestImageChangesHashFromItsBlock(t *testing.T) {
+	toks := make([]uint32, 64)
+	for i := range toks {
+		toks[i] = uint32(100 + i)
+	}
+	for _, algo := range []string{HashSHA256CBOR, HashFast} {
+		h, _ := newHasher(algo, "42", true)
+		at := func(id string) []uint64 {
+			return wires(h.chain(nil, toks, 16, blockKeys{mm: []MMPlacement{{ID: id, Offset: 20, Length: 8}}}))
+		}
+		a, b, plain := at("A"), at("B"), wires(h.chain(nil, toks, 16, blockKeys{}))
+		if a[0] != b[0] || a[0] != plain[0] {
+			t.Errorf("%s: block 0 (before the image) differs: %x %x %x", algo, a[0], b[0], plain[0])
+		}
+		for i := 1; i < len(a); i++ {
+			if a[i] == b[i] || a[i] == plain[i] {
+				t.Errorf("%s: block %d hash does not depend on the image", algo, i)
 			}
+		}
+		if again := at("A"); !slices.Equal(again, a) {
+			t.Errorf("%s: same image, different chain", algo)
 		}
 	}
 }
@@ -158,9 +200,9 @@ func TestSaltAndSeed(t *testing.T) {
 	f := loadFixture(t, "kv_event_base.json")
 	for _, algo := range []string{HashSHA256CBOR, HashFast} {
 		h, _ := newHasher(algo, "42", true)
-		base := wires(h.chain(nil, f.TokenIDs, 16, "", ""))
-		salted := wires(h.chain(nil, f.TokenIDs, 16, "", "s1"))
-		again := wires(h.chain(nil, f.TokenIDs, 16, "", "s1"))
+		base := wires(h.chain(nil, f.TokenIDs, 16, blockKeys{}))
+		salted := wires(h.chain(nil, f.TokenIDs, 16, blockKeys{salt: "s1"}))
+		again := wires(h.chain(nil, f.TokenIDs, 16, blockKeys{salt: "s1"}))
 		for i := range base {
 			if base[i] == salted[i] {
 				t.Errorf("%s: block %d unchanged by salt", algo, i)
@@ -175,8 +217,8 @@ func TestSaltAndSeed(t *testing.T) {
 			t.Errorf("%s: two random seeds are equal", algo)
 		}
 		// Incremental chaining equals one-shot chaining.
-		part := h.chain(nil, f.TokenIDs[:100], 16, "", "")
-		full := h.chain(part, f.TokenIDs, 16, "", "")
+		part := h.chain(nil, f.TokenIDs[:100], 16, blockKeys{})
+		full := h.chain(part, f.TokenIDs, 16, blockKeys{})
 		if got := wires(full); got[24] != base[24] || len(got) != 25 {
 			t.Errorf("%s: incremental chain differs", algo)
 		}
@@ -193,7 +235,7 @@ func BenchmarkHashBlock(b *testing.B) {
 			h, _ := newHasher(algo, "42", true)
 			b.ReportAllocs()
 			for b.Loop() {
-				h.chain(nil, f.TokenIDs, 16, "", "")
+				h.chain(nil, f.TokenIDs, 16, blockKeys{})
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*25), "ns/block")
 		})

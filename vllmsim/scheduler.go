@@ -22,9 +22,8 @@ type seq struct {
 	tokens    []uint32 // prompt, then generated tokens
 	nPrompt   int
 	maxTokens int
-	lora      string
+	keys      blockKeys // LoRA name, salt and images: the blocks' extra keys
 	loraID    int64
-	salt      string
 	next      func() uint32 // the "model": the next generated token
 
 	state  seqState
@@ -171,7 +170,7 @@ func (c *core) plan(b *batch, q *seq, n int, decode bool) {
 // blocks do not fit.
 func (c *core) admit(q *seq, budget int) (int, bool) {
 	bs := c.cfg.BlockSize
-	q.hashes = c.h.chain(q.hashes, q.tokens, bs, q.lora, q.salt)
+	q.hashes = c.h.chain(q.hashes, q.tokens, bs, q.keys)
 	// The last token is always recomputed to get logits: (n-1)//bs.
 	hit := c.pool.lookup(q.hashes, (len(q.tokens)-1)/bs)
 	hitTokens := len(hit) * bs
@@ -216,8 +215,8 @@ func (c *core) cacheFull(q *seq, upto int) {
 	if full <= q.cachedBlocks {
 		return
 	}
-	q.hashes = c.h.chain(q.hashes, q.tokens[:full*bs], bs, q.lora, q.salt)
-	c.pool.store(q.blocks, q.hashes, q.tokens, q.cachedBlocks, full, q.lora, q.loraID)
+	q.hashes = c.h.chain(q.hashes, q.tokens[:full*bs], bs, q.keys)
+	c.pool.store(q.blocks, q.hashes, q.tokens, q.cachedBlocks, full, q.keys, q.loraID)
 	q.cachedBlocks = full
 }
 

@@ -434,10 +434,10 @@ func TestEventConsistencyRandom(t *testing.T) {
 				p := slices.Concat(d[:rng.IntN(len(d))+1], toks(10000+rng.IntN(50)*7, rng.IntN(30)))
 				q := newSeq(p, 1+rng.IntN(30), uint32(rng.IntN(3)*100))
 				if rng.IntN(6) == 0 {
-					q.lora = "L"
+					q.keys.lora = "L"
 				}
 				if rng.IntN(8) == 0 {
-					q.salt = "s"
+					q.keys.salt = "s"
 				}
 				c.add(q)
 				live = append(live, q)

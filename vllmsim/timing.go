@@ -87,6 +87,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("config: negative timing %+v", c.Timing)
 	case c.TimeScale < 0 || c.TimeScale != c.TimeScale:
 		return fmt.Errorf("config: time scale %v", c.TimeScale)
+	case c.ImageTokens < 0:
+		return fmt.Errorf("config: image tokens %d < 0", c.ImageTokens)
 	}
 	if c.TimeScale == 0 {
 		c.TimeScale = 1

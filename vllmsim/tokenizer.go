@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"unicode"
 )
 
 // ErrBadChat: the chat request cannot be rendered (vLLM answers 400).
@@ -24,10 +26,24 @@ const (
 	TokenStartHeader uint32 = 5 // <|start_header_id|>
 	TokenEndHeader   uint32 = 6 // <|end_header_id|>
 	TokenEOT         uint32 = 7 // <|eot_id|>
+	// Qwen2-VL's image tokens, written only by the chat template around an
+	// image (ChatMM). Their literal text in input stays plain text, so text
+	// tokenizes as it did before images existed.
+	TokenVisionStart uint32 = 8  // <|vision_start|>
+	TokenVisionEnd   uint32 = 9  // <|vision_end|>
+	TokenImagePad    uint32 = 10 // <|image_pad|>
 )
+
+// DefaultImageTokens is how many placeholder tokens an image takes unless
+// set otherwise (Qwen2-VL gives a 224×224 image 64).
+const DefaultImageTokens = 64
 
 var specials = []string{"<|endoftext|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>",
 	"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
+
+// imageSpecials are the texts of the ids from TokenVisionStart on, for
+// Decode only.
+var imageSpecials = []string{"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"}
 
 // Vocabulary layout. Ids below numSpecial are specials (some reserved),
 // then one token per byte (fallback for anything else), then every
@@ -71,6 +87,7 @@ type Tokenizer struct {
 	lower, capital, capSpace []uint32 // " word", "Word", " Word"
 	period, comma            uint32
 	memo                     *memo // nil: encode everything
+	imageTokens              int   // placeholder tokens per image
 }
 
 // NewTokenizer builds the vocabulary (a few milliseconds; build once).
@@ -80,7 +97,7 @@ func NewTokenizer() *Tokenizer { return NewTokenizerMemo(0) }
 // in up to memoBytes of texts and ids (0: none). The output is the same;
 // only the simulator's own CPU changes (see memo).
 func NewTokenizerMemo(memoBytes int) *Tokenizer {
-	t := &Tokenizer{ids: make(map[string]uint32)}
+	t := &Tokenizer{ids: make(map[string]uint32), imageTokens: DefaultImageTokens}
 	if memoBytes > 0 {
 		t.memo = newMemo(memoBytes)
 	}
@@ -115,6 +132,21 @@ func NewTokenizerMemo(memoBytes int) *Tokenizer {
 	t.period, t.comma = t.ids["."], t.ids[","]
 	return t
 }
+
+// WithImageTokens returns a tokenizer that renders each image as n
+// placeholder tokens (n < 1: DefaultImageTokens), sharing t's vocabulary
+// and memo; t is unchanged.
+func (t *Tokenizer) WithImageTokens(n int) *Tokenizer {
+	if n < 1 {
+		n = DefaultImageTokens
+	}
+	c := *t
+	c.imageTokens = n
+	return &c
+}
+
+// ImageTokens is how many placeholder tokens one image takes.
+func (t *Tokenizer) ImageTokens() int { return t.imageTokens }
 
 // VocabSize is the number of token ids (specials, bytes, chunks, pieces).
 func (t *Tokenizer) VocabSize() int { return pieceBase + len(t.pieces) }
@@ -267,6 +299,8 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 		switch {
 		case id < uint32(len(specials)):
 			b.WriteString(specials[id])
+		case id < TokenVisionStart+uint32(len(imageSpecials)):
+			b.WriteString(imageSpecials[id-TokenVisionStart])
 		case id < byteBase:
 		case id < chunkBase:
 			b.WriteByte(byte(id - byteBase))
@@ -345,37 +379,156 @@ func (t *Tokenizer) generator(seed uint64) func() uint32 {
 // ContinueFinalMessage leaves the last message open (no <|im_end|>).
 // Each segment is tokenized on its own, so turn N+1 of a conversation
 // starts with turn N's prompt followed by turn N's generated tokens.
+// Images render as in ChatMM.
 func (t *Tokenizer) Chat(msgs []Message, o ChatOptions) ([]uint32, error) {
+	ids, _, err := t.ChatMM(msgs, o)
+	return ids, err
+}
+
+// ChatMM is Chat that also returns each image's placement, in prompt
+// order. An image renders as TokenVisionStart, ImageTokens() copies of
+// TokenImagePad, TokenVisionEnd (Qwen2-VL's
+// <|vision_start|><|image_pad|>*N<|vision_end|>); its placement covers the
+// N pad tokens, as vLLM's mm_placeholders do. Text parts of one message are
+// joined with "\n" (as vLLM does for string-content templates); an image
+// sits between them where it was, with no separator (as Qwen2-VL's
+// template writes it inline). Without images the tokens are Chat's and the
+// placements nil. An image without an ID is ErrBadChat.
+func (t *Tokenizer) ChatMM(msgs []Message, o ChatOptions) ([]uint32, []MMPlacement, error) {
 	if o.AddGenerationPrompt && o.ContinueFinalMessage {
-		return nil, fmt.Errorf("%w: add_generation_prompt and continue_final_message are both set", ErrBadChat)
+		return nil, nil, fmt.Errorf("%w: add_generation_prompt and continue_final_message are both set", ErrBadChat)
 	}
 	if o.ContinueFinalMessage && len(msgs) == 0 {
-		return nil, fmt.Errorf("%w: continue_final_message needs a message", ErrBadChat)
-	}
-	var ids []uint32
-	tools, err := compactTools(o.Tools)
-	if err != nil {
-		return nil, err
-	}
-	if o.Template == Llama3 {
-		return t.llama3(msgs, o, tools), nil
-	}
-	if tools != "" {
-		sys := ""
-		if len(msgs) > 0 && msgs[0].Role == "system" {
-			sys = msgs[0].Content + "\n\n"
-			msgs = msgs[1:]
-		}
-		ids = t.turn(ids, "system", sys+toolsHeader+tools+toolsFooter, !(o.ContinueFinalMessage && len(msgs) == 0))
+		return nil, nil, fmt.Errorf("%w: continue_final_message needs a message", ErrBadChat)
 	}
 	for i, m := range msgs {
-		ids = t.turn(ids, m.Role, m.Content, !(o.ContinueFinalMessage && i == len(msgs)-1))
+		for j, p := range m.Parts {
+			if p.Image != nil && p.Image.ID == "" {
+				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d]: image without an id", ErrBadChat, i, j)
+			}
+		}
+	}
+	tools, err := compactTools(o.Tools)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := render{t: t}
+	if o.Template == Llama3 {
+		r.llama3(msgs, o, tools)
+		return r.ids, r.mm, nil
+	}
+	if tools != "" {
+		var sys []seg
+		if len(msgs) > 0 && msgs[0].Role == "system" {
+			sys = withText(content(msgs[0]), "\n\n")
+			msgs = msgs[1:]
+		}
+		sys = withText(sys, toolsHeader+tools+toolsFooter)
+		r.turn("system", sys, !(o.ContinueFinalMessage && len(msgs) == 0))
+	}
+	for i, m := range msgs {
+		r.turn(m.Role, content(m), !(o.ContinueFinalMessage && i == len(msgs)-1))
 	}
 	if o.AddGenerationPrompt {
-		ids = append(ids, TokenIMStart)
-		ids = t.encode(ids, "assistant\n")
+		r.ids = append(r.ids, TokenIMStart)
+		r.ids = t.encode(r.ids, "assistant\n")
 	}
-	return ids, nil
+	return r.ids, r.mm, nil
+}
+
+// seg is a run of a message's content: text, or one image when img is set.
+// Adjacent text is always one seg, tokenized whole, so that splitting a
+// message into parts cannot change how its text tokenizes.
+type seg struct {
+	text string
+	img  *Image
+}
+
+// content is m's content as segs: Content, or Parts with consecutive text
+// parts joined by "\n".
+func content(m Message) []seg {
+	if m.Parts == nil {
+		return []seg{{text: m.Content}}
+	}
+	var out []seg
+	var b strings.Builder
+	text := false
+	for _, p := range m.Parts {
+		if p.Image != nil {
+			if text {
+				out = append(out, seg{text: b.String()})
+				b.Reset()
+				text = false
+			}
+			out = append(out, seg{img: p.Image})
+			continue
+		}
+		if text {
+			b.WriteByte('\n')
+		}
+		b.WriteString(p.Text)
+		text = true
+	}
+	if text {
+		out = append(out, seg{text: b.String()})
+	}
+	return out
+}
+
+// withText appends s to segs, into the last seg when that is text.
+func withText(segs []seg, s string) []seg {
+	if n := len(segs); n > 0 && segs[n-1].img == nil {
+		segs[n-1].text += s
+		return segs
+	}
+	return append(segs, seg{text: s})
+}
+
+// trimSegs is strings.TrimSpace of the content segs make up.
+func trimSegs(segs []seg) []seg {
+	if len(segs) == 0 {
+		return segs
+	}
+	segs = slices.Clone(segs)
+	if segs[0].img == nil {
+		segs[0].text = strings.TrimLeftFunc(segs[0].text, unicode.IsSpace)
+	}
+	if n := len(segs) - 1; segs[n].img == nil {
+		segs[n].text = strings.TrimRightFunc(segs[n].text, unicode.IsSpace)
+	}
+	return segs
+}
+
+// render accumulates a prompt's tokens and image placements.
+type render struct {
+	t   *Tokenizer
+	ids []uint32
+	mm  []MMPlacement
+}
+
+func (r *render) content(segs []seg) {
+	for _, s := range segs {
+		if s.img == nil {
+			r.ids = r.t.encode(r.ids, s.text)
+			continue
+		}
+		r.ids = append(r.ids, TokenVisionStart)
+		r.mm = append(r.mm, MMPlacement{ID: s.img.ID, Offset: len(r.ids), Length: r.t.imageTokens})
+		for range r.t.imageTokens {
+			r.ids = append(r.ids, TokenImagePad)
+		}
+		r.ids = append(r.ids, TokenVisionEnd)
+	}
+}
+
+func (r *render) turn(role string, segs []seg, closed bool) {
+	r.ids = append(r.ids, TokenIMStart)
+	r.ids = r.t.encode(r.ids, role+"\n")
+	r.content(segs)
+	if closed {
+		r.ids = append(r.ids, TokenIMEnd)
+		r.ids = r.t.encode(r.ids, "\n")
+	}
 }
 
 const (
@@ -408,48 +561,42 @@ func compactTools(raw []byte) (string, error) {
 // message if the first message is one, then per message a header and its
 // content trimmed, each closed by <|eot_id|>. Unlike ChatML, a
 // conversation without a system message still starts with that block.
-func (t *Tokenizer) llama3(msgs []Message, o ChatOptions, tools string) []uint32 {
-	ids := []uint32{TokenBOS}
-	sys := ""
+func (r *render) llama3(msgs []Message, o ChatOptions, tools string) {
+	r.ids = append(r.ids, TokenBOS)
+	var sys []seg
 	if len(msgs) > 0 && msgs[0].Role == "system" {
-		sys, msgs = strings.TrimSpace(msgs[0].Content), msgs[1:]
+		sys, msgs = trimSegs(content(msgs[0])), msgs[1:]
 	}
 	head := "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
 	if tools != "" {
 		head = "Environment: ipython\n" + head + toolsHeader + tools + toolsFooter + "\n\n"
 	}
-	ids = t.header(ids, "system")
-	ids = t.encode(ids, head+sys)
-	ids = append(ids, TokenEOT)
+	// The head and a leading text of the system message are one text.
+	if len(sys) > 0 && sys[0].img == nil {
+		sys[0].text = head + sys[0].text
+	} else {
+		sys = append([]seg{{text: head}}, sys...)
+	}
+	r.header("system")
+	r.content(sys)
+	r.ids = append(r.ids, TokenEOT)
 	for i, m := range msgs {
-		ids = t.header(ids, m.Role)
-		ids = t.encode(ids, strings.TrimSpace(m.Content))
+		r.header(m.Role)
+		r.content(trimSegs(content(m)))
 		if !(o.ContinueFinalMessage && i == len(msgs)-1) {
-			ids = append(ids, TokenEOT)
+			r.ids = append(r.ids, TokenEOT)
 		}
 	}
 	if o.AddGenerationPrompt {
-		ids = t.header(ids, "assistant")
+		r.header("assistant")
 	}
-	return ids
 }
 
-func (t *Tokenizer) header(ids []uint32, role string) []uint32 {
-	ids = append(ids, TokenStartHeader)
-	ids = t.encode(ids, role)
-	ids = append(ids, TokenEndHeader)
-	return t.encode(ids, "\n\n")
-}
-
-func (t *Tokenizer) turn(ids []uint32, role, content string, closed bool) []uint32 {
-	ids = append(ids, TokenIMStart)
-	ids = t.encode(ids, role+"\n")
-	ids = t.encode(ids, content)
-	if closed {
-		ids = append(ids, TokenIMEnd)
-		ids = t.encode(ids, "\n")
-	}
-	return ids
+func (r *render) header(role string) {
+	r.ids = append(r.ids, TokenStartHeader)
+	r.ids = r.t.encode(r.ids, role)
+	r.ids = append(r.ids, TokenEndHeader)
+	r.ids = r.t.encode(r.ids, "\n\n")
 }
 
 // words is the generator's vocabulary and the stored whole-word pieces:

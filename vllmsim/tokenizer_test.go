@@ -98,7 +98,7 @@ func TestChatPrefixProperty(t *testing.T) {
 	tok := NewTokenizer()
 	tools := []byte(`[ {"type": "function", "function": {"name": "get_weather"}} ]`)
 	for _, o := range []ChatOptions{{AddGenerationPrompt: true}, {AddGenerationPrompt: true, Tools: tools}} {
-		msgs := []Message{{"system", "You are a helpful assistant."}, {"user", "What is the capital of France?"}}
+		msgs := []Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: "What is the capital of France?"}}
 		prompt, err := tok.Chat(msgs, o)
 		if err != nil {
 			t.Fatal(err)
@@ -109,7 +109,7 @@ func TestChatPrefixProperty(t *testing.T) {
 			for i := range gen {
 				gen[i] = next()
 			}
-			msgs = append(msgs, Message{"assistant", tok.Decode(gen)}, Message{"user", "Tell me more about that, please."})
+			msgs = append(msgs, Message{Role: "assistant", Content: tok.Decode(gen)}, Message{Role: "user", Content: "Tell me more about that, please."})
 			p2, err := tok.Chat(msgs, o)
 			if err != nil {
 				t.Fatal(err)
@@ -128,7 +128,7 @@ func TestChatPrefixProperty(t *testing.T) {
 
 func TestChatTemplate(t *testing.T) {
 	tok := NewTokenizer()
-	msgs := []Message{{"system", "S"}, {"user", "U"}}
+	msgs := []Message{{Role: "system", Content: "S"}, {Role: "user", Content: "U"}}
 	cases := []struct {
 		name string
 		o    ChatOptions
@@ -227,11 +227,11 @@ func TestLlama3Template(t *testing.T) {
 		o    ChatOptions
 		want string
 	}{
-		{"system and user", []Message{{"system", " S "}, {"user", "U\n"}}, ChatOptions{AddGenerationPrompt: true},
+		{"system and user", []Message{{Role: "system", Content: " S "}, {Role: "user", Content: "U\n"}}, ChatOptions{AddGenerationPrompt: true},
 			sysHead + "S<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
-		{"no system message", []Message{{"user", "U"}}, ChatOptions{},
+		{"no system message", []Message{{Role: "user", Content: "U"}}, ChatOptions{},
 			sysHead + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"},
-		{"continue", []Message{{"user", "U"}, {"assistant", "A"}}, ChatOptions{ContinueFinalMessage: true},
+		{"continue", []Message{{Role: "user", Content: "U"}, {Role: "assistant", Content: "A"}}, ChatOptions{ContinueFinalMessage: true},
 			sysHead + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nA"},
 	}
 	for _, tc := range cases {
@@ -242,8 +242,8 @@ func TestLlama3Template(t *testing.T) {
 		}
 	}
 	o := ChatOptions{Template: Llama3}
-	short, _ := tok.Chat([]Message{{"user", "U"}}, o)
-	long, _ := tok.Chat([]Message{{"user", "U"}, {"assistant", "A"}, {"user", "V"}}, o)
+	short, _ := tok.Chat([]Message{{Role: "user", Content: "U"}}, o)
+	long, _ := tok.Chat([]Message{{Role: "user", Content: "U"}, {Role: "assistant", Content: "A"}, {Role: "user", Content: "V"}}, o)
 	if !slices.Equal(long[:len(short)], short) {
 		t.Error("a conversation's first message does not render as a prefix of it")
 	}
