@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids", "prompt", "textprefix"}
+var core = []string{"kvevent", "blockkey", "kvindex", "bloom", "route", "tokenids", "prompt", "textprefix", "respown"}
 
 var forbidden = []string{
 	"net/http",

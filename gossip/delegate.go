@@ -35,16 +35,25 @@ func (d delegate) NotifyMsg(b []byte) {
 // queue, whose receivers do not relay (docs/reference/libraries.md §1.3).
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 
-// LocalState carries nothing. The node meta already carries each node's
-// digest epoch and version, which every member gets from memberlist's own
-// gossip; the repair tick compares them with our copies. Putting digests in
-// push/pull state would only duplicate the periodic full digest.
-func (delegate) LocalState(join bool) []byte { return nil }
+// LocalState carries the newest response owners (responses.go), which a
+// (re)joining node has no other way to learn. It carries no digests: the
+// node meta already carries each node's digest epoch and version, which
+// every member gets from memberlist's own gossip, and the repair tick
+// compares them with our copies, so digests in push/pull state would only
+// duplicate the periodic full digest.
+func (d delegate) LocalState(join bool) []byte { return d.m.responseState(join) }
 
-// MergeRemoteState ignores remote state; see LocalState.
-func (delegate) MergeRemoteState(buf []byte, join bool) {}
+// MergeRemoteState hands the peer's state, a message of its own, to the
+// mesh loop as NotifyMsg does. memberlist has merged the peer's members
+// first (net.go mergeRemoteState), so owners that are live are members.
+func (d delegate) MergeRemoteState(buf []byte, join bool) {
+	if len(buf) > 0 {
+		d.NotifyMsg(buf)
+	}
+}
 
-// NotifyJoin adds the peer (members.go), or records this node's address.
+// NotifyJoin adds the peer (members.go) and gives it back its responses
+// (responses.go), or records this node's address.
 func (d delegate) NotifyJoin(n *memberlist.Node) {
 	if n.Name == d.m.cfg.NodeName {
 		node := *n
@@ -53,12 +62,15 @@ func (d delegate) NotifyJoin(n *memberlist.Node) {
 	}
 	meta, ok := d.meta(n)
 	d.m.peerJoined(n, meta, ok)
+	d.m.responsesJoined(n.Name)
 }
 
-// NotifyLeave removes the peer (members.go).
+// NotifyLeave removes the peer (members.go) and marks its responses gone
+// (responses.go).
 func (d delegate) NotifyLeave(n *memberlist.Node) {
 	if n.Name != d.m.cfg.NodeName {
 		d.m.peerLeft(n.Name)
+		d.m.responsesLeft(n.Name)
 	}
 }
 

@@ -7,7 +7,9 @@
 //   - memberlist carries membership, failure detection, encryption and a
 //     node meta of at most 512 bytes (Meta: API address, models, key scheme,
 //     digest epoch and version, draining, load). memberlist gossips metas to
-//     everyone, so they are updated at most once per MetaInterval.
+//     everyone, so they are updated at most once per MetaInterval. Its
+//     push/pull state carries the newest owners of stored responses, which
+//     a (re)joining node learns nowhere else (responses.go).
 //   - Digests travel by direct exchange, never by memberlist's broadcast
 //     queue (its receivers do not relay, and a packet holds ~1.3 KB). Each
 //     change goes straight to every live member: a delta by UDP when it fits
@@ -32,6 +34,8 @@
 //	m.SetLoad(l)                           // any rate; advertised ≤ once per MetaInterval
 //	peers := m.Snapshot(time.Now())        // per request, for route
 //	m.MarkFailed(peer, time.Now())         // after a failed dial
+//	m.AnnounceResponses(id)                // the local vLLM stored Responses API response id
+//	node, alive, ok := m.ResponseOwner(id) // where a follow-up naming id must go
 //	m.SetDraining(true); m.Leave(5 * time.Second)
 //
 // Inside, memberlist's callbacks only copy and hand off: NotifyMsg pushes a
@@ -48,6 +52,7 @@
 //	load.go       load, engine state and claims pushed to every member; the push loop
 //	loadreport.go the load report's wire form and what a received one does (load)
 //	textprefix.go learned text prefixes shared with every member (text_prefix)
+//	responses.go  which node holds each stored response, told to every member and in push/pull state (responses)
 //	advert.go     the node meta this node advertises; the meta loop
 //	members.go    the live peers and their senders (sender.go)
 //	table.go      the peers' state: plain data, time passed in

@@ -22,9 +22,10 @@ import (
 //
 // Each job keeps its state in its own part, under its own lock: the local
 // digest (digests, digest.go), what the load reports carry (load, load.go),
-// the advertised meta (advert, advert.go), the peer table (tableMu) and the
-// peer senders (members, members.go). A method that needs several takes
-// them in that order, never the other way round.
+// the advertised meta (advert, advert.go), the peer table (tableMu), the
+// response owners (responses, responses.go) and the peer senders (members,
+// members.go). A method that needs several takes them in that order, never
+// the other way round.
 type Mesh struct {
 	cfg      Config
 	log      zerolog.Logger
@@ -39,12 +40,13 @@ type Mesh struct {
 	// textPrefix receives the text prefixes peers share (OnTextPrefix).
 	textPrefix atomic.Pointer[func(TextPrefix)]
 
-	digests exchange
-	load    pusher
-	advert  advert
-	members members
-	tableMu sync.Mutex
-	table   *table
+	digests   exchange
+	load      pusher
+	advert    advert
+	responses responses
+	members   members
+	tableMu   sync.Mutex
+	table     *table
 }
 
 // hooks let in-package tests watch and break the exchange. Join leaves
@@ -94,6 +96,7 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	// A restarted node's reports must outrank its old ones, which peers
 	// may still hold if they never saw it leave.
 	m.load.seq = uint64(m.now().UnixNano())
+	m.responses.init()
 
 	mc := cfg.memberlistConfig(delegate{m})
 	var own *transport // nil when a test brought its own
@@ -133,10 +136,11 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	jctx, stop := context.WithCancel(context.Background())
 	m.stopJoin = stop
 	first := make(chan bool, 1)
-	m.wg.Add(4)
+	m.wg.Add(5)
 	go m.run()
 	go m.metaLoop()
 	go m.loadLoop()
+	go m.responsesLoop()
 	go j.loop(jctx, first)
 	select {
 	case <-first:

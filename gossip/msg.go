@@ -15,6 +15,7 @@ const (
 	kindLoad     byte = 0xD4 // the sender's load and engine state (loadreport.go)
 	// A learned text prefix (textprefix.go).
 	kindTextPrefix byte = 0xD5
+	kindResponses  byte = 0xD6 // which node holds which stored responses (responses.go)
 )
 
 // payload is one decoded message. Each kind's file holds its type, its
@@ -46,6 +47,7 @@ var kinds = [...]kindSpec{
 	{kindNeedFull, "need_full", decodeNeedFullMsg},
 	{kindLoad, "load", decodeLoadMsg},
 	{kindTextPrefix, "text_prefix", decodeTextPrefixMsg},
+	{kindResponses, "responses", decodeResponsesMsg},
 }
 
 // slotOf returns k's index in kinds, or -1 for a kind not listed.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/respown"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -131,7 +132,8 @@ func FuzzDigestMsg(f *testing.F) {
 	// it came (the fuzzer's first find after the state was added).
 	pre := []byte("\xd4\x010000000")
 	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, tb, {kindDigest}, {}} {
+	rb, _ := encodeResponses(responsesMsg{State: true, Entries: []respown.Entry{{ID: "resp_0123456789abcdef0123456789abcdef", Node: "n"}, {ID: "own", Node: "p"}}})
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, tb, rb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
