@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -100,7 +101,7 @@ func TestLocalEngineDownRoutesToPeers(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "c" {
 		t.Fatalf("status %d pod %q; want 200 from c", resp.StatusCode, resp.Header.Get("X-Pod"))
 	}
-	d, _, err := a.h.Explain(t.Context(), []byte(`{"prompt":"x"}`), false)
+	d, _, err := a.h.Explain(t.Context(), []byte(`{"prompt":"x"}`), prompt.APICompletions)
 	if err != nil {
 		t.Fatal(err)
 	}

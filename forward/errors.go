@@ -51,7 +51,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b)
 }
 
+// writeError answers c's request with an error of its API's shape.
 func writeError(c *gin.Context, status int, msg string) {
-	writeJSON(c.Writer, status, newAPIError(status, msg))
+	writeAPIError(c.Writer, apiOf(c), status, msg)
 	c.Abort()
 }

@@ -124,8 +124,12 @@ type Handler struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	proxy   *httputil.ReverseProxy
+	client  *http.Client // the front's own calls to pods (probes), over the proxy's transport
 	hop     Hop
 	now     func() time.Time
+
+	render *renderer // nil: no render endpoints are used
+	stored Stored    // nil: stored responses are the local vLLM's only
 
 	mu      sync.Mutex // guards recent, flights and policy use
 	recent  *route.Recent
@@ -172,6 +176,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 			}
 		},
 		localFailed: cfg.LocalFailed}
+	h.client = &http.Client{Transport: base}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(cfg.VLLM)
@@ -222,10 +227,14 @@ func (b *copyBuffers) Get() []byte {
 
 func (b *copyBuffers) Put(buf []byte) { b.p.Put(&buf) }
 
-// Register mounts the front on r.
+// Register mounts the front on r: every API's generation path, and the
+// paths of stored responses (stored.go).
 func (h *Handler) Register(r gin.IRoutes) {
-	r.POST("/v1/chat/completions", h.serveRouted(true))
-	r.POST("/v1/completions", h.serveRouted(false))
+	for _, rt := range routes {
+		r.POST(rt.path, h.serveRouted(rt.api))
+	}
+	r.GET("/v1/responses/:id", h.serveStored)
+	r.POST("/v1/responses/:id/cancel", h.serveStored)
 }
 
 // Passthrough serves any other path from the local vLLM (mount it as gin's
@@ -269,7 +278,11 @@ func (h *Handler) InFlight() map[string]int {
 }
 
 type reqState struct {
-	id        string
+	id  string
+	api prompt.API
+	// creates: the request makes a new stored response (a Responses
+	// generation, not a read or cancel of one).
+	creates   bool
 	decision  route.Decision
 	reason    string // what DecisionHeader says
 	predicted int    // cached tokens the choice expects at the target
@@ -285,13 +298,14 @@ type reqState struct {
 
 type stateKey struct{}
 
-func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
+func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		h.active.Add(1)
 		defer h.active.Done()
+		c.Set(apiKey, api)
 		r := c.Request
 		arrived := h.now()
-		st := &reqState{id: h.requestID(r), arrived: arrived, started: arrived}
+		st := &reqState{id: h.requestID(r), api: api, creates: api == prompt.APIResponses, arrived: arrived, started: arrived}
 		if v := r.Header.Get(HopHeader); v != "" {
 			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
 			if err == nil {
@@ -302,24 +316,32 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
 			r.Header.Del(HopHeader)
 		}
+		r.Header.Del(PinnedHeader) // only a sidecar pins a hop
 		body, ok := h.readRequest(c)
 		if !ok {
 			return
 		}
 		st.started = h.now()
-		p, perr := prompt.Parse(body, chat)
+		p, perr := prompt.ParseAPI(body, api)
 		if errors.Is(perr, prompt.ErrBadJSON) {
-			h.metrics.badRequests.WithLabelValues("bad_json").Inc()
+			h.metrics.badRequests.WithLabelValues("bad_json", api.String()).Inc()
 			writeError(c, http.StatusBadRequest, perr.Error())
 			return
 		}
-		keys, tokens, after := h.routeKeys(r.Context(), p, perr)
-		if after != nil {
-			body = h.askIDs(body, p, st)
-			defer func() { after(parseIDs(st.promptIDs)) }()
+		if p.PreviousResponseID != "" && h.stored != nil {
+			h.serveContinued(c, body, st, p.PreviousResponseID)
+			return
+		}
+		k := h.routeKeys(r.Context(), p, perr)
+		keys := k.keys
+		if k.after != nil {
+			if api == prompt.APIChat { // the other APIs' answers carry no prompt ids
+				body = h.askIDs(body, p, st)
+			}
+			defer func() { k.after(parseIDs(st.promptIDs)) }()
 		}
 		var peers []route.PeerView
-		st.decision, peers = h.choose(p.Model, keys, tokens)
+		st.decision, peers = h.choose(p.Model, k)
 		targets := h.targets(st.decision, peers)
 		st.routed = h.now()
 		st.reason = st.decision.Reason
@@ -327,25 +349,14 @@ func (h *Handler) serveRouted(chat bool) gin.HandlerFunc {
 			st.reason += "-nokeys"
 		}
 		st.predicted = st.decision.Expected()
-		if len(keys) > 0 && targets[0].Peer != "" {
-			h.mu.Lock()
-			h.recent.Record(targets[0].Peer, keys, h.now())
-			h.mu.Unlock()
-		}
-		if len(keys) > 0 && h.peers != nil {
-			to := targets[0].Peer
-			if to == "" {
-				to = h.cfg.Self
-			}
-			h.peers.Claim(to, route.ClaimsFor(h.cfg.Route, keys))
-		}
+		h.remember(targets[0].Peer, k)
 		outcome := "local"
 		if targets[0].Peer != "" {
 			outcome = "forwarded"
 		} else if st.decision.Reason == route.ReasonNone {
 			outcome = "fallback"
 		}
-		h.metrics.decisions.WithLabelValues(outcome, st.decision.Reason).Inc()
+		h.metrics.decisions.WithLabelValues(outcome, st.decision.Reason, api.String()).Inc()
 		h.serve(c, body, st, targets)
 	}
 }
@@ -370,7 +381,7 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 		return
 	}
 	st.reason = "hop"
-	h.metrics.decisions.WithLabelValues("local", "hop").Inc()
+	h.metrics.decisions.WithLabelValues("local", "hop", st.api.String()).Inc()
 	h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
 	local := []target{{URL: h.cfg.VLLM}}
 	// Full duplex, or the server drains and closes the body when the
@@ -408,13 +419,13 @@ func (h *Handler) readRequest(c *gin.Context) ([]byte, bool) {
 		h.tooLarge(c)
 		return nil, false
 	}
-	h.metrics.badRequests.WithLabelValues("read").Inc()
+	h.metrics.badRequests.WithLabelValues("read", apiOf(c).String()).Inc()
 	writeError(c, http.StatusBadRequest, "could not read request body: "+err.Error())
 	return nil, false
 }
 
 func (h *Handler) tooLarge(c *gin.Context) {
-	h.metrics.badRequests.WithLabelValues("too_large").Inc()
+	h.metrics.badRequests.WithLabelValues("too_large", apiOf(c).String()).Inc()
 	writeError(c, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes))
 }
 
@@ -444,14 +455,22 @@ func (h *Handler) keys(ctx context.Context, p prompt.Prompt, perr error) ([]bloc
 	return h.keysOf(p, tokens), len(tokens)
 }
 
-// keysOf is the request-to-keys rule: p's model root, tokens cut by the
-// scheme.
+// keysOf is the request-to-keys rule: p's model root and cache salt,
+// tokens cut by the scheme.
 func (h *Handler) keysOf(p prompt.Prompt, tokens []uint32) []blockkey.Key {
 	return h.cfg.Scheme.Request(h.root(p), tokens)
 }
 
-// root is the chain root of p's model.
+// root is the chain root of p's tokens: its model's, salted with its
+// cache_salt as vLLM salts block 0 (blockkey.Salted). Every path that keys
+// a prompt's tokens (tokenized, learned text prefixes, rendered) starts
+// from it.
 func (h *Handler) root(p prompt.Prompt) blockkey.Key {
+	return blockkey.Salted(h.modelRoot(p), p.CacheSalt)
+}
+
+// modelRoot is the chain root of p's model, unsalted.
+func (h *Handler) modelRoot(p prompt.Prompt) blockkey.Key {
 	model := p.Model
 	if model != "" && model != h.cfg.Model && h.cfg.IsAdapter != nil && !h.cfg.IsAdapter(model) {
 		model = h.cfg.Model // another served name of the base model
@@ -463,7 +482,7 @@ func (h *Handler) root(p prompt.Prompt) blockkey.Key {
 // own in-flight requests as the freshest load signal: the local pod's are
 // exact (every request it serves passes here), and for a peer those sent
 // after its last load report.
-func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.Decision, []route.PeerView) {
+func (h *Handler) choose(model string, k keyed) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
 	if h.peers != nil {
@@ -475,7 +494,7 @@ func (h *Handler) choose(model string, keys []blockkey.Key, tokens int) (route.D
 	if model == h.cfg.Model {
 		model = "" // the base model: every peer of this deployment serves it
 	}
-	req := route.Request{Model: model, Keys: keys, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: tokens}
+	req := route.Request{Model: model, Keys: k.keys, Batch: k.batch, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: k.tokens}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i := range peers {
@@ -521,7 +540,7 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 // refuse answers a forwarded request this node cannot serve, so that its
 // sender tries the next candidate before any byte reaches the client.
 func (h *Handler) refuse(c *gin.Context, reason, msg string) {
-	h.metrics.decisions.WithLabelValues("refused", reason).Inc()
+	h.metrics.decisions.WithLabelValues("refused", reason, apiOf(c).String()).Inc()
 	c.Header(RefusedHeader, reason)
 	writeError(c, http.StatusServiceUnavailable, msg)
 }
@@ -584,7 +603,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if served != h.cfg.Self {
 		where = "peer"
 	}
-	if st.reason == "hop" && resp.StatusCode == http.StatusNotFound {
+	if st.reason == "hop" && resp.StatusCode == http.StatusNotFound && resp.Request.Header.Get(PinnedHeader) == "" {
 		// vLLM's 404 on a completions path is a model it does not serve (an
 		// adapter unloaded since the sender's view): refuse, so the sender
 		// tries a pod that serves it.
@@ -600,10 +619,19 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		}
 	}
 	if resp.StatusCode == http.StatusOK && st.reason != "hop" {
-		resp.Body = newUsageTap(resp.Body, func(cached int) {
-			h.metrics.cachedTokens.WithLabelValues("actual").Add(float64(cached))
-			h.metrics.cachedTokens.WithLabelValues("predicted").Add(float64(st.predicted))
+		api, field := st.api.String(), cachedField
+		if st.api == prompt.APIMessages {
+			field = anthropicCachedField
+		}
+		resp.Body = newUsageTap(resp.Body, field, func(cached int) {
+			h.metrics.cachedTokens.WithLabelValues("actual", api).Add(float64(cached))
+			h.metrics.cachedTokens.WithLabelValues("predicted", api).Add(float64(st.predicted))
 		})
+	}
+	if resp.StatusCode == http.StatusOK && st.creates && served == h.cfg.Self && h.stored != nil {
+		// This pod's vLLM made the response: the mesh learns that it is
+		// here as soon as its id passes, before the client has the answer.
+		resp.Body = &idTap{rc: resp.Body, found: func(id string) { h.stored.AnnounceResponses(id) }}
 	}
 	h.log.Debug().Str("req", st.id).Str("served_by", served).Str("decision", reason).
 		Strs("tried", p.tried).Int("predicted_cached", st.predicted).Msg("routed")
@@ -649,17 +677,21 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 				h.cfg.ModelsChanged()
 			}
 		} else {
-			h.metrics.badRequests.WithLabelValues("upstream").Inc()
+			h.metrics.badRequests.WithLabelValues("upstream", st.api.String()).Inc()
 		}
-		h.metrics.decisions.WithLabelValues("refused", reason).Inc()
+		h.metrics.decisions.WithLabelValues("refused", reason, st.api.String()).Inc()
 		h.log.Warn().Err(err).Str("req", st.id).Msg("local vLLM failed a forwarded request; refusing it")
 		w.Header().Set(RefusedHeader, reason)
-		writeJSON(w, http.StatusServiceUnavailable, newAPIError(http.StatusServiceUnavailable, msg))
+		writeAPIError(w, st.api, http.StatusServiceUnavailable, msg)
 		return
 	}
-	h.metrics.badRequests.WithLabelValues("upstream").Inc()
+	api := prompt.APIChat
+	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil {
+		api = st.api
+	}
+	h.metrics.badRequests.WithLabelValues("upstream", api.String()).Inc()
 	h.log.Warn().Err(err).Str("path", r.URL.Path).Msg("upstream failed")
-	writeJSON(w, http.StatusBadGateway, newAPIError(http.StatusBadGateway, "upstream unavailable: "+err.Error()))
+	writeAPIError(w, api, http.StatusBadGateway, "upstream unavailable: "+err.Error())
 }
 
 func (h *Handler) requestID(r *http.Request) string {
@@ -687,14 +719,23 @@ func (h *Handler) Excluded(p route.PeerView, now time.Time) string {
 	return route.Excluded(h.cfg.Route, p, now)
 }
 
-// Explain returns the decision the front would make for a request body,
-// without serving it (the admin /debug/route endpoint).
-func (h *Handler) Explain(ctx context.Context, body []byte, chat bool) (route.Decision, int, error) {
-	p, perr := prompt.Parse(body, chat)
+// Explain returns the decision the front would make for a request body of
+// api, without serving it (the admin /debug/route endpoint), and how many
+// routing keys the request had (over every prompt of a batch).
+func (h *Handler) Explain(ctx context.Context, body []byte, api prompt.API) (route.Decision, int, error) {
+	p, perr := prompt.ParseAPI(body, api)
 	if errors.Is(perr, prompt.ErrBadJSON) {
+		h.metrics.badRequests.WithLabelValues("bad_json", api.String()).Inc()
 		return route.Decision{}, 0, perr
 	}
-	keys, tokens := h.keys(ctx, p, perr)
-	d, _ := h.choose(p.Model, keys, tokens)
-	return d, len(keys), nil
+	if p.PreviousResponseID != "" && h.stored != nil {
+		return h.explainStored(ctx, p.PreviousResponseID), 0, nil
+	}
+	k := h.routeKeys(ctx, p, perr)
+	d, _ := h.choose(p.Model, k)
+	n := len(k.keys)
+	for _, b := range k.batch {
+		n += len(b)
+	}
+	return d, n, nil
 }

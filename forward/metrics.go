@@ -13,6 +13,7 @@ type Metrics struct {
 	retries         prometheus.Counter
 	canceled        prometheus.Counter
 	cachedTokens    *prometheus.CounterVec
+	storedProbes    *prometheus.CounterVec
 	inflight        prometheus.Gauge
 }
 
@@ -23,12 +24,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "routing_decisions_total",
-			Help: "Routing decisions by outcome (local, forwarded, fallback, refused) and the policy that decided.",
-		}, []string{"outcome", "reason"}),
+			Help: "Routing decisions by outcome (local, forwarded, fallback, refused), the policy that decided, and the request's API (chat, completions, messages, responses).",
+		}, []string{"outcome", "reason", "api"}),
 		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "request_errors_total",
-			Help: "Requests answered with an error by the sidecar itself, by kind.",
-		}, []string{"kind"}),
+			Help: "Requests answered with an error by the sidecar itself, by kind and API.",
+		}, []string{"kind", "api"}),
 		hopRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "hop_rejected_total",
 			Help: "Hop headers that were not trusted (forged, stale, misaddressed), by reason.",
@@ -57,8 +58,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "cached_tokens_total",
-			Help: "Prefix-cache tokens: predicted by the routing choice, and actual as vLLM reported (usage.prompt_tokens_details.cached_tokens).",
-		}, []string{"kind"}),
+			Help: "Prefix-cache tokens: predicted by the routing choice, and actual as vLLM reported (each API's cached-tokens usage field), by API.",
+		}, []string{"kind", "api"}),
+		storedProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "stored_response_probes_total",
+			Help: "Stored responses the mesh's map did not know, looked for on every pod, by result (found, not_found).",
+		}, []string{"result"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "kvroute", Name: "inflight_requests",
 			Help: "Routed requests in flight through this sidecar.",
@@ -66,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.decisions, m.badRequests, m.hopRejected, m.forwardSeconds, m.tokenizeSeconds,
-			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.inflight)
+			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight)
 	}
 	return m
 }

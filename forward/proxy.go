@@ -70,6 +70,9 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		out.URL.Scheme, out.URL.Host = tg.URL.Scheme, tg.URL.Host
 		out.Host = tg.URL.Host
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(p.body)), int64(len(p.body))
+		if len(p.body) == 0 {
+			out.Body = http.NoBody // a GET: no body, not one of unknown length
+		}
 		if p.stream != nil {
 			out.Body, out.ContentLength = io.NopCloser(p.stream), p.length
 		}

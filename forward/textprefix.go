@@ -31,18 +31,6 @@ type TextPrefixes interface {
 // for them gets null in their place, as vLLM answers without the flag.
 func (h *Handler) SetTextPrefixes(t TextPrefixes, ids bool) { h.text, h.textIDs = t, ids }
 
-// routeKeys is keys, with chat prompts going through the text prefixes
-// when they are set; after is nil for the others.
-func (h *Handler) routeKeys(ctx context.Context, p prompt.Prompt, perr error) ([]blockkey.Key, int, func([]uint32)) {
-	if perr == nil && p.Chat && h.text != nil {
-		if msgs, err := splitMessages(p.Messages); err == nil && len(msgs) > 0 {
-			return h.text.Keys(ctx, p, msgs, h.root(p))
-		}
-	}
-	keys, tokens := h.keys(ctx, p, perr)
-	return keys, tokens, nil
-}
-
 // askIDs sets up st to take the prompt's token ids from the answer, and
 // returns the body to send: with return_token_ids set when the client
 // left it unset. A client's false is kept (nothing is taken).

@@ -5,21 +5,29 @@ import (
 	"io"
 )
 
-var cachedField = []byte(`"cached_tokens":`)
+// The member that holds an answer's cached prompt tokens: OpenAI's APIs
+// name it cached_tokens (usage.prompt_tokens_details in chat and
+// completions, usage.input_tokens_details in Responses); Anthropic's
+// Messages usage has cache_read_input_tokens.
+var (
+	cachedField          = []byte(`"cached_tokens":`)
+	anthropicCachedField = []byte(`"cache_read_input_tokens":`)
+)
 
 // usageTap passes a response body through untouched and calls found once
-// with the first cached_tokens figure it sees, in a plain JSON body or in
-// an SSE stream's usage chunk. It keeps a short tail so a figure split
-// across reads is still seen.
+// with the first cached-tokens figure it sees (field), in a plain JSON
+// body or in an SSE stream's usage event. It keeps a short tail so a
+// figure split across reads is still seen.
 type usageTap struct {
 	rc    io.ReadCloser
+	field []byte
 	found func(int)
 	tail  []byte
 	done  bool
 }
 
-func newUsageTap(rc io.ReadCloser, found func(int)) *usageTap {
-	return &usageTap{rc: rc, found: found}
+func newUsageTap(rc io.ReadCloser, field []byte, found func(int)) *usageTap {
+	return &usageTap{rc: rc, field: field, found: found}
 }
 
 func (u *usageTap) Read(p []byte) (int, error) {
@@ -34,8 +42,8 @@ func (u *usageTap) Close() error { return u.rc.Close() }
 
 func (u *usageTap) scan(b []byte) {
 	buf := append(u.tail, b...)
-	if i := bytes.Index(buf, cachedField); i >= 0 {
-		rest := bytes.TrimLeft(buf[i+len(cachedField):], " ")
+	if i := bytes.Index(buf, u.field); i >= 0 {
+		rest := bytes.TrimLeft(buf[i+len(u.field):], " ")
 		v, ok, complete := leadingInt(rest)
 		if complete {
 			u.done = true
@@ -47,7 +55,7 @@ func (u *usageTap) scan(b []byte) {
 		u.tail = append([]byte(nil), buf[i:]...)
 		return
 	}
-	keep := len(cachedField) + 24
+	keep := len(u.field) + 24
 	if len(buf) > keep {
 		buf = buf[len(buf)-keep:]
 	}

@@ -9,23 +9,25 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/kvroute/kvroute/tokenids"
+	"math"
+	"strconv"
 )
 
-// Prompt is what routing needs from an OpenAI request body: which model,
-// and either token ids (completions with token prompts) or what /tokenize
-// needs to produce them exactly as vLLM will (chat fields passed unchanged).
+// Prompt is what routing needs from a request body: which model, and
+// either token ids (completions with token prompts) or what /tokenize needs
+// to produce them exactly as vLLM will (chat fields passed unchanged, or
+// the chat request vLLM converts a Messages or Responses body to).
 type Prompt struct {
 	Model  string
 	Stream bool
-	// Chat is true for /v1/chat/completions bodies.
+	// Chat is true when the prompt is rendered as a chat: chat bodies and
+	// converted Messages and Responses bodies.
 	Chat bool
 	// Tokens is set when the completions prompt is already token ids.
 	Tokens []uint32
 	// Text is the completions prompt when it is a string.
 	Text string
-	// Chat rendering inputs, raw as the client sent them.
+	// Chat rendering inputs, raw as the client sent them (or as converted).
 	Messages             json.RawMessage
 	Tools                json.RawMessage
 	ChatTemplateKwargs   json.RawMessage
@@ -35,80 +37,166 @@ type Prompt struct {
 	CacheSalt            string
 	// ReturnTokenIDs is vLLM's return_token_ids as the client set it.
 	ReturnTokenIDs *bool
+
+	API API
+	// Raw is the body as the client sent it (aliases the input): render
+	// endpoints get it byte for byte (llm-d-router#2641/#2707: a
+	// re-serialised body changes tool key order and so the tokens).
+	Raw []byte
+	// MaxTokens is max_tokens / max_completion_tokens / max_output_tokens
+	// as sent (0: absent).
+	MaxTokens int
+	// Batch holds a completions request's prompts when it has more than
+	// one (Tokens and Text are then unset): each entry is token ids, or nil
+	// with the text in Texts at the same index. One engine request per
+	// prompt.
+	Batch [][]uint32
+	Texts []string
+	// Images are the images of the (converted) chat messages, in order.
+	Images []Image
+	// PreviousResponseID is a Responses request's previous_response_id
+	// ("" none).
+	PreviousResponseID string
+	// Store is a Responses request's "store" (nil: absent; vLLM's default
+	// is true).
+	Store *bool
+	// Background is a Responses request's "background".
+	Background bool
 }
 
-// ErrBadJSON is a body that is not a JSON object; clients get a 400.
+// Image is one image part of a chat prompt.
+type Image struct {
+	// Message is the index of the converted chat message holding it.
+	Message int
+	// UUID is the caller's identity for it (vLLM's multi_modal_uuids: the
+	// "uuid" member of a chat image_url part), "" when none. vLLM then
+	// uses it as the image's identifier in block hashes instead of a
+	// content hash.
+	UUID string
+}
+
+// API is the request shape a body speaks.
+type API uint8
+
+const (
+	APICompletions API = iota // POST /v1/completions
+	APIChat                   // POST /v1/chat/completions
+	APIMessages               // POST /v1/messages (Anthropic)
+	APIResponses              // POST /v1/responses (OpenAI Responses)
+)
+
+func (a API) String() string {
+	switch a {
+	case APICompletions:
+		return "completions"
+	case APIChat:
+		return "chat"
+	case APIMessages:
+		return "messages"
+	case APIResponses:
+		return "responses"
+	}
+	return fmt.Sprintf("API(%d)", uint8(a))
+}
+
+// ErrBadJSON is a body that is not a valid request: malformed JSON, a
+// field of the wrong type, or a shape vLLM refuses with 400. Clients get a
+// 400.
 var ErrBadJSON = errors.New("request body is not a valid JSON object")
 
 // ErrNoPrompt means the body is valid JSON but routing cannot predict its
-// blocks (no prompt or messages, several prompts): it is served without
-// prefix prediction, never refused here (docs/design.md D6).
+// blocks (no prompt or messages, a stored conversation): it is served
+// without prefix prediction, never refused here (docs/design.md D6).
 var ErrNoPrompt = errors.New("no single prompt to route on")
 
-// Parse reads the routing-relevant fields of an OpenAI request body.
-// It returns ErrBadJSON (wrapped) for malformed JSON or a known field of
-// the wrong type, and ErrNoPrompt when the body is fine but carries no
-// single prompt; in that case the returned Prompt still has Model and
-// Stream. Names match exactly, as vLLM's pydantic models do, and the last
-// of duplicate names wins, as in Python's json.
+// Parse reads the routing-relevant fields of an OpenAI completions or chat
+// request body. It returns ErrBadJSON (wrapped) for malformed JSON or a
+// known field of the wrong type, and ErrNoPrompt when the body is fine but
+// carries no single prompt; in that case the returned Prompt still has
+// Model and Stream. Names match exactly, as vLLM's pydantic models do, and
+// the last of duplicate names wins, as in Python's json. It is ParseAPI
+// for chat or completions without the fields added since (a batch is
+// ErrNoPrompt, whatever its entries).
 func Parse(body []byte, chat bool) (Prompt, error) {
-	var f wireFields
-	var take func(key, rest []byte) int
-	if !chat {
-		take = f.takeIDs
-	}
-	if err := scanObjectTaking(body, f.set, take); err != nil {
-		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
-	}
-	p := Prompt{Chat: chat, Tools: nullToNil(f.tools), ChatTemplateKwargs: nullToNil(f.chatTemplateKwargs)}
+	var p Prompt
 	var err error
-	p.Model, err = jsonString(f.model, "model", err)
-	p.Stream, err = jsonBool(f.stream, "stream", err)
-	p.CacheSalt, err = jsonString(f.cacheSalt, "cache_salt", err)
-	p.AddGenerationPrompt, err = jsonOptBool(f.addGenerationPrompt, "add_generation_prompt", err)
-	p.ContinueFinalMessage, err = jsonOptBool(f.continueFinalMessage, "continue_final_message", err)
-	p.AddSpecialTokens, err = jsonOptBool(f.addSpecialTokens, "add_special_tokens", err)
-	p.ReturnTokenIDs, err = jsonOptBool(f.returnTokenIDs, "return_token_ids", err)
-	if err != nil {
-		return Prompt{}, fmt.Errorf("%w: %v", ErrBadJSON, err)
-	}
 	if chat {
-		p.Messages = nullToNil(f.messages)
-		if len(p.Messages) == 0 || p.Messages[0] != '[' {
-			return p, ErrNoPrompt
-		}
-		return p, nil
+		p, err = parseChat(body)
+	} else {
+		p, err = parseCompletions(body, false)
 	}
-	if f.promptIDs != nil {
-		p.Tokens = f.promptIDs
-		return p, nil
+	if errors.Is(err, ErrBadJSON) {
+		return Prompt{}, err
 	}
-	return p, parseCompletionPrompt(nullToNil(f.prompt), &p)
+	return Prompt{Model: p.Model, Stream: p.Stream, Chat: p.Chat, Tokens: p.Tokens, Text: p.Text,
+		Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
+		AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
+		AddSpecialTokens: p.AddSpecialTokens, CacheSalt: p.CacheSalt, ReturnTokenIDs: p.ReturnTokenIDs}, err
 }
 
-// wireFields are the raw values of the members routing reads; they alias
-// the body.
+// ParseAPI reads a request body of the given API. Chat and completions are
+// what Parse returns (plus Batch, Images, MaxTokens). Messages and
+// Responses bodies are converted to the chat request vLLM renders them as,
+// with vLLM's own conversion: the result has Chat set, Messages the
+// converted chat "messages" array and Tools the converted "tools" array
+// (nil when none), so that /tokenize (chat variant) on those fields gives
+// the token ids vLLM computes. Errors: ErrBadJSON (wrapped, with a message
+// a client can act on) for a malformed body, a field of the wrong type or
+// a shape vLLM refuses with 400; ErrNoPrompt when the body is fine but
+// routing cannot predict its tokens (Model, Stream, API and
+// PreviousResponseID are still set).
+func ParseAPI(body []byte, api API) (Prompt, error) {
+	var p Prompt
+	var err error
+	switch api {
+	case APICompletions:
+		p, err = parseCompletions(body, true)
+	case APIChat:
+		p, err = parseChat(body)
+	case APIMessages:
+		p, err = parseMessages(body)
+	case APIResponses:
+		p, err = parseResponses(body)
+	default:
+		return Prompt{}, fmt.Errorf("%w: unknown API %d", ErrBadJSON, api)
+	}
+	if errors.Is(err, ErrBadJSON) {
+		return Prompt{}, err
+	}
+	p.API, p.Raw = api, body
+	return p, err
+}
+
+// badf is an ErrBadJSON with what is wrong, for the client.
+func badf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadJSON, fmt.Sprintf(format, args...))
+}
+
+// wireFields are the raw values of the top-level members any API's
+// conversion reads; they alias the body.
 type wireFields struct {
 	model, stream, messages, prompt, tools, chatTemplateKwargs  []byte
 	addGenerationPrompt, continueFinalMessage, addSpecialTokens []byte
 	cacheSalt, returnTokenIDs                                   []byte
+	maxTokens, maxCompletionTokens, maxOutputTokens             []byte
+	system, input, instructions, previousResponseID             []byte
+	store, background, toolChoice, outputConfig, reasoning      []byte
+	previousResponse, previousInputMessages                     []byte
 	// promptIDs are prompt's ids when takeIDs parsed them in the scan;
 	// taken holds them from takeIDs until set sees the member.
 	promptIDs, taken []uint32
 }
 
-// takeIDs parses a completion prompt of token ids in the scan's one pass
-// (tokenids.ParsePrefix accepts only valid JSON).
-func (f *wireFields) takeIDs(key, rest []byte) int {
-	if string(key) != "prompt" {
-		return 0
+// scan validates body and fills f from its top-level members.
+func (f *wireFields) scan(body []byte, ids bool) error {
+	var take func(key, rest []byte) int
+	if ids {
+		take = f.takeIDs
 	}
-	ids, n, ok := tokenids.ParsePrefix(rest)
-	if !ok {
-		return 0
+	if err := scanObjectTaking(body, f.set, take); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
-	f.taken = ids
-	return n
+	return nil
 }
 
 func (f *wireFields) set(key, val []byte) error {
@@ -142,8 +230,77 @@ func (f *wireFields) set(key, val []byte) error {
 		f.cacheSalt = val
 	case "return_token_ids":
 		f.returnTokenIDs = val
+	case "max_tokens":
+		f.maxTokens = val
+	case "max_completion_tokens":
+		f.maxCompletionTokens = val
+	case "max_output_tokens":
+		f.maxOutputTokens = val
+	case "system":
+		f.system = val
+	case "input":
+		f.input = val
+	case "instructions":
+		f.instructions = val
+	case "previous_response_id":
+		f.previousResponseID = val
+	case "store":
+		f.store = val
+	case "background":
+		f.background = val
+	case "tool_choice":
+		f.toolChoice = val
+	case "output_config":
+		f.outputConfig = val
+	case "reasoning":
+		f.reasoning = val
+	case "previous_response":
+		f.previousResponse = val
+	case "previous_input_messages":
+		f.previousInputMessages = val
 	}
 	return nil
+}
+
+// common reads the members every API shares into p.
+func (f *wireFields) common(p *Prompt) error {
+	var err error
+	p.Model, err = jsonString(f.model, "model", err)
+	p.Stream, err = jsonBool(f.stream, "stream", err)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadJSON, err)
+	}
+	return nil
+}
+
+// chatOptions reads the chat rendering members (chat and Responses
+// bodies carry them).
+func (f *wireFields) chatOptions(p *Prompt) error {
+	p.ChatTemplateKwargs = nullToNil(f.chatTemplateKwargs)
+	var err error
+	p.CacheSalt, err = jsonString(f.cacheSalt, "cache_salt", err)
+	p.AddGenerationPrompt, err = jsonOptBool(f.addGenerationPrompt, "add_generation_prompt", err)
+	p.ContinueFinalMessage, err = jsonOptBool(f.continueFinalMessage, "continue_final_message", err)
+	p.AddSpecialTokens, err = jsonOptBool(f.addSpecialTokens, "add_special_tokens", err)
+	p.ReturnTokenIDs, err = jsonOptBool(f.returnTokenIDs, "return_token_ids", err)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadJSON, err)
+	}
+	return nil
+}
+
+// jsonCount reads a token count as sent: an integral number (5 or 5.0,
+// as pydantic's lax int takes it), 0 when absent, null or anything vLLM
+// would validate itself.
+func jsonCount(raw []byte) int {
+	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+		return 0
+	}
+	n, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || n != math.Trunc(n) || n < 0 || n > math.MaxInt32 {
+		return 0
+	}
+	return int(n)
 }
 
 // jsonString decodes a string member (absent or null: ""). err passes an
@@ -189,42 +346,6 @@ func jsonOptBool(raw []byte, name string, err error) (*bool, error) {
 		return &v, nil
 	}
 	return nil, fmt.Errorf("%s: want true or false", name)
-}
-
-// parseCompletionPrompt accepts the four shapes vLLM does: a string, a list
-// with one string, token ids, or a list with one list of token ids.
-func parseCompletionPrompt(raw json.RawMessage, p *Prompt) error {
-	if len(raw) == 0 {
-		return ErrNoPrompt
-	}
-	if ids, ok := tokenids.Parse(raw); ok {
-		p.Tokens = ids
-		return nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		if s == "" {
-			return ErrNoPrompt
-		}
-		p.Text = s
-		return nil
-	}
-	var ids []uint32
-	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-		p.Tokens = ids
-		return nil
-	}
-	var ss []string
-	if json.Unmarshal(raw, &ss) == nil && len(ss) == 1 && ss[0] != "" {
-		p.Text = ss[0]
-		return nil
-	}
-	var ii [][]uint32
-	if json.Unmarshal(raw, &ii) == nil && len(ii) == 1 && len(ii[0]) > 0 {
-		p.Tokens = ii[0]
-		return nil
-	}
-	return ErrNoPrompt
 }
 
 func nullToNil(r json.RawMessage) json.RawMessage {

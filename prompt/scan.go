@@ -1,7 +1,9 @@
 package prompt
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 )
@@ -283,4 +285,260 @@ func (s scanner) digits(i int) int {
 		i++
 	}
 	return i
+}
+
+// appendString appends s as a JSON string, encoded as encoding/json
+// encodes it.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= 0x80 {
+			enc, _ := json.Marshal(s) // a string always encodes
+			return append(b, enc...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// walkArray calls f with the offset of each element of the array at b[i],
+// which the body's scan has validated, and returns the array's end. f
+// returns the element's end, having read into it as far as it needs: the
+// conversions walk the values the one validating pass handed them, so
+// they skip without checking again, strings by their quotes with
+// IndexByte's vector search, and a walk that reads into a value as it
+// goes skips each text once.
+func walkArray(b []byte, i int, f func(v int) (int, error)) (int, error) {
+	i = skipSpace(b, i+1)
+	if i >= len(b) || b[i] == ']' {
+		return i + 1, nil
+	}
+	for i < len(b) {
+		end, err := f(i)
+		if err != nil {
+			return end, err
+		}
+		if i = skipSpace(b, end); i >= len(b) || b[i] != ',' {
+			return i + 1, nil
+		}
+		i = skipSpace(b, i+1)
+	}
+	return i, nil
+}
+
+// walkObject is walkArray for the members of the object at b[i]: f gets
+// each member's name (raw, see key) and the offset of its value.
+func walkObject(b []byte, i int, f func(k []byte, v int) (int, error)) (int, error) {
+	i = skipSpace(b, i+1)
+	for i < len(b) && b[i] == '"' {
+		kend := skipString(b, i)
+		end, err := f(b[i+1:kend-1], skipSpace(b, skipSpace(b, kend)+1))
+		if err != nil {
+			return end, err
+		}
+		if i = skipSpace(b, end); i >= len(b) || b[i] != ',' {
+			return i + 1, nil
+		}
+		i = skipSpace(b, i+1)
+	}
+	return i + 1, nil
+}
+
+// elems calls f with each element of the valid array b.
+func elems(b []byte, f func(v []byte) error) error {
+	_, err := walkArray(b, 0, func(v int) (int, error) {
+		end := skipValue(b, v)
+		return end, f(b[v:end])
+	})
+	return err
+}
+
+// members calls f with each member of the valid object b: its name (raw,
+// see key) and value.
+func members(b []byte, f func(k, v []byte) error) error {
+	_, err := walkObject(b, 0, func(k []byte, v int) (int, error) {
+		end := skipValue(b, v)
+		return end, f(k, b[v:end])
+	})
+	return err
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the end of the valid string at i: the first quote
+// not escaped, one with an even run of backslashes before it.
+func skipString(b []byte, i int) int {
+	for i++; ; {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return len(b)
+		}
+		i += q
+		n := 0
+		for n < i && b[i-1-n] == '\\' {
+			n++
+		}
+		if i++; n%2 == 0 {
+			return i
+		}
+	}
+}
+
+// skipValue returns the end of the valid value at i.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	}
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// key is a member name's raw bytes decoded; names match exactly, as
+// pydantic's do. A name with escapes is rare and decoded the slow way.
+// `switch string(key(k))` compares without allocating.
+func key(k []byte) []byte {
+	if bytes.IndexByte(k, '\\') < 0 {
+		return k
+	}
+	s, _ := jsonString(append(append([]byte{'"'}, k...), '"'), "member name", nil)
+	return []byte(s)
+}
+
+// strIs reports whether v is the JSON string s.
+func strIs(v []byte, s string) bool {
+	if !isStr(v) {
+		return false
+	}
+	if b := body(v); bytes.IndexByte(b, '\\') < 0 {
+		return string(b) == s
+	}
+	d, err := jsonString(v, "", nil)
+	return err == nil && d == s
+}
+
+// kind is the JSON type of a raw value by its first byte: '"', '{', '[',
+// 'n' (null), 't'/'f' (true, false) or '0' (a number).
+func kind(v []byte) byte {
+	if len(v) == 0 {
+		return 0
+	}
+	switch c := v[0]; {
+	case c == '-' || c >= '0' && c <= '9':
+		return '0'
+	default:
+		return c
+	}
+}
+
+// Raw JSON string literals (quotes included) are spliced, not decoded: a
+// conversion's strings are the client's, and joining two literals' bodies
+// gives the literal of the joined strings, so text is copied once and
+// never decoded and re-encoded.
+
+// isStr reports whether v is a JSON string literal.
+func isStr(v []byte) bool { return kind(v) == '"' }
+
+// optStr checks that v (a member's value or nil) is a string or null, as
+// a pydantic "str | None" field; it returns the literal, nil for null or
+// absent.
+func optStr(v []byte, field string) ([]byte, error) {
+	switch kind(v) {
+	case 0, 'n':
+		return nil, nil
+	case '"':
+		return v, nil
+	}
+	return nil, badf("%s: want a string", field)
+}
+
+// truthy reports whether the literal s is a non-empty string (Python's
+// truth of a str that may be None).
+func truthy(s []byte) bool { return len(s) > 2 }
+
+// body is a literal's text between the quotes, still escaped.
+func body(s []byte) []byte { return s[1 : len(s)-1] }
+
+// joinLit returns the literal of the strings of lits joined by sep (a
+// literal body), skipping empty ones when skipEmpty (Python's
+// "sep".join(t for t in texts if t)).
+func joinLit(sep string, skipEmpty bool, lits ...[]byte) []byte {
+	n, size, one := 0, 2, []byte(nil)
+	for _, l := range lits {
+		if l == nil || skipEmpty && !truthy(l) {
+			continue
+		}
+		n, size, one = n+1, size+len(l)-2+len(sep), l
+	}
+	switch {
+	case n == 0:
+		return []byte(`""`)
+	case n == 1:
+		return one // a literal is never written to, so it is shared
+	}
+	b := make([]byte, 1, size)
+	b[0] = '"'
+	first := true
+	for _, l := range lits {
+		if l == nil || skipEmpty && !truthy(l) {
+			continue
+		}
+		if !first {
+			b = append(b, sep...)
+		}
+		b = append(b, body(l)...)
+		first = false
+	}
+	return append(b, '"')
+}
+
+// lit is the literal of a Go string.
+func lit(s string) []byte { return appendString(nil, s) }
+
+// hasPrefix reports whether the string of literal l starts with p.
+func hasPrefix(l []byte, p string) bool {
+	b := body(l)
+	if n := min(len(b), len(p)); bytes.IndexByte(b[:n], '\\') < 0 {
+		return string(b[:n]) == p
+	}
+	s, err := jsonString(l, "", nil)
+	return err == nil && len(s) >= len(p) && s[:len(p)] == p
+}
+
+// nonEmptyObject reports whether the object v has a member (Python's
+// truth of a dict).
+func nonEmptyObject(v []byte) bool {
+	s := scanner{b: v}
+	return kind(v) == '{' && s.space(1) < len(v) && v[s.space(1)] != '}'
 }

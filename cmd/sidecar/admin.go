@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/kvroute/kvroute/prompt"
 	"io"
 	"net/http"
 	"net/http/pprof"
@@ -128,20 +129,22 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	writeJSONBody(w, http.StatusOK, out)
 }
 
-// route explains the choice for a request body. ?api=chat or a body with
-// "messages" is treated as a chat completion.
+// route explains the choice for a request body. ?api= names its API
+// (chat, completions, messages, responses); without it a body with
+// "input" is a Responses request, one with "messages" a chat completion
+// (an Anthropic Messages body needs ?api=messages), any other a completion.
 func (a *admin) route(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
 	if err != nil {
 		writeJSONBody(w, http.StatusBadRequest, map[string]any{"error": err.Error()})
 		return
 	}
-	var probe struct {
-		Messages json.RawMessage `json:"messages"`
+	api, ok := explainAPI(r.URL.Query().Get("api"), body)
+	if !ok {
+		writeJSONBody(w, http.StatusBadRequest, map[string]any{"error": "api: want chat, completions, messages or responses"})
+		return
 	}
-	_ = json.Unmarshal(body, &probe) // only a hint; Explain reports bad JSON
-	chat := r.URL.Query().Get("api") == "chat" || len(probe.Messages) > 0
-	d, nkeys, err := a.front.Explain(r.Context(), body, chat)
+	d, nkeys, err := a.front.Explain(r.Context(), body, api)
 	if err != nil {
 		writeJSONBody(w, http.StatusBadRequest, map[string]any{"error": err.Error()})
 		return
@@ -151,7 +154,31 @@ func (a *admin) route(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, d.Table())
 		return
 	}
-	writeJSONBody(w, http.StatusOK, map[string]any{"keys": nkeys, "decision": d, "table": d.Table()})
+	writeJSONBody(w, http.StatusOK, map[string]any{"api": api.String(), "keys": nkeys, "decision": d, "table": d.Table()})
+}
+
+// explainAPI is the API /debug/route explains a body as.
+func explainAPI(name string, body []byte) (prompt.API, bool) {
+	for _, a := range []prompt.API{prompt.APIChat, prompt.APICompletions, prompt.APIMessages, prompt.APIResponses} {
+		if name == a.String() {
+			return a, true
+		}
+	}
+	if name != "" {
+		return 0, false
+	}
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+		Input    json.RawMessage `json:"input"`
+	}
+	_ = json.Unmarshal(body, &probe) // only a hint; Explain reports bad JSON
+	switch {
+	case len(probe.Input) > 0:
+		return prompt.APIResponses, true
+	case len(probe.Messages) > 0:
+		return prompt.APIChat, true
+	}
+	return prompt.APICompletions, true
 }
 
 // ready answers 200 while this pod should get traffic: not draining and its

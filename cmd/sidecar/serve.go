@@ -174,6 +174,8 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	tok := adapterFallback{tokenizer{vc}}
 	front := forward.New(fcfg, mesh, tok, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy
+	front.SetRenderer(renderer{vc})
+	front.SetStored(mesh)
 	if cfg.TextPrefixKeys > 0 {
 		text := textroute.New(textroute.Config{Model: cfg.Model, Scheme: scheme, MaxKeys: cfg.TextPrefixKeys,
 			WholeOnly: !cfg.TextPrefixCompose, VerifyEvery: cfg.TextPrefixVerify}, tok, reg)
@@ -240,6 +242,27 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	adminSrv.Shutdown(sctx)
 	log.Info().Msg("sidecar stopped")
 	return nil
+}
+
+// renderer adapts the vLLM client's render endpoints to the front's.
+type renderer struct{ c *vllmclient.Client }
+
+func (r renderer) Render(ctx context.Context, path string, body []byte) ([]forward.Rendered, bool, error) {
+	rs, err := r.c.Render(ctx, path, body)
+	if errors.Is(err, vllmclient.ErrNoRender) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	out := make([]forward.Rendered, len(rs))
+	for i, x := range rs {
+		out[i].Tokens = x.Tokens
+		for _, m := range x.MM {
+			out[i].MM = append(out[i].MM, blockkey.MM{ID: m.ID, Offset: m.Offset, Length: m.Length})
+		}
+	}
+	return out, true, nil
 }
 
 // tokenizer adapts the vLLM client to the front's Tokenizer.

@@ -1,0 +1,257 @@
+package forward
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/rs/zerolog"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/route"
+)
+
+// fakeStored is the mesh's map of stored responses, shared by the nodes
+// of a test as the mesh would share it.
+type fakeStored struct {
+	mu    sync.Mutex
+	owner map[string]string
+	gone  map[string]bool
+	by    string // the node this view announces for
+}
+
+func (f *fakeStored) view(node string) *fakeStored {
+	return &fakeStored{owner: f.owner, gone: f.gone, by: node}
+}
+
+func (f *fakeStored) AnnounceResponses(ids ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		f.owner[id] = f.by
+	}
+}
+
+func (f *fakeStored) ResponseOwner(id string) (string, bool, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.owner[id]
+	return n, !f.gone[n], ok
+}
+
+// storeEngine is a vLLM with its Responses store on: POST /v1/responses
+// makes resp_<pod>_<n>, GET and cancel find only its own.
+type storeEngine struct {
+	name string
+	mu   sync.Mutex
+	ids  map[string]bool
+	n    int
+}
+
+func (e *storeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("X-Pod", e.name)
+	w.Header().Set("Content-Type", "application/json")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/responses/"), "/cancel")
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/responses":
+		e.n++
+		id = fmt.Sprintf("resp_%s_%d", e.name, e.n)
+		e.ids[id] = true
+		fmt.Fprintf(w, `{"id":%q,"object":"response","usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":0}}}`, id)
+	case e.ids[id]:
+		fmt.Fprintf(w, `{"id":%q,"object":"response"}`, id)
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":null,"code":404}}`, id)
+	}
+}
+
+type storeNode struct {
+	h   *Handler
+	srv *httptest.Server
+	eng *storeEngine
+}
+
+// storeMesh starts n fronts, each with a store engine, every front's peer
+// table listing all of them and one shared fakeStored map.
+func storeMesh(t *testing.T, n int) ([]*storeNode, *fakeStored) {
+	shared := &fakeStored{owner: map[string]string{}, gone: map[string]bool{}}
+	nodes := make([]*storeNode, n)
+	for i := range nodes {
+		name := fmt.Sprintf("p%d", i)
+		eng := &storeEngine{name: name, ids: map[string]bool{}}
+		es := httptest.NewServer(eng)
+		t.Cleanup(es.Close)
+		u, _ := url.Parse(es.URL)
+		cfg := DefaultConfig()
+		cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey, cfg.Scheme = name, u, "m", []byte("k"), perBlock
+		h := New(cfg, &fakePeers{}, byteTokenizer{}, nil, zerolog.Nop())
+		h.SetStored(shared.view(name))
+		e := gin.New()
+		h.Register(e)
+		e.NoRoute(h.Passthrough)
+		srv := httptest.NewServer(e)
+		t.Cleanup(srv.Close)
+		nodes[i] = &storeNode{h: h, srv: srv, eng: eng}
+	}
+	now := time.Now()
+	for i, a := range nodes {
+		fp := a.h.peers.(*fakePeers)
+		for j, b := range nodes {
+			fp.views = append(fp.views, route.PeerView{ID: b.h.cfg.Self, Addr: hostOf(b.srv), Local: i == j,
+				KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now})
+		}
+	}
+	return nodes, shared
+}
+
+func do(t *testing.T, method, u, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, u, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+// A stored response is read, cancelled and continued from every front,
+// always at the pod that made it; the mesh learns the owner from the
+// answer passing the owner's front.
+func TestStoredResponseFromEveryFront(t *testing.T) {
+	nodes, shared := storeMesh(t, 3)
+	resp, body := do(t, "POST", nodes[1].srv.URL+"/v1/responses", `{"model":"m","input":"hi"}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("create: %d %s", resp.StatusCode, body)
+	}
+	var created struct{ ID string }
+	json.Unmarshal([]byte(body), &created)
+	owner := resp.Header.Get("X-Pod")
+	if n, _, ok := shared.ResponseOwner(created.ID); !ok || n != owner {
+		t.Fatalf("the mesh has %q for %s, want %q", n, created.ID, owner)
+	}
+	for _, n := range nodes {
+		for _, c := range []struct{ method, path, body string }{
+			{"GET", "/v1/responses/" + created.ID, ""},
+			{"POST", "/v1/responses/" + created.ID + "/cancel", ""},
+			{"POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"` + created.ID + `"}`},
+		} {
+			resp, body := do(t, c.method, n.srv.URL+c.path, c.body)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != owner || resp.Header.Get(DecisionHeader) != ReasonStored {
+				t.Errorf("%s %s via %s: %d from %s (%s): %s", c.method, c.path, n.h.cfg.Self, resp.StatusCode,
+					resp.Header.Get("X-Pod"), resp.Header.Get(DecisionHeader), body)
+			}
+		}
+	}
+}
+
+// An id the mesh has not heard of (made a moment ago, or before this
+// front started) is found by asking every pod.
+func TestStoredResponseUnknownToTheMapIsProbed(t *testing.T) {
+	nodes, _ := storeMesh(t, 3)
+	nodes[2].eng.ids["resp_made_elsewhere"] = true
+	resp, body := do(t, "GET", nodes[0].srv.URL+"/v1/responses/resp_made_elsewhere", "")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "p2" {
+		t.Fatalf("probe: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Pod"), body)
+	}
+	// Nobody holds it: vLLM's own 404, in OpenAI's shape, not a 502.
+	resp, body = do(t, "GET", nodes[0].srv.URL+"/v1/responses/resp_nowhere", "")
+	if resp.StatusCode != 404 || !strings.Contains(body, "not found") {
+		t.Fatalf("unknown id: %d %s", resp.StatusCode, body)
+	}
+}
+
+// A response whose pod left the mesh gets a 404 that says so.
+func TestStoredResponseOnGonePod(t *testing.T) {
+	nodes, shared := storeMesh(t, 2)
+	shared.owner["resp_x"] = "p9"
+	shared.gone["p9"] = true
+	for _, path := range []string{"/v1/responses/resp_x"} {
+		resp, body := do(t, "GET", nodes[0].srv.URL+path, "")
+		var e apiError
+		json.Unmarshal([]byte(body), &e)
+		if resp.StatusCode != 404 || !strings.Contains(e.Error.Message, "p9, which is gone") {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
+		}
+	}
+	resp, body := do(t, "POST", nodes[1].srv.URL+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_x"}`)
+	if resp.StatusCode != 404 || !strings.Contains(body, "gone") {
+		t.Fatalf("continued: %d %s", resp.StatusCode, body)
+	}
+}
+
+// Errors of /v1/messages have Anthropic's shape, the others OpenAI's; a
+// malformed body never reaches an engine and is never a 502.
+func TestErrorsHaveTheirAPIsShape(t *testing.T) {
+	a := newNode(t, "a")
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/messages", `{"model":"m","messages":`},
+		{"/v1/messages", `[]`},
+		{"/v1/responses", `{"input":`},
+		{"/v1/completions", `{"prompt":[1,"x"`},
+		{"/v1/chat/completions", `nope`},
+	} {
+		resp := post(t, a.srv.URL+tc.path, tc.body, nil)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 400 {
+			t.Errorf("%s %q: status %d: %s", tc.path, tc.body, resp.StatusCode, b)
+			continue
+		}
+		if tc.path == "/v1/messages" {
+			var e anthropicError
+			if json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != "invalid_request_error" || e.Error.Message == "" {
+				t.Errorf("%s: not Anthropic's error: %s", tc.path, b)
+			}
+			continue
+		}
+		var e apiError
+		if json.Unmarshal(b, &e) != nil || e.Error.Code != 400 || e.Error.Message == "" {
+			t.Errorf("%s: not OpenAI's error: %s", tc.path, b)
+		}
+	}
+	if n := len(*a.seen); n != 0 {
+		t.Fatalf("%d malformed bodies reached the engine", n)
+	}
+}
+
+func TestFirstID(t *testing.T) {
+	for _, tc := range []struct {
+		in, id string
+		ok     bool
+	}{
+		{`{"id":"resp_1","object":"response"}`, "resp_1", true},
+		{`event: response.created` + "\n" + `data: {"type":"response.created","sequence_number":0,"response":{"id": "resp_2"`, "resp_2", true},
+		{`{"type":"id","id":"resp_3"}`, "resp_3", true},
+		{`{"id":"resp_`, "", false},
+		{`{"id":42}`, "", true},
+		{`{"object":"x"`, "", false},
+	} {
+		id, ok := firstID([]byte(tc.in))
+		if id != tc.id || ok != tc.ok {
+			t.Errorf("%q: %q %v, want %q %v", tc.in, id, ok, tc.id, tc.ok)
+		}
+	}
+	// Split over reads of one byte, the id is still found, once.
+	var got []string
+	tap := &idTap{rc: io.NopCloser(iotest.OneByteReader(strings.NewReader(`{"id":"resp_9","x":{"id":"other"}}`))),
+		found: func(id string) { got = append(got, id) }}
+	io.ReadAll(tap)
+	if len(got) != 1 || got[0] != "resp_9" {
+		t.Fatalf("tap found %q", got)
+	}
+}

@@ -1,0 +1,951 @@
+package prompt
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// The Anthropic Messages conversion is vLLM's: AnthropicServingMessages.
+// _convert_anthropic_to_openai_request and its helpers in
+// vllm/entrypoints/anthropic/serving.py (vllm-project/vllm@0001948b),
+// the request model in vllm/entrypoints/anthropic/protocol.py
+// (@00589e56), and the placement of inline system messages in
+// vllm/entrypoints/anthropic/inline_system.py (@a8c3bdb2) in its
+// converter default, "preserve" (tests/entrypoints/anthropic: kept in
+// place under a system prompt, folded into the neighbouring turns
+// without one). vLLM's "auto" mode probes the model's chat template and
+// may fold where we preserve; the simulator has no template to probe.
+//
+// Where vLLM would refuse the body with 400 for its JSON types or a
+// missing required field, ParseAPI returns ErrBadJSON. An enum value the
+// pinned protocol does not know (a block type, a role) is ErrNoPrompt
+// instead: a newer vLLM may accept it, and routing must never refuse
+// what the engine would serve (docs/design.md D6).
+
+// billingHeader starts Claude Code's per-request attribution text, which
+// vLLM strips from system text: it carries a hash per request and would
+// defeat prefix caching.
+const billingHeader = "x-anthropic-billing-header"
+
+// aMsg is an Anthropic message: content is the string text, or blocks.
+type aMsg struct {
+	role   string
+	text   []byte // a literal when the content is a string
+	blocks []aBlock
+	list   bool // the content is a list (blocks, maybe empty)
+}
+
+// aBlock is an Anthropic content block; its fields are raw values (nil:
+// absent or null), checked against vLLM's AnthropicContentBlock.
+type aBlock struct {
+	typ                 string
+	text, thinking      []byte // literals
+	id, toolUseID, name []byte // literals
+	source, input       []byte // objects
+	content             trContent
+}
+
+// trContent is a tool_result block's content: absent or null, a string,
+// or a list of objects.
+type trContent struct {
+	str   []byte // a literal
+	items []trItem
+	list  bool
+}
+
+// trItem is one object of a tool_result's content list, read as vLLM's
+// _convert_user_tool_result reads it (dict lookups, not a model).
+type trItem struct {
+	typ            string
+	text           []byte // a literal; nil when absent
+	textBad        bool   // present but not a string: vLLM's join fails
+	source         []byte
+	toolName, name []byte // literals
+}
+
+func parseMessages(body []byte) (Prompt, error) {
+	var f wireFields
+	if err := f.scan(body, false); err != nil {
+		return Prompt{}, err
+	}
+	p := Prompt{Chat: true}
+	if err := f.common(&p); err != nil {
+		return Prompt{}, err
+	}
+	if p.Model == "" {
+		return Prompt{}, badf("model: a model is required")
+	}
+	if kind(f.maxTokens) != '0' {
+		return Prompt{}, badf("max_tokens: an integer is required")
+	}
+	if p.MaxTokens = jsonCount(f.maxTokens); p.MaxTokens <= 0 {
+		return Prompt{}, badf("max_tokens: must be a positive integer")
+	}
+	if kind(f.messages) != '[' {
+		return Prompt{}, badf("messages: a list of messages is required")
+	}
+	if err := checkToolChoice(f.toolChoice); err != nil {
+		return Prompt{}, err
+	}
+	var err error
+	if p.ChatTemplateKwargs, err = optObject(f.chatTemplateKwargs, "chat_template_kwargs"); err != nil {
+		return Prompt{}, err
+	}
+	// vLLM's Messages takes cache_salt since vllm#46688 (a non-empty
+	// string) and passes it to the chat request.
+	if p.CacheSalt, err = jsonString(f.cacheSalt, "cache_salt", nil); err != nil {
+		return Prompt{}, badf("%v", err)
+	}
+	if f.cacheSalt != nil && kind(f.cacheSalt) != 'n' && p.CacheSalt == "" {
+		return Prompt{}, badf("cache_salt: must be a non-empty string")
+	}
+	effort, err := outputEffort(f.outputConfig)
+	if err != nil {
+		return Prompt{}, err
+	}
+	p.ChatTemplateKwargs = withEffort(p.ChatTemplateKwargs, effort)
+
+	msgs, err := readAMsgs(f.messages)
+	if err != nil {
+		return Prompt{}, err
+	}
+	var system []byte // the top-level system text, billing header stripped
+	switch kind(f.system) {
+	case 0, 'n':
+	case '"':
+		system = f.system
+	case '[':
+		var slab []aBlock
+		blocks, _, err := readBlocks(f.system, 0, &slab, path{field: "system", msg: -1})
+		if err != nil {
+			return Prompt{}, err
+		}
+		system = blocksText(blocks)
+	default:
+		return Prompt{}, badf("system: want a string or a list of content blocks")
+	}
+	if p.Tools, err = anthropicTools(f.tools); err != nil {
+		return Prompt{}, err
+	}
+
+	c := convo{msgs: make([]msg, 0, len(msgs)+len(msgs)/2+2)}
+	unknown := false
+	for _, m := range msgs {
+		unknown = unknown || m.role == ""
+	}
+	leading, rest := placeInlineSystem(system, msgs)
+	if sys := joinLit(`\n\n`, true, system, leading); truthy(sys) {
+		c.add(msg{role: "system", content: sys})
+	}
+	for _, m := range rest {
+		c.anthropicMsg(m)
+	}
+	p.Messages, p.Images = c.json(), c.images
+	if c.unsure || unknown {
+		return p, ErrNoPrompt
+	}
+	return p, nil
+}
+
+// readAMsgs reads the messages list. A role vLLM does not know is kept
+// with role "" (the conversion skips it, and ParseAPI says ErrNoPrompt).
+func readAMsgs(raw []byte) ([]aMsg, error) {
+	// One slab holds every message's blocks: a session has hundreds.
+	msgs := make([]aMsg, 0, 16)
+	slab := make([]aBlock, 0, 16+len(raw)/512)
+	_, err := walkArray(raw, 0, func(v int) (int, error) {
+		at := len(msgs)
+		if raw[v] != '{' {
+			return v, badf("messages[%d]: want an object", at)
+		}
+		var role []byte
+		var m aMsg
+		content := byte(0) // the content's kind
+		end, err := walkObject(raw, v, func(k []byte, x int) (int, error) {
+			switch string(key(k)) {
+			case "role":
+				end := skipValue(raw, x)
+				role = raw[x:end]
+				return end, nil
+			case "content":
+				content = raw[x]
+				switch content {
+				case '"':
+					end := skipString(raw, x)
+					m.text, m.blocks, m.list = raw[x:end], nil, false
+					return end, nil
+				case '[':
+					var end int
+					var err error
+					m.text, m.list = nil, true
+					m.blocks, end, err = readBlocks(raw, x, &slab, path{field: "messages", msg: at})
+					return end, err
+				}
+			}
+			return skipValue(raw, x), nil
+		})
+		if err != nil {
+			return end, err
+		}
+		if !isStr(role) {
+			return end, badf("messages[%d].role: a string is required", at)
+		}
+		switch {
+		case strIs(role, "user"), strIs(role, "ctx"), strIs(role, "msg"):
+			m.role = "user" // Claude Code >= 2.1.154 sends ctx and msg; vLLM maps them to user
+		case strIs(role, "assistant"):
+			m.role = "assistant"
+		case strIs(role, "system"):
+			m.role = "system"
+		}
+		if content != '"' && content != '[' {
+			return end, badf("messages[%d].content: a string or a list of content blocks is required", at)
+		}
+		msgs = append(msgs, m)
+		return end, nil
+	})
+	return msgs, err
+}
+
+// path names a block for an error message, built only when one is.
+type path struct {
+	field      string // "system" or "messages"
+	msg, block int    // msg < 0: a top-level list
+}
+
+func (p path) String() string {
+	if p.msg < 0 {
+		return fmt.Sprintf("%s[%d]", p.field, p.block)
+	}
+	return fmt.Sprintf("%s[%d].content[%d]", p.field, p.msg, p.block)
+}
+
+// readBlocks reads the list of content blocks at b[i] onto the slab and
+// returns them and the list's end.
+func readBlocks(b []byte, i int, slab *[]aBlock, at path) ([]aBlock, int, error) {
+	start := len(*slab)
+	end, err := walkArray(b, i, func(v int) (int, error) {
+		at.block = len(*slab) - start
+		*slab = append(*slab, aBlock{})
+		return readBlock(b, v, &(*slab)[len(*slab)-1], at)
+	})
+	return (*slab)[start:len(*slab):len(*slab)], end, err
+}
+
+// readBlock reads the content block at b[i] and returns its end, checking
+// its members' types as pydantic checks AnthropicContentBlock's. A block
+// of a type vLLM does not know gets typ "?".
+func readBlock(b []byte, i int, blk *aBlock, where path) (int, error) {
+	if b[i] != '{' {
+		return i, badf("%s: want a content block object", where)
+	}
+	var typ []byte
+	content := byte(0)
+	end, err := walkObject(b, i, func(k []byte, x int) (int, error) {
+		if string(key(k)) == "content" {
+			blk.content = trContent{}
+			switch content = b[x]; content {
+			case '"':
+				end := skipString(b, x)
+				blk.content.str = b[x:end]
+				return end, nil
+			case '[':
+				blk.content.list = true
+				return walkArray(b, x, func(v int) (int, error) {
+					if b[v] != '{' {
+						return v, badf("%s.content: want a string or a list of objects", where)
+					}
+					it, end := readTRItem(b, v)
+					blk.content.items = append(blk.content.items, it)
+					return end, nil
+				})
+			}
+			return skipValue(b, x), nil
+		}
+		end := skipValue(b, x)
+		val := b[x:end]
+		var err error
+		switch string(key(k)) {
+		case "type":
+			typ = val
+		case "text":
+			blk.text, err = blockStr(val, "text", where)
+		case "thinking":
+			blk.thinking, err = blockStr(val, "thinking", where)
+		case "id":
+			blk.id, err = blockStr(val, "id", where)
+		case "tool_use_id":
+			blk.toolUseID, err = blockStr(val, "tool_use_id", where)
+		case "name":
+			blk.name, err = blockStr(val, "name", where)
+		case "tool_name", "signature", "data":
+			_, err = blockStr(val, "tool_name, signature and data", where)
+		case "source":
+			blk.source, err = blockObject(val, "source", where)
+		case "input":
+			blk.input, err = blockObject(val, "input", where)
+		}
+		return end, err
+	})
+	if err != nil {
+		return end, err
+	}
+	if !isStr(typ) {
+		return end, badf("%s.type: a string is required", where)
+	}
+	blk.typ = "?"
+	for _, t := range blockTypes {
+		if strIs(typ, t) {
+			blk.typ = t
+			break
+		}
+	}
+	switch content {
+	case 0, 'n', '"', '[':
+		return end, nil
+	}
+	return end, badf("%s.content: want a string or a list of objects", where)
+}
+
+// blockTypes are the block types vLLM's AnthropicContentBlock takes.
+var blockTypes = [...]string{"text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking"}
+
+// blockStr and blockObject are optStr and optObject for a block's
+// members.
+func blockStr(v []byte, field string, at path) ([]byte, error) {
+	switch kind(v) {
+	case 0, 'n':
+		return nil, nil
+	case '"':
+		return v, nil
+	}
+	return nil, badf("%s.%s: want a string", at, field)
+}
+
+func blockObject(v []byte, field string, at path) ([]byte, error) {
+	switch kind(v) {
+	case 0, 'n':
+		return nil, nil
+	case '{':
+		return v, nil
+	}
+	return nil, badf("%s.%s: want an object", at, field)
+}
+
+func readTRItem(b []byte, i int) (trItem, int) {
+	var it trItem
+	end, _ := walkObject(b, i, func(k []byte, x int) (int, error) {
+		end := skipValue(b, x)
+		val := b[x:end]
+		switch string(key(k)) {
+		case "type":
+			it.typ = ""
+			for _, t := range [...]string{"text", "image", "tool_reference"} {
+				if strIs(val, t) {
+					it.typ = t
+				}
+			}
+		case "text":
+			it.text, it.textBad = val, !isStr(val)
+		case "source":
+			it.source = val
+		case "tool_name":
+			it.toolName = val
+		case "name":
+			it.name = val
+		}
+		return end, nil
+	})
+	return it, end
+}
+
+// blocksText is the text of system blocks: their text blocks joined,
+// without Claude Code's billing header (inline_system.py _blocks_text).
+func blocksText(blocks []aBlock) []byte {
+	var texts [][]byte
+	for _, b := range blocks {
+		if b.typ == "text" && truthy(b.text) && !hasPrefix(b.text, billingHeader) {
+			texts = append(texts, b.text)
+		}
+	}
+	return joinLit("", false, texts...)
+}
+
+// systemText is an inline system message's text (inline_system.py
+// system_text).
+func systemText(m aMsg) []byte {
+	if !m.list {
+		if hasPrefix(m.text, billingHeader) {
+			return []byte(`""`)
+		}
+		return m.text
+	}
+	return blocksText(m.blocks)
+}
+
+// placeInlineSystem is inline_system.py's normalize_inline_system in
+// "preserve" mode: system messages leading the list join the system
+// prompt (returned as leading); later ones stay where they are, moved
+// past the results of a tool call they interrupt, when there is a system
+// prompt, and are folded into the neighbouring user turns when there is
+// none.
+func placeInlineSystem(system []byte, msgs []aMsg) (leading []byte, rest []aMsg) {
+	inline := false
+	for _, m := range msgs {
+		inline = inline || m.role == "system"
+	}
+	if !inline {
+		return nil, msgs
+	}
+	n := 0
+	var lead [][]byte
+	for ; n < len(msgs) && msgs[n].role == "system"; n++ {
+		lead = append(lead, systemText(msgs[n]))
+	}
+	leading = joinLit(`\n\n`, true, lead...)
+	rest = outOfToolRuns(msgs[n:])
+	if truthy(system) || truthy(leading) {
+		return leading, rest
+	}
+	var out []aMsg
+	var pending [][]byte // system text after an assistant turn
+	for _, m := range rest {
+		if m.role == "system" {
+			t := systemText(m)
+			if !truthy(t) {
+				continue
+			}
+			if len(out) > 0 && out[len(out)-1].role == "user" && len(pending) == 0 {
+				out[len(out)-1] = appendToUser(out[len(out)-1], t)
+			} else {
+				pending = append(pending, t)
+			}
+			continue
+		}
+		if pending != nil {
+			t := joinLit(`\n\n`, true, pending...)
+			pending = nil
+			if m.role == "user" {
+				m = addText(m, t, false)
+			} else {
+				out = append(out, aMsg{role: "user", text: t})
+			}
+		}
+		out = append(out, m)
+	}
+	if pending != nil {
+		out = append(out, aMsg{role: "user", text: joinLit(`\n\n`, true, pending...)})
+	}
+	return leading, out
+}
+
+// outOfToolRuns moves system messages that sit between an assistant's
+// tool_use and the user message answering it to after that message
+// (inline_system.py _move_out_of_tool_runs).
+func outOfToolRuns(msgs []aMsg) []aMsg {
+	out := make([]aMsg, 0, len(msgs))
+	var held []aMsg
+	awaiting := false
+	for _, m := range msgs {
+		if m.role == "system" {
+			if awaiting {
+				held = append(held, m)
+			} else {
+				out = append(out, m)
+			}
+			continue
+		}
+		if m.role == "assistant" {
+			out, held = append(out, held...), held[:0]
+		}
+		out = append(out, m)
+		if m.role == "user" {
+			out, held = append(out, held...), held[:0]
+		}
+		awaiting = false
+		if m.role == "assistant" && m.list {
+			for _, b := range m.blocks {
+				awaiting = awaiting || b.typ == "tool_use"
+			}
+		}
+	}
+	return append(out, held...)
+}
+
+// appendToUser joins text onto a user message's own text or, when it holds
+// only tool results, onto the last result (inline_system.py
+// _append_to_user).
+func appendToUser(m aMsg, text []byte) aMsg {
+	allResults := m.list && len(m.blocks) > 0
+	for _, b := range m.blocks {
+		allResults = allResults && b.typ == "tool_result"
+	}
+	if allResults {
+		blocks := append([]aBlock(nil), m.blocks...)
+		last := &blocks[len(blocks)-1]
+		last.content = addTRText(last.content, text)
+		m.blocks = blocks
+		return m
+	}
+	if !m.list {
+		return addText(m, text, true)
+	}
+	var results, own []aBlock
+	for _, b := range m.blocks {
+		if b.typ == "tool_result" {
+			results = append(results, b)
+		} else {
+			own = append(own, b)
+		}
+	}
+	m.blocks = own
+	m = addText(m, text, true)
+	m.blocks = append(results, m.blocks...)
+	return m
+}
+
+// addText joins text onto the text at one end of m's content, merging into
+// an adjacent text block rather than adding one, since some templates glue
+// text blocks together (inline_system.py _add_text).
+func addText(m aMsg, text []byte, atEnd bool) aMsg {
+	if !m.list {
+		if atEnd {
+			m.text = joinLit(`\n\n`, true, m.text, text)
+		} else {
+			m.text = joinLit(`\n\n`, true, text, m.text)
+		}
+		return m
+	}
+	blocks := append([]aBlock(nil), m.blocks...)
+	end := 0
+	if atEnd {
+		end = len(blocks) - 1
+	}
+	switch {
+	case len(blocks) > 0 && blocks[end].typ == "text" && atEnd:
+		blocks[end].text = joinLit(`\n\n`, true, blocks[end].text, text)
+	case len(blocks) > 0 && blocks[end].typ == "text":
+		blocks[end].text = joinLit(`\n\n`, true, text, blocks[end].text)
+	case atEnd:
+		blocks = append(blocks, aBlock{typ: "text", text: text})
+	default:
+		blocks = append([]aBlock{{typ: "text", text: text}}, blocks...)
+	}
+	m.blocks = blocks
+	return m
+}
+
+// addTRText is addText at the end of a tool result's content.
+func addTRText(c trContent, text []byte) trContent {
+	if !c.list {
+		c.str = joinLit(`\n\n`, true, c.str, text)
+		return c
+	}
+	items := append([]trItem(nil), c.items...)
+	if n := len(items); n > 0 && items[n-1].typ == "text" {
+		old := items[n-1].text
+		if items[n-1].textBad || !isStr(old) {
+			old = nil // Python's `or ""`: a falsy non-string text
+		}
+		items[n-1].text, items[n-1].textBad = joinLit(`\n\n`, true, old, text), false
+	} else {
+		items = append(items, trItem{typ: "text", text: text})
+	}
+	c.items = items
+	return c
+}
+
+// anthropicMsg converts one message (serving.py _convert_messages).
+func (c *convo) anthropicMsg(m aMsg) {
+	switch {
+	case m.role == "":
+		return
+	case m.role == "system": // inline, kept in place
+		if t := systemText(m); truthy(t) {
+			c.add(msg{role: "system", content: t})
+		}
+		return
+	case !m.list:
+		c.add(msg{role: m.role, content: m.text})
+		return
+	}
+	size := 2
+	for _, b := range m.blocks {
+		size += len(b.text) + len(b.source) + 48
+	}
+	parts := make([]byte, 1, size) // the content array, built in place
+	parts[0] = '['
+	var nparts int
+	var single []byte // the one part's text, when it is a text part
+	var calls, thinking [][]byte
+	var imgs []Image
+	part := func(text []byte) {
+		nparts++
+		single = text
+	}
+	sep := func() {
+		if nparts > 0 {
+			parts = append(parts, ',')
+		}
+	}
+	for _, b := range m.blocks {
+		switch b.typ {
+		case "text":
+			if truthy(b.text) {
+				sep()
+				parts = textPart(parts, b.text)
+				part(b.text)
+			}
+		case "image":
+			if nonEmptyObject(b.source) {
+				sep()
+				parts = imagePart(parts, c.imageURL(b.source), nil)
+				part(nil)
+				imgs = append(imgs, Image{})
+			}
+		case "thinking":
+			if b.thinking != nil {
+				thinking = append(thinking, b.thinking)
+			}
+		case "tool_use":
+			calls = append(calls, c.toolUse(b))
+		case "tool_result":
+			if m.role == "user" {
+				c.userToolResult(b)
+				continue
+			}
+			// An assistant's tool result becomes text (str(block.content)).
+			text := []byte(`""`)
+			switch {
+			case truthy(b.content.str):
+				text = b.content.str
+			case len(b.content.items) > 0:
+				c.unsure = true // Python's repr of a list of dicts
+			}
+			t := joinLit("", false, lit("Tool result: "), text)
+			sep()
+			parts = textPart(parts, t)
+			part(t)
+		case "?":
+			c.unsure = true
+		}
+	}
+	out := msg{role: m.role}
+	if thinking != nil {
+		out.reasoning = joinLit("", false, thinking...)
+	}
+	out.calls = calls
+	switch {
+	case nparts == 1 && single != nil:
+		out.content = single
+	case nparts > 0:
+		out.content = append(parts, ']')
+	}
+	if m.role == "user" && out.content == nil {
+		return
+	}
+	c.add(out, imgs...)
+}
+
+// toolUse is a tool_use block as a chat tool call
+// (serving.py _convert_tool_use_block). vLLM writes the arguments with
+// json.dumps(block.input or {}); the chat renderer parses them back into
+// a dict (chat_utils.py _postprocess_messages), so the input's own JSON
+// text renders the same and is spliced as it came.
+func (c *convo) toolUse(b aBlock) []byte {
+	id := b.id
+	if !truthy(id) {
+		id = lit("call_0") // vLLM: f"call_{int(time.time())}"
+		c.unsure = true
+	}
+	fn := b.name
+	if fn == nil {
+		fn = []byte(`""`)
+	}
+	args := []byte(`"{}"`)
+	if nonEmptyObject(b.input) {
+		args = appendString(nil, string(b.input))
+	}
+	return toolCall(id, fn, args)
+}
+
+// userToolResult converts a user's tool_result block: a tool message with
+// its text, then a user message with its images, then a tool message with
+// its tool references (serving.py _convert_user_tool_result).
+func (c *convo) userToolResult(b aBlock) {
+	text := []byte(`""`)
+	var urls, refs [][]byte
+	switch {
+	case b.content.str != nil:
+		text = b.content.str
+	case b.content.list:
+		var texts [][]byte
+		for _, it := range b.content.items {
+			switch it.typ {
+			case "text":
+				switch {
+				case it.text == nil:
+					texts = append(texts, []byte(`""`))
+				case it.textBad:
+					c.unsure = true // vLLM's join fails on it
+				default:
+					texts = append(texts, it.text)
+				}
+			case "image":
+				src := it.source
+				if src == nil {
+					src = []byte("{}")
+				}
+				if kind(src) != '{' {
+					c.unsure = true
+					continue
+				}
+				if u := c.imageURL(src); truthy(u) {
+					urls = append(urls, u)
+				}
+			case "tool_reference":
+				switch {
+				case isStr(it.toolName) && truthy(it.toolName):
+					refs = append(refs, it.toolName)
+				case isStr(it.name) && truthy(it.name):
+					refs = append(refs, it.name)
+				}
+			}
+		}
+		text = joinLit(`\n`, false, texts...)
+	}
+	id := b.toolUseID
+	if id == nil {
+		id = []byte(`""`)
+	}
+	c.add(msg{role: "tool", callID: id, content: text})
+	if urls != nil {
+		parts := []byte{'['}
+		imgs := make([]Image, len(urls))
+		for i, u := range urls {
+			if i > 0 {
+				parts = append(parts, ',')
+			}
+			parts = imagePart(parts, u, nil)
+		}
+		c.add(msg{role: "user", content: append(parts, ']')}, imgs...)
+	}
+	if refs != nil {
+		parts := []byte{'['}
+		for i, r := range refs {
+			if i > 0 {
+				parts = append(parts, ',')
+			}
+			parts = append(append(append(parts, `{"type":"tool_reference","name":`...), r...), '}')
+		}
+		c.add(msg{role: "tool", callID: id, content: append(parts, ']')})
+	}
+}
+
+// imageURL is an image source as a URL (serving.py
+// _convert_image_source_to_url): a "url" source's url, else a data URL of
+// media_type (default image/jpeg) and data. Python formats a null there
+// as "None"; a value of another type is not reproduced.
+func (c *convo) imageURL(source []byte) []byte {
+	var typ, url, media, data []byte
+	members(source, func(k, v []byte) error {
+		switch string(key(k)) {
+		case "type":
+			typ = v
+		case "url":
+			url = v
+		case "media_type":
+			media = v
+		case "data":
+			data = v
+		}
+		return nil
+	})
+	str := func(v []byte, absent string) []byte {
+		switch kind(v) {
+		case 0:
+			return lit(absent)
+		case 'n':
+			return lit("None")
+		case '"':
+			return v
+		}
+		c.unsure = true
+		return lit(absent)
+	}
+	if t, _ := jsonString(typ, "", nil); isStr(typ) && t == "url" {
+		if kind(url) == 'n' {
+			c.unsure = true
+		}
+		return str(url, "")
+	}
+	return joinLit("", false, lit("data:"), str(media, "image/jpeg"), lit(";base64,"), str(data, ""))
+}
+
+// anthropicTools converts tools to chat tools (serving.py _convert_tools):
+// {"type":"function","function":{"name","description","parameters"}},
+// the input schema spliced as sent. vLLM's AnthropicTool validator adds
+// "type":"object" to a schema without a type (at the end, where a Python
+// dict puts a new key), and defer_loading goes along when set.
+func anthropicTools(raw []byte) ([]byte, error) {
+	switch kind(raw) {
+	case 0, 'n':
+		return nil, nil
+	case '[':
+	default:
+		return nil, badf("tools: want a list of tools")
+	}
+	b := make([]byte, 0, len(raw)+len(raw)/4+256)
+	b = append(b, '[')
+	n := 0
+	err := elems(raw, func(v []byte) error {
+		at := n
+		n++
+		if kind(v) != '{' {
+			return badf("tools[%d]: want an object", at)
+		}
+		var nm, desc, schema, deferLoading []byte
+		members(v, func(k, val []byte) error {
+			switch string(key(k)) {
+			case "name":
+				nm = val
+			case "description":
+				desc = val
+			case "input_schema":
+				schema = val
+			case "defer_loading":
+				deferLoading = val
+			}
+			return nil
+		})
+		if !isStr(nm) {
+			return badf("tools[%d].name: a string is required", at)
+		}
+		if _, err := optStr(desc, "tools["+itoa(at)+"].description"); err != nil {
+			return err
+		}
+		if kind(schema) != '{' {
+			return badf("tools[%d].input_schema: an object is required", at)
+		}
+		if at > 0 {
+			b = append(b, ',')
+		}
+		b = append(append(b, `{"type":"function","function":{"name":`...), nm...)
+		if kind(desc) == '"' {
+			b = append(append(b, `,"description":`...), desc...)
+		}
+		b = append(b, `,"parameters":`...)
+		b = appendSchema(b, schema)
+		if k := kind(deferLoading); k == 't' || k == 'f' {
+			b = append(append(b, `,"defer_loading":`...), deferLoading...)
+		}
+		b = append(b, "}}"...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(b, ']'), nil
+}
+
+// appendSchema appends an input schema, with "type":"object" added last
+// when it has no type.
+func appendSchema(b, schema []byte) []byte {
+	typed := false
+	members(schema, func(k, _ []byte) error {
+		typed = typed || string(key(k)) == "type"
+		return nil
+	})
+	if typed {
+		return append(b, schema...)
+	}
+	end := len(schema) - 1 // the closing brace
+	b = append(b, schema[:end]...)
+	if nonEmptyObject(schema) {
+		b = append(b, ',')
+	}
+	return append(b, `"type":"object"}`...)
+}
+
+// checkToolChoice checks tool_choice as AnthropicToolChoice does.
+func checkToolChoice(raw []byte) error {
+	switch kind(raw) {
+	case 0, 'n':
+		return nil
+	case '{':
+	default:
+		return badf("tool_choice: want an object")
+	}
+	var typ, nm []byte
+	members(raw, func(k, v []byte) error {
+		switch string(key(k)) {
+		case "type":
+			typ = v
+		case "name":
+			nm = v
+		}
+		return nil
+	})
+	if !isStr(typ) {
+		return badf("tool_choice.type: a string is required")
+	}
+	if _, err := optStr(nm, "tool_choice.name"); err != nil {
+		return err
+	}
+	if t, _ := jsonString(typ, "", nil); t == "tool" && !truthy(nm) {
+		return badf("tool_choice.name: required when tool_choice.type is 'tool'")
+	}
+	return nil
+}
+
+// outputEffort is output_config.effort, which vLLM sends on as the chat
+// request's reasoning_effort (serving.py _handle_output_config).
+func outputEffort(raw []byte) ([]byte, error) {
+	switch kind(raw) {
+	case 0, 'n':
+		return nil, nil
+	case '{':
+	default:
+		return nil, badf("output_config: want an object")
+	}
+	var effort []byte
+	members(raw, func(k, v []byte) error {
+		if string(key(k)) == "effort" {
+			effort = v
+		}
+		return nil
+	})
+	return optStr(effort, "output_config.effort")
+}
+
+// withEffort adds reasoning_effort to chat template kwargs: vLLM's chat
+// renderer passes a request's reasoning_effort to the template as a
+// kwarg over the client's own (ChatParams' merge_kwargs). A duplicate
+// name's last value wins in Python's json, so appending it is the merge.
+func withEffort(kwargs, effort []byte) []byte {
+	if effort == nil {
+		return kwargs
+	}
+	if kwargs == nil {
+		return append(append([]byte(`{"reasoning_effort":`), effort...), '}')
+	}
+	b := append([]byte(nil), kwargs[:len(kwargs)-1]...)
+	if nonEmptyObject(kwargs) {
+		b = append(b, ',')
+	}
+	return append(append(append(b, `"reasoning_effort":`...), effort...), '}')
+}
+
+// optObject checks that v is an object or null (a pydantic "dict | None"
+// field) and returns it, nil for null or absent.
+func optObject(v []byte, field string) ([]byte, error) {
+	switch kind(v) {
+	case 0, 'n':
+		return nil, nil
+	case '{':
+		return v, nil
+	}
+	return nil, badf("%s: want an object", field)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
