@@ -131,10 +131,11 @@ type Handler struct {
 	render *renderer // nil: no render endpoints are used
 	stored Stored    // nil: stored responses are the local vLLM's only
 
-	mu      sync.Mutex // guards recent, flights and policy use
+	mu      sync.Mutex // guards recent, flights, sent and policy use
 	recent  *route.Recent
 	policy  route.Policy
 	flights flights
+	sent    map[sentKey]uint64
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -150,7 +151,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 	h := &Handler{
 		cfg: cfg, peers: peers, tok: tok, log: log, metrics: m,
 		hop: NewHop(cfg.HopKey, cfg.HopMaxAge), now: time.Now,
-		recent: route.NewRecent(cfg.Recent), flights: flights{},
+		recent: route.NewRecent(cfg.Recent), flights: flights{}, sent: map[sentKey]uint64{},
 	}
 	h.localReady.Store(true)
 	h.policy = route.DefaultChain(cfg.Route, h.recent)
@@ -263,6 +264,21 @@ func (h *Handler) Wait(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Sent returns how many requests this front has sent each peer ("" is the
+// local vLLM), by API, since it started (/debug/peers).
+func (h *Handler) Sent() map[string]map[string]uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]map[string]uint64, len(h.sent))
+	for k, n := range h.sent {
+		if out[k.peer] == nil {
+			out[k.peer] = map[string]uint64{}
+		}
+		out[k.peer][k.api.String()] = n
+	}
+	return out
 }
 
 // InFlight returns the number of requests this front has sent to each peer
@@ -549,11 +565,17 @@ func (h *Handler) serve(c *gin.Context, body []byte, st *reqState, targets []tar
 	h.serveFrom(c, &plan{targets: targets, body: body, length: int64(len(body)), served: -1}, st)
 }
 
+// sentKey counts requests by where they were first sent and their API.
+type sentKey struct {
+	peer string
+	api  prompt.API
+}
+
 // serveFrom proxies the request along p, counting it in flight.
 func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	st.plan = p
 	first, start := p.targets[0].Peer, h.now()
-	h.track(func() { h.flights.add(first, start) }, first)
+	h.track(func() { h.flights.add(first, start); h.sent[sentKey{first, st.api}]++ }, first)
 	h.metrics.inflight.Inc()
 	defer func() {
 		h.track(func() { h.flights.done(first, start) }, first)

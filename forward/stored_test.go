@@ -255,3 +255,15 @@ func TestFirstID(t *testing.T) {
 		t.Fatalf("tap found %q", got)
 	}
 }
+
+// The front counts what it sent where by API (/debug/peers shows it).
+func TestSentByAPI(t *testing.T) {
+	a := newNode(t, "a")
+	post(t, a.srv.URL+"/v1/messages", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	post(t, a.srv.URL+"/v1/responses", `{"model":"m","input":"hi"}`, nil)
+	post(t, a.srv.URL+"/v1/responses", `{"model":"m","input":"again"}`, nil)
+	got := a.h.Sent()[""]
+	if got["messages"] != 1 || got["responses"] != 2 || got["chat"] != 0 {
+		t.Fatalf("sent to the local vLLM by API: %v", got)
+	}
+}

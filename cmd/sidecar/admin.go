@@ -90,11 +90,14 @@ type peerJSON struct {
 	EngineReason string `json:"engine_reason,omitempty"`
 	Index        string `json:"index,omitempty"`
 	KVEvents     string `json:"kv_events,omitempty"`
+	// Sent counts the requests this sidecar has sent the peer (the local
+	// entry: served here) by API, since it started.
+	Sent map[string]uint64 `json:"sent,omitempty"`
 }
 
 func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 	now := time.Now()
-	inflight := a.front.InFlight()
+	inflight, sent := a.front.InFlight(), a.front.Sent()
 	var out []peerJSON
 	for _, p := range a.mesh.Snapshot(now) {
 		j := peerJSON{ID: p.ID, Addr: p.Addr, Local: p.Local, Engine: p.Engine.String(), Models: p.Models, ModelsTruncated: p.ModelsTruncated,
@@ -124,6 +127,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 			id = ""
 		}
 		j.Load.InFlight = inflight[id]
+		j.Sent = sent[id]
 		out = append(out, j)
 	}
 	writeJSONBody(w, http.StatusOK, out)
