@@ -22,8 +22,21 @@
 //     that count. The strongest central baseline: it tells how much of
 //     kvroute's margin over central-precise is the load view.
 //
+// The proxy reads every API's request (prompt.ParseAPI): completions, a
+// batch of completions (each prompt's tokens; central-precise scores the
+// pod by the sum of the prompts' matches and sends the batch whole), chat,
+// and Anthropic Messages and OpenAI Responses as vLLM converts them to chat
+// (tokenized with /tokenize's chat variant on the converted messages; a
+// prompt with images through the chat render endpoint, whose features place
+// them, so that the blocks they overlap are keyed with their identifiers).
+// Whatever the policy, a request about a stored response (a Responses
+// follow-up naming previous_response_id, GET /v1/responses/{id}, its
+// cancel) goes to the pod that created it: the proxy sees every answer and
+// records its id (stored.go).
+//
 // The "service" baseline is no proxy policy: it is chaos.Service straight to
-// the simulators.
+// the simulators, a random pod per connection, so a stored response's
+// follow-up reaches another pod, which answers 404, as often as not.
 //
 // A Policy is a value machine: it gets the request, every pod's state and
 // now, and returns an index. The Proxy does the I/O (body parsing,

@@ -418,3 +418,78 @@ func TestPreciseExactLoad(t *testing.T) {
 		}
 	}
 }
+
+// setMatcher holds the keys in it.
+type setMatcher map[blockkey.Key]bool
+
+func (m setMatcher) PrefixLen(keys []blockkey.Key) int {
+	n := 0
+	for n < len(keys) && m[keys[n]] {
+		n++
+	}
+	return n
+}
+
+// A batch goes whole to the pod whose matches over all its prompts sum
+// highest, not to the pod holding the most of one prompt.
+func TestPreciseBatchSumsMatches(t *testing.T) {
+	prompt := func(seed uint32) []uint32 {
+		out := make([]uint32, 16*12+1)
+		for i := range out {
+			out[i] = seed*1000 + uint32(i)
+		}
+		return out
+	}
+	a, b := prompt(1), prompt(2)
+	rc := route.DefaultRecentConfig()
+	p := NewPrecise(PreciseConfig{Model: "m", Scheme: blockkey.Scheme{BlockSize: 16, Stride: 1}, Route: route.DefaultConfig(), Recent: &rc}, nil)
+	ka, kb := p.Keys(Request{Model: "m", Tokens: a}), p.Keys(Request{Model: "m", Tokens: b})
+	holds := func(chains ...[]blockkey.Key) setMatcher {
+		m := setMatcher{}
+		for _, c := range chains {
+			for _, k := range c {
+				m[k] = true
+			}
+		}
+		return m
+	}
+	// pod1 holds all of a (12 keys), pod2 8 keys of each (16), pod3 none.
+	p.indexes = []route.Matcher{holds(ka), holds(ka[:8], kb[:8]), holds()}
+	req := Request{Model: "m", Batch: [][]uint32{a, b}}
+	d, _ := p.Decide(req, podsWith(0, 0, 0), t0)
+	if d.Target != "pod2" || d.Candidates[1].MatchedKeys != 16 || d.Candidates[0].MatchedKeys != 12 {
+		t.Fatalf("batch went to %s; want pod2 (16 keys over both prompts against 12)\n%s", d.Target, d.Table())
+	}
+	if p.Pick(req, podsWith(0, 0, 0), t0) != 1 {
+		t.Fatal("Pick disagrees with Decide")
+	}
+	// Each prompt was recorded as its own chain: a follow-up with prompt b
+	// alone finds pod2's recent forward of all of b.
+	p.indexes = []route.Matcher{holds(), holds(), holds()}
+	if d, _ := p.Decide(Request{Model: "m", Tokens: b}, podsWith(0, 1, 0), t0.Add(time.Second)); d.Target != "pod2" || d.Candidates[1].MatchedKeys != len(kb) {
+		t.Errorf("follow-up of a batched prompt: %s\n%s", d.Target, d.Table())
+	}
+	// A prompt whose tokens are unknown counts nothing.
+	if d, _ := p.Decide(Request{Model: "m", Batch: [][]uint32{nil, b}}, podsWith(0, 0, 0), t0); d.Candidates[1].MatchedKeys != 0 && d.Candidates[1].MatchedKeys != len(kb) {
+		t.Errorf("unknown prompt: %+v", d.Candidates[1])
+	}
+}
+
+// Images key the blocks they overlap with their identifiers, and the
+// salt the first block, as the index keys vLLM's blocks.
+func TestPreciseKeysImagesAndSalt(t *testing.T) {
+	tokens := make([]uint32, 16*8+1)
+	p := NewPrecise(PreciseConfig{Model: "m"}, nil)
+	s := blockkey.DefaultScheme()
+	root := blockkey.ModelRoot("m", "m")
+	mm := []blockkey.MM{{ID: "img", Offset: 40, Length: 20}}
+	if d := cmp.Diff(s.RequestMM(root, tokens, mm, "salt"), p.Keys(Request{Model: "m", Tokens: tokens, MM: mm, Salt: "salt"})); d != "" {
+		t.Errorf("Keys with an image and a salt (-want +got):\n%s", d)
+	}
+	// Two images in block 6: the key of blocks 0-3 is shared, the next not.
+	a := p.Keys(Request{Model: "m", Tokens: tokens, MM: []blockkey.MM{{ID: "a", Offset: 100, Length: 20}}})
+	b := p.Keys(Request{Model: "m", Tokens: tokens, MM: []blockkey.MM{{ID: "b", Offset: 100, Length: 20}}})
+	if len(a) != 2 || a[0] != b[0] || a[1] == b[1] {
+		t.Errorf("keys %v and %v; want the first shared and the second not", a, b)
+	}
+}

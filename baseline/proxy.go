@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +56,10 @@ type Config struct {
 	TokenizeTimeout time.Duration
 	// MaxBodyBytes bounds request bodies (default 32 MiB, as the sidecar).
 	MaxBodyBytes int64
+	// MaxStoredResponses bounds the Responses ids whose creating pod the
+	// proxy remembers (default 100,000, some 10 MB); a follow-up of an id
+	// forgotten is routed as a new request and its pod answers 404.
+	MaxStoredResponses int
 	// CHWBL, Approx and Precise tune their policies; Precise.Model and
 	// Scheme are filled from Model and BlockSize when empty.
 	CHWBL   CHWBLConfig
@@ -65,13 +70,14 @@ type Config struct {
 // DefaultConfig returns the defaults; Policy, Backends and Model must be set.
 func DefaultConfig() Config {
 	return Config{
-		BlockSize:       16,
-		ScrapeInterval:  200 * time.Millisecond,
-		TokenizeTimeout: 2 * time.Second,
-		MaxBodyBytes:    32 << 20,
-		CHWBL:           DefaultCHWBLConfig(),
-		Approx:          DefaultApproxConfig(),
-		Precise:         DefaultPreciseConfig(""),
+		BlockSize:          16,
+		ScrapeInterval:     200 * time.Millisecond,
+		TokenizeTimeout:    2 * time.Second,
+		MaxBodyBytes:       32 << 20,
+		MaxStoredResponses: 100_000,
+		CHWBL:              DefaultCHWBLConfig(),
+		Approx:             DefaultApproxConfig(),
+		Precise:            DefaultPreciseConfig(""),
 	}
 }
 
@@ -83,6 +89,7 @@ type Proxy struct {
 	clients  []*vllmclient.Client
 	scrape   bool
 	indexes  []*kvindex.Index // central-precise and central-exact only
+	owners   *owners          // stored responses' creating backends
 
 	mu     sync.Mutex // serialises Pick and the InFlight counts
 	policy Policy
@@ -96,6 +103,7 @@ type backend struct {
 	// guarded by Proxy.mu
 	inFlight int
 	served   int
+	stored   int
 	load     Load
 	loadAt   time.Time
 }
@@ -115,6 +123,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = d.MaxBodyBytes
 	}
+	if cfg.MaxStoredResponses <= 0 {
+		cfg.MaxStoredResponses = d.MaxStoredResponses
+	}
 	if len(cfg.Backends) == 0 {
 		return nil, errors.New("proxy: no backends")
 	}
@@ -124,7 +135,7 @@ func New(cfg Config) (*Proxy, error) {
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	p := &Proxy{cfg: cfg}
+	p := &Proxy{cfg: cfg, owners: newOwners(cfg.MaxStoredResponses)}
 	names := make([]string, len(cfg.Backends))
 	for i, b := range cfg.Backends {
 		u, err := url.Parse(b.URL)
@@ -137,10 +148,11 @@ func New(cfg Config) (*Proxy, error) {
 		names[i] = b.Name
 		be := &backend{Backend: b}
 		be.rp = &httputil.ReverseProxy{
-			Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(u) },
-			Transport:     transport,
-			FlushInterval: -1, // SSE: every event as it comes
-			ErrorHandler:  errorHandler,
+			Rewrite:        func(r *httputil.ProxyRequest) { r.SetURL(u) },
+			Transport:      transport,
+			FlushInterval:  -1, // SSE: every event as it comes
+			ErrorHandler:   errorHandler,
+			ModifyResponse: p.tapIDs(i),
 		}
 		p.backends = append(p.backends, be)
 		p.clients = append(p.clients, vllmclient.New(vllmclient.ClientConfig{BaseURL: b.URL, Timeout: cfg.TokenizeTimeout}))
@@ -200,16 +212,33 @@ func errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	fmt.Fprintf(w, `{"error":{"message":%q,"type":"BadGateway","code":502}}`, "upstream: "+err.Error())
 }
 
-// ServeHTTP picks a pod for the request and proxies it there. GET /health
-// is answered by the proxy itself.
+// apiOf is the API of a generation path whose body routing reads.
+func apiOf(path string) (prompt.API, bool) {
+	switch path {
+	case "/v1/completions":
+		return prompt.APICompletions, true
+	case "/v1/chat/completions":
+		return prompt.APIChat, true
+	case "/v1/messages":
+		return prompt.APIMessages, true
+	case "/v1/responses":
+		return prompt.APIResponses, true
+	}
+	return 0, false
+}
+
+// ServeHTTP picks a pod for the request and proxies it there: a request
+// about a stored response (previous_response_id, GET /v1/responses/{id},
+// .../cancel) goes to the pod that created it, any other by the policy.
+// GET /health is answered by the proxy itself.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/health" && r.Method == http.MethodGet {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
 	var req Request
-	chat := r.URL.Path == "/v1/chat/completions"
-	if r.Method == http.MethodPost && (chat || r.URL.Path == "/v1/completions") {
+	owner := -1
+	if api, ok := apiOf(r.URL.Path); ok && r.Method == http.MethodPost {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -224,33 +253,125 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.ContentLength = int64(len(body))
 		// A body routing cannot read is still served (the pod answers the
 		// client's error), chosen by load alone.
-		if prompt, err := prompt.Parse(body, chat); err == nil {
-			req = requestFrom(prompt)
-			if p.indexes != nil && req.Tokens == nil {
-				req.Tokens = p.tokenize(r.Context(), prompt)
+		pr, err := prompt.ParseAPI(body, api)
+		if pr.PreviousResponseID != "" && (err == nil || errors.Is(err, prompt.ErrNoPrompt)) {
+			if i, ok := p.owners.get(pr.PreviousResponseID); ok {
+				owner = i
 			}
 		}
+		if err == nil && owner < 0 {
+			req = requestFrom(pr)
+			if p.indexes != nil {
+				p.tokens(r.Context(), pr, &req)
+			}
+		}
+	} else if id, ok := storedID(r.URL.Path); ok {
+		if i, ok := p.owners.get(id); ok {
+			owner = i
+		}
 	}
-	be := p.pick(req, time.Now())
+	var be *backend
+	if owner >= 0 {
+		be = p.pin(owner)
+	} else {
+		be = p.pick(req, time.Now())
+	}
 	defer p.done(be)
 	w.Header().Set(ServedByHeader, be.Name)
 	be.rp.ServeHTTP(w, r)
 }
 
-// tokenize asks one simulator, in turn, for the prompt's token ids; nil on
-// failure (the policy then routes by load).
-func (p *Proxy) tokenize(ctx context.Context, pr prompt.Prompt) []uint32 {
+// tokens fills req's token ids the way vLLM will compute them: a batch's
+// text prompts one by one with /tokenize; a chat with images by the chat
+// render endpoint, whose features place the images (their identifiers key
+// the blocks they overlap), or /tokenize without it; any other text or
+// chat (Messages and Responses as converted) with /tokenize. On failure
+// the ids stay nil and the policy routes by load.
+func (p *Proxy) tokens(ctx context.Context, pr prompt.Prompt, req *Request) {
+	switch {
+	case req.Batch != nil:
+		for i, ids := range req.Batch {
+			if ids == nil && i < len(pr.Texts) {
+				req.Batch[i] = p.tokenize(ctx, vllmclient.TokenizeRequest{Model: pr.Model, Prompt: pr.Texts[i], AddSpecialTokens: pr.AddSpecialTokens})
+			}
+		}
+	case req.Tokens != nil:
+	case pr.Chat && len(pr.Images) > 0:
+		if ids, mm, ok := p.render(ctx, pr); ok {
+			req.Tokens, req.MM = ids, mm
+			return
+		}
+		req.Tokens = p.tokenize(ctx, vllmclient.TokenizeRequestFor(pr))
+	default:
+		req.Tokens = p.tokenize(ctx, vllmclient.TokenizeRequestFor(pr))
+	}
+}
+
+// client returns the next simulator to tokenize with, in turn.
+func (p *Proxy) client() *vllmclient.Client {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	c := p.clients[p.tok%len(p.clients)]
 	p.tok++
-	p.mu.Unlock()
+	return c
+}
+
+// tokenize asks one simulator, in turn, for the prompt's token ids; nil on
+// failure (the policy then routes by load).
+func (p *Proxy) tokenize(ctx context.Context, tr vllmclient.TokenizeRequest) []uint32 {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.TokenizeTimeout)
 	defer cancel()
-	ids, err := c.Tokenize(ctx, vllmclient.TokenizeRequestFor(pr))
+	ids, err := p.client().Tokenize(ctx, tr)
 	if err != nil {
 		return nil
 	}
 	return ids
+}
+
+// render asks one simulator, in turn, to render a chat prompt: the chat
+// body as the client sent it, or the chat request a Messages or Responses
+// body converts to. ok is false when it has no render endpoint (vLLM
+// serves them with --enable-scale-out) or failed.
+func (p *Proxy) render(ctx context.Context, pr prompt.Prompt) ([]uint32, []blockkey.MM, bool) {
+	body := pr.Raw
+	if pr.API != prompt.APIChat {
+		body = prompt.ChatBody(pr, pr.MaxTokens)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.TokenizeTimeout)
+	defer cancel()
+	out, err := p.client().Render(ctx, "/v1/chat/completions/render", body)
+	if err != nil || len(out) != 1 {
+		return nil, nil, false
+	}
+	var mm []blockkey.MM
+	for _, m := range out[0].MM {
+		mm = append(mm, blockkey.MM{ID: m.ID, Offset: m.Offset, Length: m.Length})
+	}
+	return out[0].Tokens, mm, true
+}
+
+// tapIDs records, for backend i, the id of every response it creates.
+func (p *Proxy) tapIDs(i int) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		if resp.StatusCode != http.StatusOK || resp.Request.Method != http.MethodPost || resp.Request.URL.Path != "/v1/responses" {
+			return nil
+		}
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		resp.Body = &idTap{rc: resp.Body, sse: sse, found: func(id string) { p.owners.put(id, i) }}
+		return nil
+	}
+}
+
+// pin counts a request in flight at backend i, chosen because it holds
+// the stored response the request is about.
+func (p *Proxy) pin(i int) *backend {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	be := p.backends[i]
+	be.inFlight++
+	be.served++
+	be.stored++
+	return be
 }
 
 // pick runs the policy under the lock and counts the request in flight.
@@ -283,6 +404,9 @@ type PodStats struct {
 	Served, InFlight int
 	Load             Load
 	LoadAt           time.Time
+	// Stored counts the requests sent to the pod because it holds the
+	// stored response they are about.
+	Stored int
 	// IndexKeys is the routing keys central-precise's index holds for the
 	// pod (0 for other policies).
 	IndexKeys int
@@ -294,7 +418,7 @@ func (p *Proxy) Stats() []PodStats {
 	defer p.mu.Unlock()
 	out := make([]PodStats, len(p.backends))
 	for i, b := range p.backends {
-		out[i] = PodStats{Name: b.Name, Served: b.served, InFlight: b.inFlight, Load: b.load, LoadAt: b.loadAt}
+		out[i] = PodStats{Name: b.Name, Served: b.served, InFlight: b.inFlight, Stored: b.stored, Load: b.load, LoadAt: b.loadAt}
 		if p.indexes != nil {
 			out[i].IndexKeys = p.indexes[i].Len()
 		}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/prompt"
 )
 
@@ -24,6 +25,13 @@ type Request struct {
 	// Tokens are the prompt's token ids, nil until known (central-precise
 	// asks a simulator's /tokenize for text prompts).
 	Tokens []uint32
+	// Batch are the token ids of each prompt of a batch of completions
+	// (Tokens is then nil; an entry is nil until known): vLLM runs one
+	// engine request per prompt, and the batch is sent whole to one pod.
+	Batch [][]uint32
+	// MM are the images of the prompt as render placed them: blocks that
+	// overlap an image are keyed with its identifier, as vLLM hashes them.
+	MM []blockkey.MM
 	// Salt is the request's cache_salt.
 	Salt string
 }
@@ -31,7 +39,19 @@ type Request struct {
 // requestFrom derives the policy inputs from a parsed body.
 func requestFrom(p prompt.Prompt) Request {
 	r := Request{Model: p.Model, Tokens: p.Tokens, Salt: p.CacheSalt}
+	if p.Batch != nil {
+		r.Batch = make([][]uint32, len(p.Batch))
+		copy(r.Batch, p.Batch)
+	}
 	switch {
+	case p.Batch != nil:
+		// What KubeAI and GIE hash of a batch is its first prompt.
+		if p.Batch[0] != nil {
+			r.FirstUser = joinIDs(p.Batch[0])
+		} else if len(p.Texts) > 0 {
+			r.FirstUser = p.Texts[0]
+		}
+		r.Input = r.FirstUser
 	case p.Chat:
 		r.FirstUser = firstUserMessage(p.Messages)
 		var b bytes.Buffer

@@ -239,7 +239,8 @@ func (c *Cluster) startSim(i int) error {
 	if err != nil {
 		return err
 	}
-	pr, err := startProc(p.Name+"-sim", bin, args, c.env, c.LogPath(i, "sim"), c.cfg.StopGrace)
+	env := append(slices.Clip(c.env), c.cfg.SimEnv...)
+	pr, err := startProc(p.Name+"-sim", bin, args, env, c.LogPath(i, "sim"), c.cfg.StopGrace)
 	if err != nil {
 		return err
 	}

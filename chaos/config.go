@@ -54,6 +54,10 @@ type ClusterConfig struct {
 	// SidecarEnv is added to every sidecar's environment ("GOMAXPROCS=1"),
 	// as a container's env would be; the simulators don't get it.
 	SidecarEnv []string
+	// SimEnv is added to every simulator's environment, as vLLM's
+	// container env ("VLLM_ENABLE_RESPONSES_API_STORE=1"); the sidecars
+	// don't get it.
+	SimEnv []string
 	// Progress receives one line per step (build, pod ready, mesh formed).
 	// nil means io.Discard.
 	Progress io.Writer

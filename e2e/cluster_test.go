@@ -88,14 +88,14 @@ type fixture struct {
 	hc     *http.Client
 }
 
-// subnet returns this process's k-th 127.173.y subnet (k < 7). The pid
+// subnet returns this process's k-th 127.173.y subnet (k < 8). The pid
 // spreads concurrent runs of this package; chaos's own tests use
 // 127.1xx.1x, clear of 127.173.100+.
 func subnet(k int) string {
-	if k < 0 || k >= 7 {
-		panic(fmt.Sprintf("subnet(%d): only 7 per run", k))
+	if k < 0 || k >= 8 {
+		panic(fmt.Sprintf("subnet(%d): only 8 per run", k))
 	}
-	return fmt.Sprintf("127.173.%d", 100+(os.Getpid()%20)*7+k)
+	return fmt.Sprintf("127.173.%d", 100+(os.Getpid()%19)*8+k)
 }
 
 // clusterSpec is what differs between the clusters of this package.
@@ -106,6 +106,7 @@ type clusterSpec struct {
 	timeScale float64
 	args      []string
 	simArgs   []string // appended to every simulator's command line
+	simEnv    []string // chaos.ClusterConfig.SimEnv
 	cpus      string   // chaos.ClusterConfig.SidecarCPUs
 	podCPUs   []string // chaos.ClusterConfig.PodCPUs
 	env       []string // chaos.ClusterConfig.SidecarEnv
@@ -136,6 +137,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.SidecarCPUs = s.cpus
 	cfg.PodCPUs = s.podCPUs
 	cfg.SidecarEnv = s.env
+	cfg.SimEnv = s.simEnv
 	// The sidecar's short timing that has a flag: digest changes go out
 	// every 50 ms instead of 100 ms.
 	// A key per block: the tests count matches in vLLM blocks.

@@ -160,6 +160,37 @@ func BenchmarkTextPrefix(b *testing.B) {
 		if today != nil {
 			ss = append(ss, &chatSeries{name: fmt.Sprintf("today sys %dk", size/1024), size: size, addr: today.c.Pod(1).API, servedBy: today.c.Pod(0).Name, draw: q})
 		}
+		// The agents' APIs on the same path: a known system prompt with a
+		// new question, and a conversation's next turn whose first turn
+		// entered pod 1's sidecar, each against its API's direct series.
+		for _, a := range agentAPIs {
+			qa := func() []byte { return a.body(sys, words(rng, 30)) }
+			if _, _, err := timeChat(ctx, hc, fresh.c.Pod(0).SimAddr, a.path, qa()); err != nil {
+				b.Fatal(err)
+			}
+			routedPath(ctx, b, hc, fresh, size, a.path, qa)
+			follow := &chatSeries{name: fmt.Sprintf("new %s follow-up %dk", a.name, size/1024), size: size, path: a.path,
+				addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name}
+			follow.before = func(ctx context.Context) ([]byte, error) {
+				lockRNG.Lock()
+				u1, a1, u2 := words(rng, 30), words(rng, 50), words(rng, 30)
+				think := *thinkTime + time.Duration(rng.Float64()*float64(time.Second)/(*rate))
+				lockRNG.Unlock()
+				if _, _, err := timeChat(ctx, hc, fresh.c.Pod(0).API, a.path, a.body(sys, u1)); err != nil {
+					return nil, err
+				}
+				select {
+				case <-time.After(think):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+				return a.body(sys, u1, a1, u2), nil
+			}
+			ss = append(ss,
+				&chatSeries{name: fmt.Sprintf("direct %s %dk", a.name, size/1024), size: size, path: a.path, addr: fresh.c.Pod(0).SimAddr, draw: qa},
+				&chatSeries{name: fmt.Sprintf("new %s sys %dk", a.name, size/1024), size: size, path: a.path, addr: fresh.c.Pod(1).API, servedBy: fresh.c.Pod(0).Name, draw: qa},
+				follow)
+		}
 		for _, same := range []bool{false, true} {
 			first, name := fresh.c.Pod(0).API, "new follow-up other"
 			if same {
@@ -596,6 +627,57 @@ func routedToPod1(ctx context.Context, b *testing.B, hc *http.Client, f *fixture
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// routedPath posts bodies of path drawn by draw to pod 2's sidecar until
+// one is served by pod 1, for at most 15 s.
+func routedPath(ctx context.Context, b *testing.B, hc *http.Client, f *fixture, size int, path string, draw func() []byte) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		lockRNG.Lock()
+		body := draw()
+		lockRNG.Unlock()
+		r, _, err := timeChat(ctx, hc, f.c.Pod(1).API, path, body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r.ServedBy == f.c.Pod(0).Name {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d tokens, %s: pod 2 never routed to pod 1 (last: %s, %s)", size, path, r.ServedBy, r.Decision)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// agentAPIs are the agents' APIs BenchmarkTextPrefix runs beside chat:
+// a body of a system prompt and alternating user and assistant turns.
+var agentAPIs = []struct {
+	name, path string
+	body       func(system string, turns ...string) []byte
+}{
+	{"messages", "/v1/messages", func(system string, turns ...string) []byte {
+		var msgs []map[string]string
+		for i, t := range turns {
+			msgs = append(msgs, map[string]string{"role": [2]string{"user", "assistant"}[i%2], "content": t})
+		}
+		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4, "system": system, "messages": msgs})
+		return b
+	}},
+	{"responses", "/v1/responses", func(system string, turns ...string) []byte {
+		var items []map[string]any
+		for i, t := range turns {
+			if i%2 == 0 {
+				items = append(items, map[string]any{"type": "message", "role": "user", "content": t})
+				continue
+			}
+			items = append(items, map[string]any{"type": "message", "role": "assistant",
+				"content": []map[string]any{{"type": "output_text", "text": t}}})
+		}
+		b, _ := json.Marshal(map[string]any{"model": model, "max_output_tokens": 4, "instructions": system, "input": items})
+		return b
+	}},
 }
 
 // docBody is a question about a document given in a message of its own.

@@ -640,12 +640,18 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 			return err
 		}
 	}
-	if resp.StatusCode == http.StatusOK && st.reason != "hop" {
+	if resp.StatusCode == http.StatusOK && st.reason != "hop" && (st.reason != ReasonStored || st.creates) {
 		api, field := st.api.String(), cachedField
 		if st.api == prompt.APIMessages {
 			field = anthropicCachedField
 		}
 		resp.Body = newUsageTap(resp.Body, field, func(cached int) {
+			if st.reason == ReasonStored {
+				// A continued conversation is routed to its store, not on a
+				// prediction: its hit is real but was not predicted.
+				h.metrics.cachedTokens.WithLabelValues("unpredicted", api).Add(float64(cached))
+				return
+			}
 			h.metrics.cachedTokens.WithLabelValues("actual", api).Add(float64(cached))
 			h.metrics.cachedTokens.WithLabelValues("predicted", api).Add(float64(st.predicted))
 		})

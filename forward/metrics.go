@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "cached_tokens_total",
-			Help: "Prefix-cache tokens: predicted by the routing choice, and actual as vLLM reported (each API's cached-tokens usage field), by API.",
+			Help: "Prefix-cache tokens: predicted by the routing choice, and actual as vLLM reported (each API's cached-tokens usage field), by API; unpredicted is what vLLM reported for requests routed to a stored response's pod, where nothing was predicted.",
 		}, []string{"kind", "api"}),
 		storedProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "stored_response_probes_total",

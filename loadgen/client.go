@@ -39,10 +39,20 @@ type Endpoint struct {
 	Pod string
 }
 
-// Message is one chat message.
+// Message is one chat message. The agent fields are sent on Messages and
+// Responses calls only (a chat call sends role and content).
 type Message struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+
+	// Images of a user message, before Content when ImagesFirst.
+	Images      []Image `json:"-"`
+	ImagesFirst bool    `json:"-"`
+	// ToolCalls of an assistant message, after Content (which may be "").
+	ToolCalls []ToolCall `json:"-"`
+	// ToolCallID makes the message a tool's result (Role "tool"): the call
+	// it answers, with Content the result.
+	ToolCallID string `json:"-"`
 }
 
 // Call is one request to send.
@@ -51,8 +61,22 @@ type Call struct {
 	// Model overrides the client's model (a LoRA adapter); "" keeps it.
 	Model     string
 	Prompt    []uint32  // Completion
-	Messages  []Message // Chat
+	Messages  []Message // Chat, Messages, Responses
 	MaxTokens int
+
+	// System is the system prompt of a Messages call (a system block) or
+	// the instructions of a Responses call.
+	System string
+	// Billing is a Messages call's first system block, Claude Code's
+	// per-request "x-anthropic-billing-header: ..." ("" none).
+	Billing string
+	Tools   []Tool
+	// PreviousResponseID continues a stored response (Responses): Messages
+	// then holds only what is new since it.
+	PreviousResponseID string
+	// Store is a Responses call's "store" (nil: not sent, vLLM's default
+	// true).
+	Store *bool
 	// Plain sends this call without streaming even when the client streams.
 	Plain bool
 	// ID, when set, goes out as X-Request-Id (kvroute's sidecar logs it
@@ -93,6 +117,10 @@ type Reply struct {
 	Status int
 	// Streamed: the call asked for SSE.
 	Streamed bool
+	// ResponseID is the answer's id (Messages "msg_...", Responses
+	// "resp_...": what previous_response_id names); "" for chat and
+	// completions.
+	ResponseID string
 }
 
 // StatusError is a non-2xx answer.
@@ -293,22 +321,12 @@ func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) 
 // once sends one attempt; answered reports whether response headers came.
 func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, answered bool, err error) {
 	stream := c.Stream && !call.Plain
-	body := requestBody{Model: c.Model, MaxTokens: call.MaxTokens, Stream: stream}
+	model := c.Model
 	if call.Model != "" {
-		body.Model = call.Model
-	}
-	path := "/v1/completions"
-	if call.Kind == Chat {
-		path = "/v1/chat/completions"
-		body.Messages = call.Messages
-	} else {
-		body.Prompt = call.Prompt
-	}
-	if stream {
-		body.StreamOptions = &streamOptions{IncludeUsage: true}
+		model = call.Model
 	}
 	rep = Reply{Pod: ep.Pod, Streamed: stream}
-	b, err := json.Marshal(body)
+	path, b, err := encodeCall(call, model, stream)
 	if err != nil {
 		return rep, false, fmt.Errorf("encode request: %w", err)
 	}
@@ -342,13 +360,45 @@ func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, a
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return rep, true, &StatusError{Status: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	switch {
+	case sse && call.Kind.agentic():
+		err = readEvents(resp.Body, call.Kind, &rep, start)
+	case sse:
 		err = readStream(resp.Body, &rep, start)
-	} else {
+	case call.Kind.agentic():
+		rep.WallTTFT = time.Since(start)
+		err = readAgentBody(resp.Body, call.Kind, &rep)
+	default:
 		rep.WallTTFT = time.Since(start)
 		err = readBody(resp.Body, &rep)
 	}
 	return rep, true, err
+}
+
+// encodeCall returns the path and body of call for model.
+func encodeCall(call Call, model string, stream bool) (string, []byte, error) {
+	switch call.Kind {
+	case Messages:
+		b, err := messagesBody(call, model, stream)
+		return "/v1/messages", b, err
+	case Responses:
+		b, err := responsesBody(call, model, stream)
+		return "/v1/responses", b, err
+	}
+	body := requestBody{Model: model, MaxTokens: call.MaxTokens, Stream: stream}
+	path := "/v1/completions"
+	if call.Kind == Chat {
+		path = "/v1/chat/completions"
+		body.Messages = call.Messages
+	} else {
+		body.Prompt = call.Prompt
+	}
+	if stream {
+		body.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	b, err := json.Marshal(body)
+	return path, b, err
 }
 
 func readBody(r io.Reader, rep *Reply) error {

@@ -13,6 +13,16 @@
 //	rep := loadgen.Report{Workload: s.Workload, Pods: len(podNames), Policies: []loadgen.PolicyResult{res}}
 //	loadgen.WriteJSON(w, rep); loadgen.Markdown(rep); loadgen.PlotCDF(path, title, rep.Policies)
 //
+// Sessions speak one API each (Kind): token-id completions, chat, and the
+// agent APIs, Anthropic Messages and OpenAI Responses, as vLLM serves them
+// (apis.go builds their bodies and reads their answers and SSE events).
+// The agentic workload's sessions are agent tool loops run by agent.go:
+// each turn's request carries the history grown by the actual answers,
+// the tool call the schedule scripted after each answer and the tool's
+// result; a turn may start sub-agents that fork the conversation; a
+// Responses session may continue stored responses by previous_response_id.
+// Summarize breaks a run that mixes APIs down per API (PolicyResult.ByAPI).
+//
 // A Mooncake trace replays through ParseMooncake and Mooncake: each hash id
 // of a 512-token block stands for a fixed pseudo-random block of token ids
 // (BlockTokens), so requests sharing leading hash ids share a token prefix.

@@ -30,6 +30,10 @@ type PolicyResult struct {
 	// HitByModel is HitRate per model ("base" for the default), for a
 	// workload whose sessions name models (multi-lora); nil otherwise.
 	HitByModel map[string]float64 `json:"hit_rate_by_model,omitempty"`
+	// ByAPI holds the figures per request shape (Sample.API) and, under
+	// APIAll, over all requests, for a workload whose requests speak more
+	// than one API (agentic); nil otherwise.
+	ByAPI map[string]APIResult `json:"by_api,omitempty"`
 
 	// Not published in the JSON:
 
@@ -39,6 +43,32 @@ type PolicyResult struct {
 	WallTTFTP90 float64 `json:"-"`
 	// TTFTs are the successful requests' TTFTs, sorted (for CDF plots).
 	TTFTs []float64 `json:"-"`
+}
+
+// APIAll is the ByAPI key of the figures over every API.
+const APIAll = "all"
+
+// APIResult is one API's figures within a policy's run.
+type APIResult struct {
+	Requests int `json:"requests"`
+	// Failures counts requests that got no answer: an error status
+	// (a stored response's follow-up on a pod without it is a 404), a
+	// broken stream, a timeout.
+	Failures int `json:"failures"`
+	// HitRate is token-weighted over successful requests, as
+	// PolicyResult.HitRate.
+	HitRate float64 `json:"hit_rate"`
+	TTFTP90 float64 `json:"ttft_p90_s"`
+	// Continued counts the requests that named a stored response
+	// (previous_response_id), ContinuedFailures those of them that failed.
+	Continued         int `json:"continued,omitempty"`
+	ContinuedFailures int `json:"continued_failures,omitempty"`
+	// PredictedCached and ActualCached are the kvroute sidecars' cached
+	// tokens for the API: what the routing choices expected at their
+	// targets and what vLLM reported (kvroute_cached_tokens_total); nil
+	// where no sidecar reports them.
+	PredictedCached *float64 `json:"predicted_cached_tokens,omitempty"`
+	ActualCached    *float64 `json:"actual_cached_tokens,omitempty"`
 }
 
 // Report is the benchmark's JSON document.
@@ -128,7 +158,56 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 		res.OutputTokS = float64(out) / span
 	}
 	res.MaxMeanLoad = maxMean(res.PerPod)
+	res.ByAPI = byAPI(samples)
 	return res
+}
+
+// byAPI is the per-API breakdown of samples, nil when they speak one API.
+func byAPI(samples []Sample) map[string]APIResult {
+	type acc struct {
+		res            APIResult
+		prompt, cached int
+		ttft           []float64
+	}
+	groups := map[string]*acc{}
+	all := &acc{}
+	for _, s := range samples {
+		g := groups[s.API]
+		if g == nil {
+			g = &acc{}
+			groups[s.API] = g
+		}
+		for _, a := range []*acc{g, all} {
+			a.res.Requests++
+			if s.Continued {
+				a.res.Continued++
+			}
+			if !s.OK() {
+				a.res.Failures++
+				if s.Continued {
+					a.res.ContinuedFailures++
+				}
+				continue
+			}
+			a.prompt += s.PromptTokens
+			a.cached += s.CachedTokens
+			a.ttft = append(a.ttft, s.TTFT)
+		}
+	}
+	if len(groups) < 2 {
+		return nil
+	}
+	groups[APIAll] = all
+	out := make(map[string]APIResult, len(groups))
+	for name, a := range groups {
+		if a.prompt > 0 {
+			a.res.HitRate = float64(a.cached) / float64(a.prompt)
+		}
+		slices.Sort(a.ttft)
+		a.res.TTFTP90 = Percentile(a.ttft, 90)
+		out[name] = a.res
+	}
+	return out
 }
 
 // maxMean is the busiest pod's request count over the mean; 0 when no pod
@@ -202,5 +281,55 @@ func Markdown(r Report) string {
 		}
 	}
 	b.WriteString("\n")
+	b.WriteString(apiTable(r.Policies))
 	return b.String()
+}
+
+// apiTable renders the per-API figures of the policies that have them, ""
+// when none does: each API's row in name order, then the overall row.
+func apiTable(policies []PolicyResult) string {
+	var b strings.Builder
+	for _, p := range policies {
+		if len(p.ByAPI) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\nby API (failures: requests without an answer; continued: previous_response_id follow-ups, failed/sent; predicted/actual: the sidecars' cached tokens)\n\n")
+			b.WriteString("| policy | API | requests | failures | hit rate | TTFT p90 | continued failed | predicted/actual cached |\n")
+			b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|\n")
+		}
+		apis := make([]string, 0, len(p.ByAPI))
+		for a := range p.ByAPI {
+			if a != APIAll {
+				apis = append(apis, a)
+			}
+		}
+		slices.Sort(apis)
+		for _, a := range append(apis, APIAll) {
+			x, ok := p.ByAPI[a]
+			if !ok {
+				continue
+			}
+			cont := "-"
+			if x.Continued > 0 {
+				cont = fmt.Sprintf("%d/%d", x.ContinuedFailures, x.Continued)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %.1f%% | %.3f | %s | %s |\n",
+				p.Name, a, x.Requests, x.Failures, 100*x.HitRate, x.TTFTP90, cont, x.predictedActual())
+		}
+	}
+	return b.String()
+}
+
+// predictedActual renders the sidecars' predicted and actual cached tokens
+// and their ratio, "-" without them.
+func (x APIResult) predictedActual() string {
+	if x.PredictedCached == nil || x.ActualCached == nil {
+		return "-"
+	}
+	p, a := *x.PredictedCached, *x.ActualCached
+	if a == 0 {
+		return fmt.Sprintf("%.0f / 0", p)
+	}
+	return fmt.Sprintf("%.2f (%.0f / %.0f)", p/a, p, a)
 }

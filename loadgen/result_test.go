@@ -179,3 +179,40 @@ func TestPlots(t *testing.T) {
 		t.Errorf("PlotSweep wrote %v; want 2 files", paths)
 	}
 }
+
+// A workload that mixes APIs gets per-API figures and an overall row; one
+// that does not keeps its output as it was.
+func TestSummarizeByAPI(t *testing.T) {
+	ok := func(api string, prompt, cached int, ttft float64) Sample {
+		return Sample{API: api, PromptTokens: prompt, CachedTokens: cached, TTFT: ttft, Pod: "p1"}
+	}
+	samples := []Sample{
+		ok("messages", 100, 50, 0.1), ok("messages", 100, 100, 0.3),
+		ok("responses", 200, 0, 0.2), {API: "responses", Err: "status 404", Continued: true},
+		{API: "responses", Continued: true, PromptTokens: 100, CachedTokens: 100, TTFT: 0.4, Pod: "p1"},
+	}
+	res := Summarize("x", samples, []string{"p1"}, 1)
+	want := map[string]APIResult{
+		"messages":  {Requests: 2, HitRate: 0.75, TTFTP90: 0.3},
+		"responses": {Requests: 3, Failures: 1, HitRate: 100.0 / 300, TTFTP90: 0.4, Continued: 2, ContinuedFailures: 1},
+		APIAll:      {Requests: 5, Failures: 1, HitRate: 250.0 / 500, TTFTP90: 0.4, Continued: 2, ContinuedFailures: 1},
+	}
+	if d := cmp.Diff(want, res.ByAPI); d != "" {
+		t.Errorf("ByAPI (-want +got):\n%s", d)
+	}
+	p, a := 90.0, 100.0
+	x := res.ByAPI["messages"]
+	x.PredictedCached, x.ActualCached = &p, &a
+	res.ByAPI["messages"] = x
+	md := Markdown(Report{Workload: "agentic", Pods: 1, Policies: []PolicyResult{res}})
+	for _, row := range []string{"| x | messages | 2 | 0 | 75.0% | 0.300 | - | 0.90 (90 / 100) |",
+		"| x | responses | 3 | 1 | 33.3% | 0.400 | 1/2 | - |", "| x | all | 5 | 1 | 50.0% | 0.400 | 1/2 | - |"} {
+		if !strings.Contains(md, row) {
+			t.Errorf("Markdown lacks %q:\n%s", row, md)
+		}
+	}
+	one := Summarize("y", samples[:2], nil, 1)
+	if one.ByAPI != nil || strings.Contains(Markdown(Report{Policies: []PolicyResult{one}}), "by API") {
+		t.Errorf("one API: ByAPI %v; want none and no per-API table", one.ByAPI)
+	}
+}

@@ -67,6 +67,12 @@ type Sample struct {
 	Attempts  int
 	Status    int
 	Streamed  bool
+	// API is the request's shape (Kind.API: "completions", "chat",
+	// "messages", "responses").
+	API string
+	// Continued: the request named a stored response
+	// (previous_response_id), which only the pod holding it can serve.
+	Continued bool
 }
 
 // OK reports whether the request succeeded.
@@ -184,8 +190,13 @@ func (r *run) record(s Sample) {
 }
 
 // session sends x's turns in order; a chat session ends at its first
-// failed turn, since later turns need the answer.
+// failed turn, since later turns need the answer. Messages and Responses
+// sessions run the agent loop (agent.go).
 func (r *run) session(ctx context.Context, x *Session, plain bool) {
+	if x.Kind.agentic() {
+		r.agent(ctx, x, conv{}, plain, true)
+		return
+	}
 	var history []Message
 	if x.Kind == Chat && x.System != "" {
 		history = append(history, Message{Role: "system", Content: x.System})
@@ -203,40 +214,48 @@ func (r *run) session(ctx context.Context, x *Session, plain bool) {
 			}
 			scheduled = time.Since(r.start)
 		}
-		select {
-		case r.sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
 		call := Call{Kind: x.Kind, Model: x.Model, MaxTokens: turn.MaxTokens, Plain: plain}
-		if r.cfg.RequestIDs {
-			call.ID = RequestID(x.ID, k)
-		}
 		if x.Kind == Chat {
 			history = append(history, Message{Role: "user", Content: turn.User})
 			call.Messages = history
 		} else {
 			call.Prompt = turn.tokens()
 		}
-		sent := time.Since(r.start)
-		r.sent.Add(1)
-		rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
-		rep, err := r.cfg.Client.Do(rctx, r.pick(), call)
-		cancel()
-		<-r.sem
-		s := sampleOf(rep)
-		s.Session, s.Model, s.Turn, s.Scheduled, s.Sent = x.ID, x.Model, k, scheduled, sent
-		if err != nil {
-			s.Err = err.Error()
-		}
-		r.record(s)
-		if err != nil {
+		rep, ok := r.send(ctx, x, k, scheduled, call)
+		if !ok {
 			return
 		}
 		if x.Kind == Chat {
 			history = append(history, Message{Role: "assistant", Content: rep.Text})
 		}
 	}
+}
+
+// send sends turn k of x once a concurrency slot is free and records its
+// sample; ok is false when it failed or ctx ended first.
+func (r *run) send(ctx context.Context, x *Session, k int, scheduled time.Duration, call Call) (Reply, bool) {
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return Reply{}, false
+	}
+	if r.cfg.RequestIDs {
+		call.ID = RequestID(x.ID, k)
+	}
+	sent := time.Since(r.start)
+	r.sent.Add(1)
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+	rep, err := r.cfg.Client.Do(rctx, r.pick(), call)
+	cancel()
+	<-r.sem
+	s := sampleOf(rep)
+	s.Session, s.Model, s.Turn, s.Scheduled, s.Sent = x.ID, x.Model, k, scheduled, sent
+	s.API, s.Continued = x.Kind.API(), call.PreviousResponseID != ""
+	if err != nil {
+		s.Err = err.Error()
+	}
+	r.record(s)
+	return rep, err == nil
 }
 
 // RequestID is the X-Request-Id of a session's turn when

@@ -19,14 +19,40 @@ const (
 	// Chat sends messages to /v1/chat/completions; later turns carry the
 	// assistant text actually returned by earlier ones.
 	Chat
+	// Messages sends Anthropic Messages requests to /v1/messages (vLLM's
+	// /v1/messages): system blocks, content blocks, tools with
+	// input_schema, Anthropic's SSE events.
+	Messages
+	// Responses sends OpenAI Responses requests to /v1/responses:
+	// instructions, input items, flat tools, and previous_response_id for
+	// sessions that continue a stored response (Session.Continue).
+	Responses
 )
 
 func (k Kind) String() string {
-	if k == Chat {
+	switch k {
+	case Chat:
 		return "chat"
+	case Messages:
+		return "messages"
+	case Responses:
+		return "responses"
 	}
 	return "completion"
 }
+
+// API names the request shape as kvroute's sidecar labels its metrics
+// (prompt.API's names): "completions", "chat", "messages", "responses".
+func (k Kind) API() string {
+	if k == Completion {
+		return "completions"
+	}
+	return k.String()
+}
+
+// agentic reports whether k's sessions are agent conversations (Messages
+// or Responses), run by the agent loop (agent.go).
+func (k Kind) agentic() bool { return k == Messages || k == Responses }
 
 // Turn is one request of a session.
 type Turn struct {
@@ -42,6 +68,26 @@ type Turn struct {
 	// Think is the pause after the previous turn's response arrived before
 	// this turn is sent; zero for the first turn.
 	Think time.Duration
+
+	// Agent turns (Messages and Responses sessions):
+
+	// Images go with User, before its text on a session's first turn
+	// (a reference the task is about), after it later (a screenshot).
+	Images []Image
+	// Result answers the previous turn's Call (its tool's output); after a
+	// turn that spawned sub-agents the runner puts their answers here
+	// instead.
+	Result string
+	// Call is the tool call the assistant makes in its answer to this
+	// turn: the simulator answers text only, so the agent appends the call
+	// the schedule scripted to the answer's actual text, as a model's
+	// tool_use would follow its text. nil on a session's last turn.
+	Call *ToolCall
+	// Spawn are sub-agents started when this turn's answer arrives, all at
+	// once: each inherits the conversation as this turn sent it (the
+	// parent's prefix) and adds its own task; the next turn's Result is
+	// their last answers.
+	Spawn []Session
 }
 
 // Session is a sequence of turns sent one after another, each only after
@@ -56,8 +102,23 @@ type Session struct {
 	// (the base model). A LoRA adapter is named like a model, as in vLLM.
 	Model string
 
-	System string // Chat only
+	System string // Chat, Messages and Responses
 	Turns  []Turn
+
+	// Agent sessions (Messages and Responses):
+
+	// Tools are offered on every turn (rendered into the prompt after the
+	// system prompt, so they are part of the shared prefix).
+	Tools []Tool
+	// Billing sends Claude Code's per-request attribution header as the
+	// first system block (Messages): vLLM strips it before rendering
+	// (vllm/entrypoints/anthropic/serving.py, _convert_system_message), so
+	// a router that keys it would see every request as new.
+	Billing bool
+	// Continue (Responses) stores each answer and sends the next turn with
+	// previous_response_id and only the new items, instead of the history:
+	// only the pod holding the stored response can serve it.
+	Continue bool
 }
 
 // Schedule is a workload instance: sessions in order of At.
@@ -70,7 +131,18 @@ type Schedule struct {
 func (s Schedule) Requests() int {
 	n := 0
 	for _, x := range s.Sessions {
-		n += len(x.Turns)
+		n += x.requests()
+	}
+	return n
+}
+
+// requests counts x's turns and its sub-agents' turns.
+func (x Session) requests() int {
+	n := len(x.Turns)
+	for _, t := range x.Turns {
+		for _, c := range t.Spawn {
+			n += c.requests()
+		}
 	}
 	return n
 }

@@ -8,7 +8,7 @@ import (
 
 // Workload names accepted by Generate. The Mooncake replay is built from a
 // trace file instead (Mooncake).
-var Workloads = []string{"shared-prefix", "agent-fanout", "doc-qa", "multi-turn-chat", "no-reuse", "multi-lora"}
+var Workloads = []string{"shared-prefix", "agent-fanout", "doc-qa", "multi-turn-chat", "no-reuse", "multi-lora", "agentic"}
 
 // Config sizes the synthetic workloads. Prefix routing only matters when
 // the cluster's KV cache is under pressure, so the prefix-heavy workloads
@@ -39,6 +39,7 @@ type Config struct {
 	Chat         ChatParams
 	NoReuse      NoReuseParams
 	MultiLoRA    MultiLoRAParams
+	Agentic      AgenticParams
 }
 
 // SharedPrefixParams: the B2B-SaaS shape of llm-d's benchmark (many groups
@@ -162,6 +163,7 @@ func DefaultConfig() Config {
 			QuestionTokens: Dist{Mean: 300, Std: 150, Min: 50, Max: 900, LogNormal: true},
 			OutputTokens:   64,
 		},
+		Agentic: DefaultAgenticParams(),
 	}
 }
 
@@ -185,6 +187,8 @@ func Generate(name string, c Config, r *rand.Rand) (Schedule, error) {
 		s = NoReuse(c, r)
 	case "multi-lora":
 		s = MultiLoRA(c, r)
+	case "agentic":
+		s = Agentic(c, r)
 	default:
 		return Schedule{}, fmt.Errorf("unknown workload %q (have %v, or mooncake with a trace)", name, Workloads)
 	}

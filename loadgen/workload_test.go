@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -323,5 +324,106 @@ func TestMultiLoRAStructure(t *testing.T) {
 	}
 	if len(groups) != wantGroups {
 		t.Errorf("%d groups; want %d", len(groups), wantGroups)
+	}
+}
+
+// The agentic workload: half the sessions per API; every session of an
+// agent carries its system prompt and tools; a call on every turn but the
+// last, with a result on the next; sub-agents of 2-4 inheriting the
+// parent's modes; images (uuids only on Responses); previous_response_id
+// continuation only on Responses; the billing header only on Messages.
+func TestAgenticShape(t *testing.T) {
+	c := smallConfig()
+	c.Duration = 60 * time.Second
+	s := Agentic(c, rng(8))
+	p := c.Agentic
+	kinds := map[Kind]int{}
+	bySystem := map[string]string{}
+	var fanned, images, uuids, continued, responses int
+	var check func(x Session, sub bool)
+	check = func(x Session, sub bool) {
+		if x.Kind != Messages && x.Kind != Responses {
+			t.Fatalf("%s: kind %v", x.ID, x.Kind)
+		}
+		if x.Continue && x.Kind != Responses || x.Billing && x.Kind != Messages {
+			t.Errorf("%s: continue %v billing %v on %v", x.ID, x.Continue, x.Billing, x.Kind)
+		}
+		if len(x.Tools) != p.Tools+1 || x.Tools[len(x.Tools)-1].Name != taskTool {
+			t.Fatalf("%s: %d tools; want %d and the task tool last", x.ID, len(x.Tools), p.Tools+1)
+		}
+		for _, tl := range x.Tools {
+			if !json.Valid(tl.Parameters) {
+				t.Fatalf("%s: tool %s schema %s", x.ID, tl.Name, tl.Parameters)
+			}
+		}
+		if want, ok := bySystem[x.System]; ok && want != x.Tools[0].Name {
+			t.Errorf("%s: one system prompt with two tool lists", x.ID)
+		}
+		bySystem[x.System] = x.Tools[0].Name
+		if len(x.Turns) < 1 || x.Turns[0].User == "" {
+			t.Fatalf("%s: first turn %+v; want a task", x.ID, x.Turns)
+		}
+		for k, tu := range x.Turns {
+			last := k == len(x.Turns)-1
+			if (tu.Call == nil) != last {
+				t.Errorf("%s turn %d of %d: call %v", x.ID, k, len(x.Turns), tu.Call)
+			}
+			if tu.Call != nil && !json.Valid(tu.Call.Arguments) {
+				t.Errorf("%s turn %d: arguments %s", x.ID, k, tu.Call.Arguments)
+			}
+			if k > 0 && (tu.Result == "") != (len(x.Turns[k-1].Spawn) > 0) {
+				t.Errorf("%s turn %d: result %q after a turn with %d sub-agents", x.ID, k, tu.Result, len(x.Turns[k-1].Spawn))
+			}
+			if k > 0 && tu.Think <= 0 {
+				t.Errorf("%s turn %d: no think time", x.ID, k)
+			}
+			for _, im := range tu.Images {
+				images++
+				if !strings.HasPrefix(im.URL, "data:image/png;base64,") {
+					t.Errorf("%s: image %.30s", x.ID, im.URL)
+				}
+				if im.UUID != "" {
+					uuids++
+					if x.Kind != Responses {
+						t.Errorf("%s: a uuid on a Messages image", x.ID)
+					}
+				}
+			}
+			if len(tu.Spawn) > 0 {
+				if sub || tu.Call == nil || tu.Call.Name != taskTool || len(tu.Spawn) < 2 || len(tu.Spawn) > 4 {
+					t.Errorf("%s turn %d: %d sub-agents by call %v", x.ID, k, len(tu.Spawn), tu.Call)
+				}
+				fanned++
+				for _, c := range tu.Spawn {
+					if c.Kind != x.Kind || c.System != x.System || c.Continue != x.Continue || c.Billing != x.Billing {
+						t.Errorf("%s: sub-agent %s does not inherit its parent's modes", x.ID, c.ID)
+					}
+					check(c, true)
+				}
+			}
+		}
+	}
+	for _, x := range s.Sessions {
+		kinds[x.Kind]++
+		if x.Kind == Responses {
+			responses++
+			if x.Continue {
+				continued++
+			}
+		}
+		check(x, false)
+	}
+	if d := kinds[Messages] - kinds[Responses]; d < 0 || d > 1 {
+		t.Errorf("sessions per API %v; want half each", kinds)
+	}
+	if len(bySystem) != p.Agents {
+		t.Errorf("%d system prompts; want %d agents", len(bySystem), p.Agents)
+	}
+	if fanned == 0 || images == 0 || uuids == 0 || uuids == images || continued == 0 || continued == responses {
+		t.Errorf("fan-outs %d, images %d (uuids %d), continued %d of %d: want some of each", fanned, images, uuids, continued, responses)
+	}
+	// The arrival rate counts sub-agents' requests: ~Rate over the run.
+	if rate := float64(s.Requests()) / c.Duration.Seconds(); rate < c.Rate*0.6 || rate > c.Rate*1.4 {
+		t.Errorf("%.1f requests/s; want about %v", rate, c.Rate)
 	}
 }

@@ -1,11 +1,10 @@
 package prompt
 
-import (
-	"strconv"
-)
+import "strconv"
 
-// parseChat reads a /v1/chat/completions body.
-func parseChat(body []byte) (Prompt, error) {
+// parseChat reads a /v1/chat/completions body, and its images when
+// images is set.
+func parseChat(body []byte, images bool) (Prompt, error) {
 	var f wireFields
 	if err := f.scan(body, false); err != nil {
 		return Prompt{}, err
@@ -25,7 +24,9 @@ func parseChat(body []byte) (Prompt, error) {
 	if len(p.Messages) == 0 || p.Messages[0] != '[' {
 		return p, ErrNoPrompt
 	}
-	p.Images = chatImages(p.Messages)
+	if images {
+		p.Images = chatImages(p.Messages)
+	}
 	return p, nil
 }
 
@@ -82,10 +83,22 @@ type msg struct {
 	name      []byte // a string
 }
 
-// convo is a conversion's output: the chat messages and their images.
+// convo is a conversion's output: the chat messages, written as they
+// come into one array, and their images.
 type convo struct {
-	msgs   []msg
-	images []Image
+	out []byte // the messages array so far, without its closing bracket
+	n   int    // messages written or held
+	// held is the last message, not yet written, when merge is set and
+	// it is an assistant's: Responses items add tool calls, reasoning and
+	// content to the assistant message before them. Other messages are
+	// written at once (and may refer to scratch space the next one
+	// reuses).
+	held    msg
+	holding bool
+	merge   bool
+	images  []Image
+	// scratch holds the blocks of the message being converted.
+	scratch []aBlock
 	// unsure is set when vLLM's rendering of the body is not reproduced
 	// (an id vLLM makes from the clock, a shape vLLM answers with an
 	// error of its own): the conversion still completes, and ParseAPI
@@ -93,56 +106,79 @@ type convo struct {
 	unsure bool
 }
 
+// newConvo is a conversion of a body of size bytes.
+func newConvo(size int, merge bool) convo {
+	out := make([]byte, 1, size+size/16+256)
+	out[0] = '['
+	return convo{out: out, merge: merge}
+}
+
 // add appends m, and imgs as m's images.
 func (c *convo) add(m msg, imgs ...Image) {
+	c.flush()
 	for _, im := range imgs {
-		im.Message = len(c.msgs)
+		im.Message = c.n
 		c.images = append(c.images, im)
 	}
-	c.msgs = append(c.msgs, m)
+	c.n++
+	if c.merge && m.role == "assistant" {
+		c.held, c.holding = m, true
+		return
+	}
+	c.write(m)
+}
+
+// prev is the held assistant message, nil when the last message is
+// another's.
+func (c *convo) prev() *msg {
+	if c.holding {
+		return &c.held
+	}
+	return nil
+}
+
+func (c *convo) flush() {
+	if c.holding {
+		c.write(c.held)
+		c.holding = false
+	}
+}
+
+func (c *convo) write(m msg) {
+	b := c.out
+	if len(b) > 1 {
+		b = append(b, ',')
+	}
+	b = append(append(append(b, `{"role":"`...), m.role...), '"')
+	if m.content != nil {
+		b = append(append(b, `,"content":`...), m.content...)
+	}
+	if m.reasoning != nil {
+		b = append(append(b, `,"reasoning":`...), m.reasoning...)
+	}
+	if m.calls != nil {
+		b = append(b, `,"tool_calls":[`...)
+		for j, tc := range m.calls {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, tc...)
+		}
+		b = append(b, ']')
+	}
+	if m.callID != nil {
+		b = append(append(b, `,"tool_call_id":`...), m.callID...)
+	}
+	if m.name != nil {
+		b = append(append(b, `,"name":`...), m.name...)
+	}
+	c.out = append(b, '}')
 }
 
 // json is the messages as a chat "messages" array.
 func (c *convo) json() []byte {
-	size := 2
-	for _, m := range c.msgs {
-		size += 64 + len(m.content) + len(m.reasoning) + len(m.callID) + len(m.name)
-		for _, tc := range m.calls {
-			size += len(tc) + 1
-		}
-	}
-	b := make([]byte, 0, size)
-	b = append(b, '[')
-	for i, m := range c.msgs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(append(append(b, `{"role":"`...), m.role...), '"')
-		if m.content != nil {
-			b = append(append(b, `,"content":`...), m.content...)
-		}
-		if m.reasoning != nil {
-			b = append(append(b, `,"reasoning":`...), m.reasoning...)
-		}
-		if m.calls != nil {
-			b = append(b, `,"tool_calls":[`...)
-			for j, tc := range m.calls {
-				if j > 0 {
-					b = append(b, ',')
-				}
-				b = append(b, tc...)
-			}
-			b = append(b, ']')
-		}
-		if m.callID != nil {
-			b = append(append(b, `,"tool_call_id":`...), m.callID...)
-		}
-		if m.name != nil {
-			b = append(append(b, `,"name":`...), m.name...)
-		}
-		b = append(b, '}')
-	}
-	return append(b, ']')
+	c.flush()
+	return append(c.out, ']')
 }
 
 // toolCall is a chat tool_calls entry; arguments is a string literal.

@@ -1,9 +1,6 @@
 package prompt
 
-import (
-	"fmt"
-	"strconv"
-)
+import "fmt"
 
 // The Anthropic Messages conversion is vLLM's: AnthropicServingMessages.
 // _convert_anthropic_to_openai_request and its helpers in
@@ -29,10 +26,34 @@ const billingHeader = "x-anthropic-billing-header"
 
 // aMsg is an Anthropic message: content is the string text, or blocks.
 type aMsg struct {
-	role   string
-	text   []byte // a literal when the content is a string
+	role string
+	text []byte // a literal when the content is a string
+	list bool   // the content is a list of blocks, maybe empty
+	raw  []byte // the list, read into blocks when needed
+	// blocks are the list's blocks when read for keeps (to rewrite
+	// them); nil otherwise, and the conversion reads raw into scratch
+	// space, so a session's hundreds of blocks are never all held.
 	blocks []aBlock
-	list   bool // the content is a list (blocks, maybe empty)
+	at     int // the message's index, for errors
+}
+
+// load returns m's blocks: m.blocks when read, else raw read into
+// scratch (which may be nil, to read them for keeps).
+func (m *aMsg) load(scratch []aBlock) ([]aBlock, error) {
+	if !m.list || m.blocks != nil {
+		return m.blocks, nil
+	}
+	blocks, _, err := readBlocks(m.raw, 0, scratch[:0], path{field: "messages", msg: m.at})
+	return blocks, err
+}
+
+// keep reads m's blocks for keeps.
+func (m *aMsg) keep() error {
+	var err error
+	if m.blocks == nil {
+		m.blocks, err = m.load(nil)
+	}
+	return err
 }
 
 // aBlock is an Anthropic content block; its fields are raw values (nil:
@@ -75,7 +96,7 @@ func parseMessages(body []byte) (Prompt, error) {
 	if p.Model == "" {
 		return Prompt{}, badf("model: a model is required")
 	}
-	if kind(f.maxTokens) != '0' {
+	if k := kind(f.maxTokens); k != '0' && k != '"' {
 		return Prompt{}, badf("max_tokens: an integer is required")
 	}
 	if p.MaxTokens = jsonCount(f.maxTokens); p.MaxTokens <= 0 {
@@ -91,8 +112,10 @@ func parseMessages(body []byte) (Prompt, error) {
 	if p.ChatTemplateKwargs, err = optObject(f.chatTemplateKwargs, "chat_template_kwargs"); err != nil {
 		return Prompt{}, err
 	}
-	// vLLM's Messages takes cache_salt since vllm#46688 (a non-empty
-	// string) and passes it to the chat request.
+	// vLLM's Messages takes cache_salt since vLLM issue 46688 (a
+	// non-empty string) and passes it to the chat request
+	// (tests/entrypoints/anthropic TestCacheSalt), where older versions
+	// ignored it.
 	if p.CacheSalt, err = jsonString(f.cacheSalt, "cache_salt", nil); err != nil {
 		return Prompt{}, badf("%v", err)
 	}
@@ -115,8 +138,7 @@ func parseMessages(body []byte) (Prompt, error) {
 	case '"':
 		system = f.system
 	case '[':
-		var slab []aBlock
-		blocks, _, err := readBlocks(f.system, 0, &slab, path{field: "system", msg: -1})
+		blocks, _, err := readBlocks(f.system, 0, nil, path{field: "system", msg: -1})
 		if err != nil {
 			return Prompt{}, err
 		}
@@ -128,17 +150,22 @@ func parseMessages(body []byte) (Prompt, error) {
 		return Prompt{}, err
 	}
 
-	c := convo{msgs: make([]msg, 0, len(msgs)+len(msgs)/2+2)}
+	c := newConvo(len(f.messages)+len(f.system), false)
 	unknown := false
 	for _, m := range msgs {
 		unknown = unknown || m.role == ""
 	}
-	leading, rest := placeInlineSystem(system, msgs)
+	leading, rest, err := placeInlineSystem(system, msgs)
+	if err != nil {
+		return Prompt{}, err
+	}
 	if sys := joinLit(`\n\n`, true, system, leading); truthy(sys) {
 		c.add(msg{role: "system", content: sys})
 	}
 	for _, m := range rest {
-		c.anthropicMsg(m)
+		if err := c.anthropicMsg(m); err != nil {
+			return Prompt{}, err
+		}
 	}
 	p.Messages, p.Images = c.json(), c.images
 	if c.unsure || unknown {
@@ -150,16 +177,14 @@ func parseMessages(body []byte) (Prompt, error) {
 // readAMsgs reads the messages list. A role vLLM does not know is kept
 // with role "" (the conversion skips it, and ParseAPI says ErrNoPrompt).
 func readAMsgs(raw []byte) ([]aMsg, error) {
-	// One slab holds every message's blocks: a session has hundreds.
 	msgs := make([]aMsg, 0, 16)
-	slab := make([]aBlock, 0, 16+len(raw)/512)
 	_, err := walkArray(raw, 0, func(v int) (int, error) {
 		at := len(msgs)
 		if raw[v] != '{' {
 			return v, badf("messages[%d]: want an object", at)
 		}
 		var role []byte
-		var m aMsg
+		m := aMsg{at: at}
 		content := byte(0) // the content's kind
 		end, err := walkObject(raw, v, func(k []byte, x int) (int, error) {
 			switch string(key(k)) {
@@ -175,11 +200,9 @@ func readAMsgs(raw []byte) ([]aMsg, error) {
 					m.text, m.blocks, m.list = raw[x:end], nil, false
 					return end, nil
 				case '[':
-					var end int
-					var err error
-					m.text, m.list = nil, true
-					m.blocks, end, err = readBlocks(raw, x, &slab, path{field: "messages", msg: at})
-					return end, err
+					end := skipValue(raw, x)
+					m.text, m.list, m.raw = nil, true, raw[x:end]
+					return end, nil
 				}
 			}
 			return skipValue(raw, x), nil
@@ -220,16 +243,15 @@ func (p path) String() string {
 	return fmt.Sprintf("%s[%d].content[%d]", p.field, p.msg, p.block)
 }
 
-// readBlocks reads the list of content blocks at b[i] onto the slab and
+// readBlocks appends the list of content blocks at b[i] to blocks and
 // returns them and the list's end.
-func readBlocks(b []byte, i int, slab *[]aBlock, at path) ([]aBlock, int, error) {
-	start := len(*slab)
+func readBlocks(b []byte, i int, blocks []aBlock, at path) ([]aBlock, int, error) {
 	end, err := walkArray(b, i, func(v int) (int, error) {
-		at.block = len(*slab) - start
-		*slab = append(*slab, aBlock{})
-		return readBlock(b, v, &(*slab)[len(*slab)-1], at)
+		at.block = len(blocks)
+		blocks = append(blocks, aBlock{})
+		return readBlock(b, v, &blocks[len(blocks)-1], at)
 	})
-	return (*slab)[start:len(*slab):len(*slab)], end, err
+	return blocks, end, err
 }
 
 // readBlock reads the content block at b[i] and returns its end, checking
@@ -373,14 +395,15 @@ func blocksText(blocks []aBlock) []byte {
 
 // systemText is an inline system message's text (inline_system.py
 // system_text).
-func systemText(m aMsg) []byte {
+func systemText(m *aMsg) ([]byte, error) {
 	if !m.list {
 		if hasPrefix(m.text, billingHeader) {
-			return []byte(`""`)
+			return []byte(`""`), nil
 		}
-		return m.text
+		return m.text, nil
 	}
-	return blocksText(m.blocks)
+	err := m.keep()
+	return blocksText(m.blocks), err
 }
 
 // placeInlineSystem is inline_system.py's normalize_inline_system in
@@ -389,29 +412,38 @@ func systemText(m aMsg) []byte {
 // past the results of a tool call they interrupt, when there is a system
 // prompt, and are folded into the neighbouring user turns when there is
 // none.
-func placeInlineSystem(system []byte, msgs []aMsg) (leading []byte, rest []aMsg) {
+func placeInlineSystem(system []byte, msgs []aMsg) (leading []byte, rest []aMsg, err error) {
 	inline := false
 	for _, m := range msgs {
 		inline = inline || m.role == "system"
 	}
 	if !inline {
-		return nil, msgs
+		return nil, msgs, nil
 	}
 	n := 0
 	var lead [][]byte
 	for ; n < len(msgs) && msgs[n].role == "system"; n++ {
-		lead = append(lead, systemText(msgs[n]))
+		t, err := systemText(&msgs[n])
+		if err != nil {
+			return nil, nil, err
+		}
+		lead = append(lead, t)
 	}
 	leading = joinLit(`\n\n`, true, lead...)
-	rest = outOfToolRuns(msgs[n:])
+	if rest, err = outOfToolRuns(msgs[n:]); err != nil {
+		return nil, nil, err
+	}
 	if truthy(system) || truthy(leading) {
-		return leading, rest
+		return leading, rest, nil
 	}
 	var out []aMsg
 	var pending [][]byte // system text after an assistant turn
 	for _, m := range rest {
+		if err := m.keep(); err != nil {
+			return nil, nil, err
+		}
 		if m.role == "system" {
-			t := systemText(m)
+			t, _ := systemText(&m)
 			if !truthy(t) {
 				continue
 			}
@@ -436,17 +468,19 @@ func placeInlineSystem(system []byte, msgs []aMsg) (leading []byte, rest []aMsg)
 	if pending != nil {
 		out = append(out, aMsg{role: "user", text: joinLit(`\n\n`, true, pending...)})
 	}
-	return leading, out
+	return leading, out, nil
 }
 
 // outOfToolRuns moves system messages that sit between an assistant's
 // tool_use and the user message answering it to after that message
 // (inline_system.py _move_out_of_tool_runs).
-func outOfToolRuns(msgs []aMsg) []aMsg {
+func outOfToolRuns(msgs []aMsg) ([]aMsg, error) {
 	out := make([]aMsg, 0, len(msgs))
 	var held []aMsg
+	var scratch []aBlock
 	awaiting := false
-	for _, m := range msgs {
+	for i := range msgs {
+		m := msgs[i]
 		if m.role == "system" {
 			if awaiting {
 				held = append(held, m)
@@ -464,12 +498,19 @@ func outOfToolRuns(msgs []aMsg) []aMsg {
 		}
 		awaiting = false
 		if m.role == "assistant" && m.list {
-			for _, b := range m.blocks {
+			blocks, err := m.load(scratch)
+			if err != nil {
+				return nil, err
+			}
+			if m.blocks == nil {
+				scratch = blocks
+			}
+			for _, b := range blocks {
 				awaiting = awaiting || b.typ == "tool_use"
 			}
 		}
 	}
-	return append(out, held...)
+	return append(out, held...), nil
 }
 
 // appendToUser joins text onto a user message's own text or, when it holds
@@ -556,95 +597,138 @@ func addTRText(c trContent, text []byte) trContent {
 }
 
 // anthropicMsg converts one message (serving.py _convert_messages).
-func (c *convo) anthropicMsg(m aMsg) {
+func (c *convo) anthropicMsg(m aMsg) error {
 	switch {
 	case m.role == "":
-		return
+		return nil
 	case m.role == "system": // inline, kept in place
-		if t := systemText(m); truthy(t) {
+		t, err := systemText(&m)
+		if truthy(t) {
 			c.add(msg{role: "system", content: t})
 		}
-		return
+		return err
 	case !m.list:
 		c.add(msg{role: m.role, content: m.text})
-		return
+		return nil
 	}
-	size := 2
-	for _, b := range m.blocks {
-		size += len(b.text) + len(b.source) + 48
+	blocks, err := m.load(c.scratch)
+	if err != nil {
+		return err
 	}
-	parts := make([]byte, 1, size) // the content array, built in place
-	parts[0] = '['
-	var nparts int
-	var single []byte // the one part's text, when it is a text part
-	var calls, thinking [][]byte
-	var imgs []Image
-	part := func(text []byte) {
-		nparts++
-		single = text
+	if m.blocks == nil {
+		c.scratch = blocks
 	}
-	sep := func() {
-		if nparts > 0 {
-			parts = append(parts, ',')
-		}
-	}
-	for _, b := range m.blocks {
+	// vLLM appends a user's tool results as it meets them, before the
+	// message itself; the message is then written straight into the
+	// output, its parts counted first for the one-text-part rule.
+	nparts, nimgs, ncalls := 0, 0, 0
+	var single, resultText []byte // the one part's text; an assistant's tool result's
+	var thinking [][]byte
+	for _, b := range blocks {
 		switch b.typ {
 		case "text":
 			if truthy(b.text) {
-				sep()
-				parts = textPart(parts, b.text)
-				part(b.text)
+				nparts, single = nparts+1, b.text
 			}
 		case "image":
 			if nonEmptyObject(b.source) {
-				sep()
-				parts = imagePart(parts, c.imageURL(b.source), nil)
-				part(nil)
-				imgs = append(imgs, Image{})
+				nparts, nimgs, single = nparts+1, nimgs+1, nil
 			}
 		case "thinking":
 			if b.thinking != nil {
 				thinking = append(thinking, b.thinking)
 			}
 		case "tool_use":
-			calls = append(calls, c.toolUse(b))
+			ncalls++
 		case "tool_result":
 			if m.role == "user" {
 				c.userToolResult(b)
 				continue
 			}
-			// An assistant's tool result becomes text (str(block.content)).
-			text := []byte(`""`)
-			switch {
-			case truthy(b.content.str):
-				text = b.content.str
-			case len(b.content.items) > 0:
-				c.unsure = true // Python's repr of a list of dicts
-			}
-			t := joinLit("", false, lit("Tool result: "), text)
-			sep()
-			parts = textPart(parts, t)
-			part(t)
+			resultText = c.assistantToolResult(b)
+			nparts, single = nparts+1, resultText
 		case "?":
 			c.unsure = true
 		}
 	}
-	out := msg{role: m.role}
-	if thinking != nil {
-		out.reasoning = joinLit("", false, thinking...)
+	if m.role == "user" && nparts == 0 {
+		return nil
 	}
-	out.calls = calls
+	c.flush()
+	for range nimgs {
+		c.images = append(c.images, Image{Message: c.n})
+	}
+	c.n++
+	b := c.out
+	if len(b) > 1 {
+		b = append(b, ',')
+	}
+	b = append(append(append(b, `{"role":"`...), m.role...), '"')
 	switch {
 	case nparts == 1 && single != nil:
-		out.content = single
+		b = append(append(b, `,"content":`...), single...)
 	case nparts > 0:
-		out.content = append(parts, ']')
+		b = append(b, `,"content":[`...)
+		first := true
+		sep := func() {
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+		}
+		for _, blk := range blocks {
+			switch blk.typ {
+			case "text":
+				if truthy(blk.text) {
+					sep()
+					b = textPart(b, blk.text)
+				}
+			case "image":
+				if nonEmptyObject(blk.source) {
+					sep()
+					b = imagePart(b, c.imageURL(blk.source), nil)
+				}
+			case "tool_result": // a user's became tool messages
+				if m.role != "user" {
+					sep()
+					b = textPart(b, c.assistantToolResult(blk))
+				}
+			}
+		}
+		b = append(b, ']')
 	}
-	if m.role == "user" && out.content == nil {
-		return
+	if thinking != nil {
+		b = append(append(b, `,"reasoning":`...), joinLit("", false, thinking...)...)
 	}
-	c.add(out, imgs...)
+	if ncalls > 0 {
+		b = append(b, `,"tool_calls":[`...)
+		first := true
+		for _, blk := range blocks {
+			if blk.typ == "tool_use" {
+				if !first {
+					b = append(b, ',')
+				}
+				first = false
+				b = c.toolUse(b, blk)
+			}
+		}
+		b = append(b, ']')
+	}
+	c.out = append(b, '}')
+	return nil
+}
+
+// assistantToolResult is the text vLLM makes of an assistant's tool_result
+// block: "Tool result: " and str(block.content).
+func (c *convo) assistantToolResult(b aBlock) []byte {
+	text := []byte(`""`)
+	switch {
+	case truthy(b.content.str):
+		text = b.content.str
+	case len(b.content.items) > 0:
+		c.unsure = true // Python's repr of a list of dicts
+	}
+	return joinLit("", false, lit("Tool result: "), text)
 }
 
 // toolUse is a tool_use block as a chat tool call
@@ -652,7 +736,7 @@ func (c *convo) anthropicMsg(m aMsg) {
 // json.dumps(block.input or {}); the chat renderer parses them back into
 // a dict (chat_utils.py _postprocess_messages), so the input's own JSON
 // text renders the same and is spliced as it came.
-func (c *convo) toolUse(b aBlock) []byte {
+func (c *convo) toolUse(out []byte, b aBlock) []byte {
 	id := b.id
 	if !truthy(id) {
 		id = lit("call_0") // vLLM: f"call_{int(time.time())}"
@@ -662,11 +746,15 @@ func (c *convo) toolUse(b aBlock) []byte {
 	if fn == nil {
 		fn = []byte(`""`)
 	}
-	args := []byte(`"{}"`)
+	out = append(append(out, `{"id":`...), id...)
+	out = append(append(out, `,"type":"function","function":{"name":`...), fn...)
+	out = append(out, `,"arguments":`...)
 	if nonEmptyObject(b.input) {
-		args = appendString(nil, string(b.input))
+		out = appendRawString(out, b.input)
+	} else {
+		out = append(out, `"{}"`...)
 	}
-	return toolCall(id, fn, args)
+	return append(out, "}}"...)
 }
 
 // userToolResult converts a user's tool_result block: a tool message with
@@ -773,7 +861,7 @@ func (c *convo) imageURL(source []byte) []byte {
 		c.unsure = true
 		return lit(absent)
 	}
-	if t, _ := jsonString(typ, "", nil); isStr(typ) && t == "url" {
+	if strIs(typ, "url") {
 		if kind(url) == 'n' {
 			c.unsure = true
 		}
@@ -821,8 +909,8 @@ func anthropicTools(raw []byte) ([]byte, error) {
 		if !isStr(nm) {
 			return badf("tools[%d].name: a string is required", at)
 		}
-		if _, err := optStr(desc, "tools["+itoa(at)+"].description"); err != nil {
-			return err
+		if k := kind(desc); k != 0 && k != 'n' && k != '"' {
+			return badf("tools[%d].description: want a string", at)
 		}
 		if kind(schema) != '{' {
 			return badf("tools[%d].input_schema: an object is required", at)
@@ -947,5 +1035,3 @@ func optObject(v []byte, field string) ([]byte, error) {
 	}
 	return nil, badf("%s: want an object", field)
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,7 +1,18 @@
-// Package prompt reads what routing needs from an OpenAI completions or
-// chat request body: the model and the prompt, as token ids or as what
-// vLLM's /tokenize needs to produce them. It is pure (bytes in, values
-// out) and fuzzed: every body a client sends passes through it.
+// Package prompt reads what routing needs from a request body of each API
+// vLLM serves with a prompt: OpenAI completions (batches included) and
+// chat, Anthropic Messages and OpenAI Responses. It returns the model and
+// the prompt, as token ids or as what vLLM's /tokenize needs to produce
+// them: a Messages or Responses body is converted to the chat request
+// vLLM itself renders it as (messages.go, responses.go cite the vLLM
+// source each rule follows), so the sidecar's front, the simulator and
+// the central baselines tokenize the same chat. It is the one place that
+// knows each API's shape.
+//
+// It is pure (bytes in, values out) and fuzzed: every body a client sends
+// passes through it. A body is validated in one pass (scan.go); the
+// conversions then walk the values that pass handed them and build their
+// output from the client's own bytes, so a 160 KB conversation converts
+// at a few times the cost of that one pass.
 package prompt
 
 import (
@@ -99,10 +110,10 @@ func (a API) String() string {
 	return fmt.Sprintf("API(%d)", uint8(a))
 }
 
-// ErrBadJSON is a body that is not a valid request: malformed JSON, a
-// field of the wrong type, or a shape vLLM refuses with 400. Clients get a
-// 400.
-var ErrBadJSON = errors.New("request body is not a valid JSON object")
+// ErrBadJSON is a body that is not a valid request: malformed JSON, not an
+// object, a field of the wrong type, or a shape vLLM refuses with 400.
+// Clients get a 400 with its message.
+var ErrBadJSON = errors.New("invalid request body")
 
 // ErrNoPrompt means the body is valid JSON but routing cannot predict its
 // blocks (no prompt or messages, a stored conversation): it is served
@@ -121,7 +132,7 @@ func Parse(body []byte, chat bool) (Prompt, error) {
 	var p Prompt
 	var err error
 	if chat {
-		p, err = parseChat(body)
+		p, err = parseChat(body, false)
 	} else {
 		p, err = parseCompletions(body, false)
 	}
@@ -152,7 +163,7 @@ func ParseAPI(body []byte, api API) (Prompt, error) {
 	case APICompletions:
 		p, err = parseCompletions(body, true)
 	case APIChat:
-		p, err = parseChat(body)
+		p, err = parseChat(body, true)
 	case APIMessages:
 		p, err = parseMessages(body)
 	case APIResponses:
@@ -289,10 +300,13 @@ func (f *wireFields) chatOptions(p *Prompt) error {
 	return nil
 }
 
-// jsonCount reads a token count as sent: an integral number (5 or 5.0,
-// as pydantic's lax int takes it), 0 when absent, null or anything vLLM
-// would validate itself.
+// jsonCount reads a token count as sent: an integral number, as
+// pydantic's lax int takes it (5, 5.0 or "5"); 0 when absent, null or
+// anything vLLM would validate itself.
 func jsonCount(raw []byte) int {
+	if len(raw) > 2 && raw[0] == '"' {
+		raw = raw[1 : len(raw)-1]
+	}
 	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
 		return 0
 	}

@@ -31,11 +31,10 @@ func parseResponses(body []byte) (Prompt, error) {
 	if err != nil {
 		return Prompt{}, badf("%v", err)
 	}
-	if kind(f.maxOutputTokens) != 0 && kind(f.maxOutputTokens) != 'n' {
-		if kind(f.maxOutputTokens) != '0' {
+	if k := kind(f.maxOutputTokens); k != 0 && k != 'n' {
+		if p.MaxTokens = jsonCount(f.maxOutputTokens); k != '0' && (k != '"' || p.MaxTokens == 0) {
 			return Prompt{}, badf("max_output_tokens: want an integer")
 		}
-		p.MaxTokens = jsonCount(f.maxOutputTokens)
 	}
 	switch {
 	case kind(f.input) != '"' && kind(f.input) != '[':
@@ -64,7 +63,7 @@ func parseResponses(body []byte) (Prompt, error) {
 		return Prompt{}, err
 	}
 
-	c := convo{msgs: make([]msg, 0, 8+len(f.input)/256)}
+	c := newConvo(len(f.input)+len(f.instructions), true)
 	if truthy(instructions) {
 		c.add(msg{role: "system", content: instructions})
 	}
@@ -143,10 +142,7 @@ func (c *convo) responsesItems(raw []byte) (cont bool, err error) {
 }
 
 func (c *convo) responsesItem(it rItem, at int) error {
-	var prev *msg // the assistant message before, to merge into
-	if n := len(c.msgs); n > 0 && c.msgs[n-1].role == "assistant" {
-		prev = &c.msgs[n-1]
-	}
+	prev := c.prev() // the assistant message before, to merge into
 	switch {
 	case strIs(it.typ, "function_call"):
 		// vLLM makes a ResponseFunctionToolCall of it, which needs these.

@@ -344,6 +344,38 @@ func walkObject(b []byte, i int, f func(k []byte, v int) (int, error)) (int, err
 	return i + 1, nil
 }
 
+// appendRawString appends the JSON text v as a JSON string: its quotes
+// and backslashes escaped, its control characters (valid JSON has them
+// only as whitespace) as \n, \r, \t. Other bytes pass as they are, so
+// the string holds exactly v's text.
+func appendRawString(b, v []byte) []byte {
+	b = append(b, '"')
+	for len(v) > 0 {
+		i := 0
+		for i < len(v) && v[i] != '"' && v[i] != '\\' && v[i] >= 0x20 {
+			i++
+		}
+		b = append(b, v[:i]...)
+		if i == len(v) {
+			break
+		}
+		switch c := v[i]; c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, fmt.Sprintf(`\u%04x`, c)...)
+		}
+		v = v[i+1:]
+	}
+	return append(b, '"')
+}
+
 // elems calls f with each element of the valid array b.
 func elems(b []byte, f func(v []byte) error) error {
 	_, err := walkArray(b, 0, func(v int) (int, error) {

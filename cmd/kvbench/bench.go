@@ -92,6 +92,7 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.ExtraArgs = simArgs(o.Workload)
+	cfg.SimEnv = simEnv(o.Workload)
 	cfg.StopGrace = 2 * time.Second
 	cfg.Progress = progress
 	c, err := chaos.Start(ctx, cfg)
@@ -129,10 +130,25 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
 	}
+	var cached cachedByAPI
 	if cfg.Sidecars {
-		reportSidecars(ctx, c, out) // a result, not progress: --quiet keeps it
+		cached = reportSidecars(ctx, c, out) // a result, not progress: --quiet keeps it
 	}
-	return loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale), nil
+	res := loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale)
+	cached.fill(&res)
+	return res, nil
+}
+
+// simEnv is the workload's simulator environment: agentic continues
+// stored responses (vLLM keeps them only with
+// VLLM_ENABLE_RESPONSES_API_STORE=1) and sends images, which the central
+// baselines place with the render endpoints (vLLM v0.30 serves them only
+// with VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1 or --enable-scale-out).
+func simEnv(workload string) []string {
+	if workload != "agentic" {
+		return nil
+	}
+	return []string{"VLLM_ENABLE_RESPONSES_API_STORE=1", "VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1"}
 }
 
 // simArgs are the workload's extra simulator flags: multi-lora needs its

@@ -5,6 +5,7 @@
 //	  --rate 10 --duration 30s --out out
 //	kvbench --trace conversation_trace.jsonl --time-scale 2 --policies service,kvroute
 //	kvbench --workload shared-prefix --sweep 4,8,16 --policies service,kvroute
+//	kvbench --workload agentic --pods 4 --policies service,kvroute,central-precise
 //
 // Run from the repository root it needs no preparation: it builds the
 // vllm-sim and sidecar binaries into --bin (go build skips what is up to
@@ -12,7 +13,11 @@
 // another's KV cache, and the same schedule of requests (same seed). The
 // results go to stdout as a markdown table and to --out as results.json
 // (the last offered load), results.md, a TTFT CDF per load and, for a
-// sweep, hit rate and TTFT p90 against offered load.
+// sweep, hit rate and TTFT p90 against offered load. A workload whose
+// requests speak several APIs (agentic: Anthropic Messages and OpenAI
+// Responses) gets a second table, and "by_api" in results.json: each API's
+// hit rate, TTFT p90, failures and, for kvroute, the sidecars' predicted
+// against actual cached tokens, then the overall row.
 package main
 
 import (
@@ -85,8 +90,12 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			return err
 		}
 		rate := offered(s, o.Duration)
-		fmt.Fprintf(log, "kvbench: workload %s, %d pods, %d requests at %.2f req/s offered, %d prompt tokens, cluster KV %d tokens\n",
-			s.Workload, o.Pods, s.Requests(), rate, s.PromptTokens(), o.Pods*o.BlocksPerPod*blockSize)
+		tokens := fmt.Sprintf("%d prompt tokens", s.PromptTokens())
+		if s.PromptTokens() == 0 {
+			tokens = "prompts grown by the answers" // chat and agent sessions
+		}
+		fmt.Fprintf(log, "kvbench: workload %s, %d pods, %d requests at %.2f req/s offered, %s, cluster KV %d tokens\n",
+			s.Workload, o.Pods, s.Requests(), rate, tokens, o.Pods*o.BlocksPerPod*blockSize)
 		pt := loadgen.SweepPoint{Rate: rate}
 		for _, p := range o.Policies {
 			label := p

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/chaos"
+	"github.com/kvroute/kvroute/loadgen"
 )
 
 // sidecarSeries are the sidecar counters a run reports, summed over pods:
@@ -45,10 +46,104 @@ var sidecarSeries = []string{
 	`kvroute_tokenize_duration_seconds_count`,
 }
 
+// series is one line of the Prometheus text format.
+type series struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+// parseSeries reads a sample line `name{k="v",...} value [timestamp]`;
+// ok is false for comments, blank lines and anything it cannot read.
+func parseSeries(line string) (series, bool) {
+	if line == "" || line[0] == '#' {
+		return series{}, false
+	}
+	var s series
+	rest := line
+	if i := strings.IndexAny(line, "{ "); i < 0 {
+		return series{}, false
+	} else if line[i] == '{' {
+		s.name = line[:i]
+		j := strings.IndexByte(line[i:], '}')
+		if j < 0 {
+			return series{}, false
+		}
+		s.labels = map[string]string{}
+		for _, kv := range splitLabels(line[i+1 : i+j]) {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return series{}, false
+			}
+			uq, err := strconv.Unquote(v)
+			if err != nil {
+				return series{}, false
+			}
+			s.labels[k] = uq
+		}
+		rest = line[i+j+1:]
+	} else {
+		s.name, rest = line[:i], line[i:]
+	}
+	f := strings.Fields(rest)
+	if len(f) == 0 {
+		return series{}, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return series{}, false
+	}
+	s.value = v
+	return s, true
+}
+
+// splitLabels splits `k="v",k2="v2"` at the commas outside quotes.
+func splitLabels(s string) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && quoted:
+			i++
+		case c == '"':
+			quoted = !quoted
+		case c == ',' && !quoted:
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// matches reports whether s is the series spec names: spec's metric name
+// and every label it sets; labels it does not set (an api label, say) are
+// summed over.
+func (s series) matches(spec string) bool {
+	want, ok := parseSeries(spec + " 0")
+	if !ok || want.name != s.name {
+		return false
+	}
+	for k, v := range want.labels {
+		if s.labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// cachedByAPI is the sidecars' predicted and actual cached tokens summed
+// per api label ("" for series without one).
+type cachedByAPI map[string]*[2]float64
+
 // reportSidecars prints sidecarSeries summed over c's sidecars (best
-// effort: a pod that does not answer is left out and said so).
-func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) {
+// effort: a pod that does not answer is left out and said so) and returns
+// the predicted and actual cached tokens per API.
+func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) cachedByAPI {
 	sum := make([]float64, len(sidecarSeries))
+	cached := cachedByAPI{}
 	hc := &http.Client{Timeout: 5 * time.Second}
 	for _, p := range c.Pods() {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Admin+"/metrics", nil)
@@ -60,11 +155,24 @@ func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) {
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			for i, name := range sidecarSeries {
-				if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-					if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
-						sum[i] += v
+			s, ok := parseSeries(sc.Text())
+			if !ok {
+				continue
+			}
+			for i, spec := range sidecarSeries {
+				if s.matches(spec) {
+					sum[i] += s.value
+				}
+			}
+			if s.name == "kvroute_cached_tokens_total" {
+				kind := map[string]int{"predicted": 0, "actual": 1}
+				if k, ok := kind[s.labels["kind"]]; ok {
+					a := cached[s.labels["api"]]
+					if a == nil {
+						a = new([2]float64)
+						cached[s.labels["api"]] = a
 					}
+					a[k] += s.value
 				}
 			}
 		}
@@ -76,4 +184,25 @@ func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) {
 		fmt.Fprintf(&b, " %s=%.0f", strings.TrimPrefix(name, "kvroute_"), sum[i])
 	}
 	fmt.Fprintln(w, b.String())
+	return cached
+}
+
+// fill puts the sidecars' cached tokens into res's per-API figures: each
+// API's own, and the sum over every API in the overall row.
+func (c cachedByAPI) fill(res *loadgen.PolicyResult) {
+	if res.ByAPI == nil || len(c) == 0 {
+		return
+	}
+	var all [2]float64
+	for api, v := range c {
+		all[0] += v[0]
+		all[1] += v[1]
+		if x, ok := res.ByAPI[api]; ok && api != loadgen.APIAll {
+			x.PredictedCached, x.ActualCached = &v[0], &v[1]
+			res.ByAPI[api] = x
+		}
+	}
+	x := res.ByAPI[loadgen.APIAll]
+	x.PredictedCached, x.ActualCached = &all[0], &all[1]
+	res.ByAPI[loadgen.APIAll] = x
 }

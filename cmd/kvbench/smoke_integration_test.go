@@ -115,3 +115,60 @@ func TestStory(t *testing.T) {
 		t.Errorf("kvroute: %d prefills on %d pods; want 1 on 1", kvN, len(kvPods))
 	}
 }
+
+// TestSmokeAgentic runs the agentic workload (Messages and Responses agent
+// loops, sub-agents, images, stored responses) on 3 pods through the plain
+// Service and central-precise. Through the Service a stored response's
+// follow-up reaches another pod as often as not, which answers 404; the
+// central proxy sends every one to the pod that holds it. central-precise
+// must also reuse more of the cache.
+func TestSmokeAgentic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := t.TempDir()
+	if err := chaos.Build(ctx, bin, chaos.SimBinary, chaos.SidecarBinary); err != nil {
+		t.Skipf("cannot build vllm-sim and sidecar, so no cluster to benchmark: %v", err)
+	}
+	out := t.TempDir()
+	subnet := fmt.Sprintf("127.%d.242", 100+os.Getpid()%100)
+	o, err := parseFlags([]string{"--pods", "3", "--workload", "agentic", "--policies", "service,central-precise",
+		"--rate", "8", "--duration", "15s", "--drain", "30s", "--seed", "3",
+		"--bin", bin, "--out", out, "--subnet", subnet, "--quiet"}, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table, log bytes.Buffer
+	if err := run(ctx, o, &table, &log); err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	t.Logf("\n%s", table.String())
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Policies) != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	svc, cp := rep.Policies[0], rep.Policies[1]
+	for _, p := range rep.Policies {
+		for _, api := range []string{"messages", "responses", loadgen.APIAll} {
+			if p.ByAPI[api].Requests < 10 {
+				t.Errorf("%s: %d %s requests; want a per-API breakdown with >= 10", p.Name, p.ByAPI[api].Requests, api)
+			}
+		}
+	}
+	if got := cp.ByAPI[loadgen.APIAll]; got.Failures != 0 || got.Continued == 0 {
+		t.Errorf("central-precise: %d failures, %d continued; want none failed and some continued", got.Failures, got.Continued)
+	}
+	if got := svc.ByAPI["responses"]; got.ContinuedFailures == 0 || got.ContinuedFailures != got.Failures {
+		t.Errorf("service: %d of %d continued failed, %d failures; want the follow-ups on other pods to fail, and only them",
+			got.ContinuedFailures, got.Continued, got.Failures)
+	}
+	if cp.HitRate <= svc.HitRate {
+		t.Errorf("central-precise hit rate %.3f <= service %.3f", cp.HitRate, svc.HitRate)
+	}
+}

@@ -9,6 +9,10 @@
 // central-precise also needs every pod's KV-event endpoints (--events, and
 // --replay and --topics to start complete). Every answer carries
 // x-kvroute-served-by with the pod's name (--names, default pod1..podN).
+// It routes completions (a batch of prompts too), chat, Anthropic Messages
+// (/v1/messages) and OpenAI Responses (/v1/responses); a Responses
+// follow-up naming previous_response_id, GET /v1/responses/{id} and its
+// cancel go to the pod that created the response, whatever the policy.
 package main
 
 import (
@@ -167,7 +171,7 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 	cancelRun()
 	<-runErr
 	for _, s := range p.Stats() {
-		log.Info().Str("pod", s.Name).Int("served", s.Served).Int("index_keys", s.IndexKeys).Msg("stats")
+		log.Info().Str("pod", s.Name).Int("served", s.Served).Int("stored", s.Stored).Int("index_keys", s.IndexKeys).Msg("stats")
 	}
 	return result
 }

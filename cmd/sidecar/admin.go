@@ -135,8 +135,9 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 
 // route explains the choice for a request body. ?api= names its API
 // (chat, completions, messages, responses); without it a body with
-// "input" is a Responses request, one with "messages" a chat completion
-// (an Anthropic Messages body needs ?api=messages), any other a completion.
+// "input" is a Responses request, one with a top-level "system" a Messages
+// request, one with "messages" a chat completion (a Messages body without
+// a system prompt needs ?api=messages), any other a completion.
 func (a *admin) route(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
 	if err != nil {
@@ -174,11 +175,14 @@ func explainAPI(name string, body []byte) (prompt.API, bool) {
 	var probe struct {
 		Messages json.RawMessage `json:"messages"`
 		Input    json.RawMessage `json:"input"`
+		System   json.RawMessage `json:"system"`
 	}
 	_ = json.Unmarshal(body, &probe) // only a hint; Explain reports bad JSON
 	switch {
 	case len(probe.Input) > 0:
 		return prompt.APIResponses, true
+	case len(probe.System) > 0: // a chat has no top-level system; Messages mostly does
+		return prompt.APIMessages, true
 	case len(probe.Messages) > 0:
 		return prompt.APIChat, true
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/simhttp"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
@@ -167,7 +168,9 @@ func TestDataParallelRankHeader(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var done []chan struct{}
 	for range 2 {
-		eng, err := vllmsim.New(testEngineConfig())
+		cfg := vllmsim.DefaultConfig()
+		cfg.Model, cfg.NumGPUBlocks, cfg.MaxModelLen, cfg.TimeScale = "sim-model", 512, 2048, 1000
+		eng, err := vllmsim.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,8 +185,8 @@ func TestDataParallelRankHeader(t *testing.T) {
 			<-d
 		}
 	}()
-	srv := newServer(serverConfig{Models: []string{testModel}, MaxModelLen: 2048}, dp, dp.engs[0].Tokenizer(), nil, nil)
-	hs := httptest.NewServer(srv.handler())
+	srv := simhttp.New(simhttp.Config{Models: []string{"sim-model"}, MaxModelLen: 2048}, dp, dp.engs[0].Tokenizer(), nil, nil)
+	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	post := func(rank string) int {
 		req, _ := http.NewRequest("POST", hs.URL+"/v1/completions", strings.NewReader(`{"prompt":"hello there","max_tokens":1}`))

@@ -6,11 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/simhttp"
 	"github.com/kvroute/kvroute/vllmclient"
 	"github.com/kvroute/kvroute/vllmsim"
 )
@@ -18,22 +20,28 @@ import (
 // options are the parsed command line: vLLM's flag names plus --sim-*.
 // Zero engine sizes mean "the engine's default".
 type options struct {
-	Host           string
-	Port           int
-	Models         []string // --served-model-name
-	Model          string   // --model
-	BlockSize      int
-	NumGPUBlocks   int
-	MaxNumSeqs     int
-	MaxBatched     int
-	MaxModelLen    int
-	HashAlgo       string // normalised: "sha256_cbor" or "fast"
-	HashSeed       string
-	HashSeedSet    bool
-	Events         kvEventsConfig
-	LoRAs          []lora
-	RuntimeLoRA    bool // VLLM_ALLOW_RUNTIME_LORA_UPDATING: serve /v1/load_lora_adapter and /v1/unload_lora_adapter
-	DataParallel   int  // --data-parallel-size: engine cores, each with its own cache and publisher
+	Host         string
+	Port         int
+	Models       []string // --served-model-name
+	Model        string   // --model
+	BlockSize    int
+	NumGPUBlocks int
+	MaxNumSeqs   int
+	MaxBatched   int
+	MaxModelLen  int
+	HashAlgo     string // normalised: "sha256_cbor" or "fast"
+	HashSeed     string
+	HashSeedSet  bool
+	Events       kvEventsConfig
+	LoRAs        []simhttp.LoRA
+	RuntimeLoRA  bool // VLLM_ALLOW_RUNTIME_LORA_UPDATING: serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+	// ScaleOut is --enable-scale-out or VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1:
+	// serve the render endpoints, as vLLM v0.30 does only then.
+	ScaleOut bool
+	// ResponsesStore is VLLM_ENABLE_RESPONSES_API_STORE=1: keep Responses.
+	ResponsesStore bool
+	StoreLimit     int // --sim-responses-store-limit
+	DataParallel   int // --data-parallel-size: engine cores, each with its own cache and publisher
 	TimeScale      float64
 	Encoding       kvevent.Encoding
 	DropRate       float64
@@ -132,7 +140,7 @@ func (l *listFlag) String() string     { return strings.Join(*l, " ") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // parseLoRA accepts vLLM's two forms: name=path and a JSON object.
-func parseLoRA(s string) (lora, error) {
+func parseLoRA(s string) (simhttp.LoRA, error) {
 	if strings.HasPrefix(strings.TrimSpace(s), "{") {
 		var j struct {
 			Name string `json:"name"`
@@ -140,19 +148,19 @@ func parseLoRA(s string) (lora, error) {
 			Base string `json:"base_model_name"`
 		}
 		if err := json.Unmarshal([]byte(s), &j); err != nil || j.Name == "" || j.Path == "" {
-			return lora{}, fmt.Errorf("--lora-modules %q: want name=path or {\"name\":..,\"path\":..}", s)
+			return simhttp.LoRA{}, fmt.Errorf("--lora-modules %q: want name=path or {\"name\":..,\"path\":..}", s)
 		}
-		return lora{Name: j.Name, Path: j.Path, Base: j.Base}, nil
+		return simhttp.LoRA{Name: j.Name, Path: j.Path, Base: j.Base}, nil
 	}
 	name, path, ok := strings.Cut(s, "=")
 	if !ok || name == "" || path == "" {
-		return lora{}, fmt.Errorf("--lora-modules %q: want name=path", s)
+		return simhttp.LoRA{}, fmt.Errorf("--lora-modules %q: want name=path", s)
 	}
-	return lora{Name: name, Path: path}, nil
+	return simhttp.LoRA{Name: name, Path: path}, nil
 }
 
 // parseFlags parses args (without the program name); getenv supplies
-// PYTHONHASHSEED. --help and --version print to stdout and return
+// PYTHONHASHSEED and vLLM's VLLM_* switches. --help and --version print to stdout and return
 // cli.ErrDone; a flag error is printed to stderr with the usage. It never
 // exits the process.
 func parseFlags(args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) (options, error) {
@@ -180,6 +188,8 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	fs.StringVar(&kvCfg, "kv-events-config", "", `vLLM KVEventsConfig JSON, e.g. {"enable_kv_cache_events":true,"endpoint":"tcp://*:5557"}; as vLLM, the PUB socket binds a tcp://* or ipc:// endpoint and connects to tcp://HOST:PORT`)
 	fs.Bool("enable-prompt-tokens-details", false, "accepted; cached_tokens is always reported")
 	fs.Var(&loras, "lora-modules", "LoRA adapters: name=path or JSON, one or more")
+	fs.BoolVar(&o.ScaleOut, "enable-scale-out", false, "serve the render endpoints (/v1/{chat/completions,completions,messages,responses}/render), as vLLM >= 0.30 does only with this flag or VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1")
+	fs.IntVar(&o.StoreLimit, "sim-responses-store-limit", simhttp.DefaultConfig().StoreLimit, "responses kept with VLLM_ENABLE_RESPONSES_API_STORE=1, the oldest dropped past it (vLLM keeps every one)")
 	fs.IntVar(&o.DataParallel, "data-parallel-size", 1, "data-parallel ranks: one engine core, KV cache and event publisher each (rank r publishes on the endpoint's port + r)")
 	fs.Float64Var(&o.TimeScale, "sim-time-scale", 1, "simulated seconds per wall second")
 	fs.StringVar(&enc, "kv-events-encoding", "map", "event wire encoding: map (vLLM >= 0.26) or array")
@@ -252,6 +262,20 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	if o.Events, err = parseKVEventsConfig(kvCfg); err != nil {
 		return o, err
 	}
+	if o.StoreLimit <= 0 {
+		return o, fmt.Errorf("--sim-responses-store-limit %d must be positive", o.StoreLimit)
+	}
+	for _, e := range []struct {
+		name string
+		v    *bool
+	}{{"VLLM_ENABLE_SCALE_OUT_ENDPOINTS", &o.ScaleOut}, {"VLLM_ENABLE_RESPONSES_API_STORE", &o.ResponsesStore}} {
+		on, set, err := envInt(getenv, e.name)
+		if err != nil {
+			return o, err
+		}
+		// Either the flag or the variable turns the endpoints on.
+		*e.v = *e.v || (set && on)
+	}
 	if v, ok := getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"); ok {
 		// vLLM's envs.py: "1" or "true", case-insensitive.
 		v = strings.ToLower(strings.TrimSpace(v))
@@ -296,4 +320,19 @@ func (c pubConfig) forRank(r int) (pubConfig, error) {
 		}
 	}
 	return c, nil
+}
+
+// envInt reads a vLLM boolean switch set as an integer, as vLLM's envs.py
+// reads these (bool(int(value))): set reports whether it is present, and
+// anything but an integer is an error, as vLLM fails to start on it.
+func envInt(getenv func(string) (string, bool), name string) (on, set bool, err error) {
+	v, ok := getenv(name)
+	if !ok {
+		return false, false, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return false, true, fmt.Errorf("%s=%q: want an integer (0 or 1)", name, v)
+	}
+	return n != 0, true, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/simhttp"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
@@ -52,7 +53,7 @@ func TestParseFlags(t *testing.T) {
 		}},
 		{"vllm style", "--port=9000 --served-model-name a b --lora-modules x=/lx {\"name\":\"y\",\"path\":\"/ly\",\"base_model_name\":\"b\"} --block-size 32 --prefix-caching-hash-algo fast --max-model-len 4096",
 			map[string]string{"PYTHONHASHSEED": "42"}, func(t *testing.T, o options) {
-				want := []lora{{Name: "x", Path: "/lx"}, {Name: "y", Path: "/ly", Base: "b"}}
+				want := []simhttp.LoRA{{Name: "x", Path: "/lx"}, {Name: "y", Path: "/ly", Base: "b"}}
 				if diff := cmp.Diff(want, o.LoRAs); diff != "" {
 					t.Errorf("LoRAs (-want +got):\n%s", diff)
 				}

@@ -1,26 +1,17 @@
 package main
 
 import (
-	"fmt"
 	"io"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/google/go-cmp/cmp"
-
-	"github.com/kvroute/kvroute/kvevent"
 )
 
-// Without VLLM_ALLOW_RUNTIME_LORA_UPDATING vLLM registers no load/unload
-// routes: FastAPI's 404.
-func TestRuntimeLoRARoutesNeedTheEnvironment(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), nil)
-	for _, path := range []string{"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} {
-		code, b := env.do(t, "POST", path, `{"lora_name":"x","lora_path":"/x"}`)
-		if code != 404 || string(b) != `{"detail":"Not Found"}` {
-			t.Errorf("POST %s = %d %s; want 404 {\"detail\":\"Not Found\"}", path, code, b)
+// envOf is a getenv with one variable set.
+func envOf(name, v string, set bool) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		if k == name {
+			return v, set
 		}
+		return "", false
 	}
 }
 
@@ -30,169 +21,45 @@ func TestParseRuntimeLoRAEnv(t *testing.T) {
 		set  bool
 		want bool
 	}{{"", false, false}, {"1", true, true}, {"True", true, true}, {" true ", true, true}, {"0", true, false}, {"yes", true, false}} {
-		o, err := parseFlags(nil, func(k string) (string, bool) {
-			if k == "VLLM_ALLOW_RUNTIME_LORA_UPDATING" {
-				return tt.v, tt.set
-			}
-			return "", false
-		}, io.Discard, io.Discard)
+		o, err := parseFlags(nil, envOf("VLLM_ALLOW_RUNTIME_LORA_UPDATING", tt.v, tt.set), io.Discard, io.Discard)
 		if err != nil || o.RuntimeLoRA != tt.want {
 			t.Errorf("VLLM_ALLOW_RUNTIME_LORA_UPDATING=%q: RuntimeLoRA = %v, %v; want %v", tt.v, o.RuntimeLoRA, err, tt.want)
 		}
 	}
 }
 
-// The load and unload endpoints answer as vLLM's serving_models does, and
-// /v1/models and generation follow them at once.
-func TestLoadUnloadLoRA(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) { c.RuntimeLoRA = true })
-	gen := func(model string) int {
-		code, _ := env.do(t, "POST", "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":1}`, model))
-		return code
-	}
-	if code := gen("fresh"); code != 404 {
-		t.Errorf("completion for an unloaded adapter = %d; want 404", code)
-	}
-	steps := []struct {
-		path, body string
-		code       int
-		want       string
+// The render endpoints are on with --enable-scale-out or
+// VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1, the store with
+// VLLM_ENABLE_RESPONSES_API_STORE=1; vLLM reads both variables as
+// integers and fails to start on anything else.
+func TestParseScaleOutAndStoreEnv(t *testing.T) {
+	for _, tt := range []struct {
+		args         []string
+		env, v       string
+		set          bool
+		scale, store bool
+		err          bool
 	}{
-		{"/v1/load_lora_adapter", `{"lora_name":"fresh","lora_path":"/loras/f"}`, 200, `Success: LoRA adapter 'fresh' added successfully.`},
-		{"/v1/load_lora_adapter", `{"lora_name":"fresh","lora_path":"/loras/f"}`, 400,
-			`{"error":{"message":"The lora adapter 'fresh' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.","type":"InvalidUserInput","param":null,"code":400}}`},
-		{"/v1/load_lora_adapter", `{"lora_name":"fresh","lora_path":"/loras/f2","load_inplace":true}`, 200, `Success: LoRA adapter 'fresh' added successfully.`},
-		{"/v1/load_lora_adapter", `{"lora_name":"nopath"}`, 400,
-			`{"error":{"message":"Both 'lora_name' and 'lora_path' must be provided.","type":"InvalidUserInput","param":null,"code":400}}`},
-		{"/v1/load_lora_adapter", `[1]`, 400,
-			`{"error":{"message":"invalid JSON body: expected an object","type":"BadRequestError","param":null,"code":400}}`},
-		{"/v1/unload_lora_adapter", `{}`, 400,
-			`{"error":{"message":"'lora_name' needs to be provided to unload a LoRA adapter.","type":"InvalidUserInput","param":null,"code":400}}`},
-		{"/v1/unload_lora_adapter", `{"lora_name":"ghost"}`, 404,
-			`{"error":{"message":"The lora adapter 'ghost' cannot be found.","type":"NotFoundError","param":null,"code":404}}`},
-	}
-	for _, s := range steps {
-		code, b := env.do(t, "POST", s.path, s.body)
-		if code != s.code || string(b) != s.want {
-			t.Errorf("POST %s %s = %d %s; want %d %s", s.path, s.body, code, b, s.code, s.want)
+		{nil, "", "", false, false, false, false},
+		{[]string{"--enable-scale-out"}, "", "", false, true, false, false},
+		{nil, "VLLM_ENABLE_SCALE_OUT_ENDPOINTS", "1", true, true, false, false},
+		{nil, "VLLM_ENABLE_SCALE_OUT_ENDPOINTS", "0", true, false, false, false},
+		{[]string{"--enable-scale-out"}, "VLLM_ENABLE_SCALE_OUT_ENDPOINTS", "0", true, true, false, false},
+		{nil, "VLLM_ENABLE_SCALE_OUT_ENDPOINTS", "yes", true, false, false, true},
+		{nil, "VLLM_ENABLE_RESPONSES_API_STORE", "1", true, false, true, false},
+		{nil, "VLLM_ENABLE_RESPONSES_API_STORE", " 0 ", true, false, false, false},
+		{nil, "VLLM_ENABLE_RESPONSES_API_STORE", "true", true, false, false, true},
+	} {
+		o, err := parseFlags(tt.args, envOf(tt.env, tt.v, tt.set), io.Discard, io.Discard)
+		if (err != nil) != tt.err || err == nil && (o.ScaleOut != tt.scale || o.ResponsesStore != tt.store) {
+			t.Errorf("%v %s=%q: ScaleOut %v ResponsesStore %v err %v; want %v %v err %v", tt.args, tt.env, tt.v, o.ScaleOut, o.ResponsesStore, err, tt.scale, tt.store, tt.err)
 		}
 	}
-	if got, want := modelIDs(t, env), []string{testModel, "alias", "adapter", "fresh"}; !cmp.Equal(got, want) {
-		t.Errorf("/v1/models after load = %v; want %v", got, want)
+	if _, err := parseFlags([]string{"--sim-responses-store-limit", "0"}, noEnv, io.Discard, io.Discard); err == nil {
+		t.Error("--sim-responses-store-limit 0: no error")
 	}
-	if code := gen("fresh"); code != 200 {
-		t.Errorf("completion for the loaded adapter = %d; want 200", code)
-	}
-	// A --lora-modules adapter unloads like any other.
-	for _, name := range []string{"fresh", "adapter"} {
-		if code, b := env.do(t, "POST", "/v1/unload_lora_adapter", fmt.Sprintf(`{"lora_name":%q}`, name)); code != 200 ||
-			string(b) != fmt.Sprintf("Success: LoRA adapter '%s' removed successfully.", name) {
-			t.Errorf("unload %s = %d %s", name, code, b)
-		}
-	}
-	if got, want := modelIDs(t, env), []string{testModel, "alias"}; !cmp.Equal(got, want) {
-		t.Errorf("/v1/models after unload = %v; want %v", got, want)
-	}
-	if code := gen("fresh"); code != 404 {
-		t.Errorf("completion for an unloaded adapter = %d; want 404", code)
-	}
-}
-
-func modelIDs(t *testing.T, env *testEnv) []string {
-	t.Helper()
-	code, b := env.do(t, "GET", "/v1/models", "")
-	if code != 200 {
-		t.Fatalf("/v1/models = %d", code)
-	}
-	var l modelList
-	mustJSON(t, b, &l)
-	var ids []string
-	for _, c := range l.Data {
-		ids = append(ids, c.ID)
-	}
-	return ids
-}
-
-// BlockStored of an adapter request carries the adapter's name (which
-// enters the hash) and its int id, as vLLM's block pool sets them; a base
-// request carries neither. A reload under the same name gets a new id.
-func TestAdapterEventsCarryLoRA(t *testing.T) {
-	var mu sync.Mutex
-	var stored []kvevent.Event
-	cfg := testEngineConfig()
-	cfg.EventSink = func(_ float64, evs []kvevent.Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, e := range evs {
-			if e.Kind == kvevent.BlockStored {
-				stored = append(stored, e)
-			}
-		}
-	}
-	env := newTestEnv(t, cfg, func(c *serverConfig) { c.RuntimeLoRA = true })
-	type tag struct {
-		Name *string
-		ID   *int64
-	}
-	run := func(model string) tag {
-		t.Helper()
-		mu.Lock()
-		stored = nil
-		mu.Unlock()
-		if code, b := env.do(t, "POST", "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, model, longPrompt)); code != 200 {
-			t.Fatalf("%s: status %d: %s", model, code, b)
-		}
-		var got tag
-		waitUntil(t, func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(stored) == 0 {
-				return false
-			}
-			got = tag{stored[0].LoRAName, stored[0].LoRAID}
-			return true
-		})
-		return got
-	}
-	if got := run(testModel); got.Name != nil || got.ID != nil {
-		t.Errorf("base request: lora_name %v lora_id %v; want nil, nil", got.Name, got.ID)
-	}
-	if got := run("adapter"); got.Name == nil || *got.Name != "adapter" || got.ID == nil || *got.ID != 1 {
-		t.Errorf("static adapter: lora %+v; want name adapter, id 1", got)
-	}
-	env.do(t, "POST", "/v1/load_lora_adapter", `{"lora_name":"late","lora_path":"/l"}`)
-	if got := run("late"); got.Name == nil || *got.Name != "late" || got.ID == nil || *got.ID != 2 {
-		t.Errorf("runtime adapter: lora %+v; want name late, id 2", got)
-	}
-}
-
-// waitUntil polls cond every millisecond for up to 5 s.
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// A restarted vLLM has only its --lora-modules: adapters loaded at run time
-// are gone.
-func TestRestartForgetsRuntimeAdapters(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) { c.RuntimeLoRA = true })
-	env.do(t, "POST", "/v1/load_lora_adapter", `{"lora_name":"late","lora_path":"/l"}`)
-	if got := modelIDs(t, env); !cmp.Equal(got, []string{testModel, "alias", "adapter", "late"}) {
-		t.Fatalf("/v1/models after load = %v", got)
-	}
-	if code, b := env.do(t, "POST", "/sim/restart", ""); code != 200 {
-		t.Fatalf("restart: %d %s", code, b)
-	}
-	if got, want := modelIDs(t, env), []string{testModel, "alias", "adapter"}; !cmp.Equal(got, want) {
-		t.Errorf("/v1/models after restart = %v; want %v", got, want)
-	}
-	if l, _ := env.srv.loras.find("adapter"); l.ID != 1 {
-		t.Errorf("static adapter id after restart = %d; want 1", l.ID)
+	o, err := parseFlags(nil, noEnv, io.Discard, io.Discard)
+	if c := serverConfig(o, 100, nil); err != nil || c.StoreLimit != 10000 || c.ScaleOut || c.ResponsesStore || c.MaxModelLen != 100 {
+		t.Errorf("serverConfig(defaults) = %+v, %v", c, err)
 	}
 }

@@ -17,6 +17,11 @@
 // each with its own cache and publisher at the event endpoint's port + rank
 // (data_parallel_rank in every batch); a request goes to the rank with the
 // lowest 4*waiting + running, vLLM's rule.
+//
+// The HTTP layer is package simhttp (its doc lists the endpoints); this
+// command is flags and wiring: --enable-scale-out (or
+// VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1) serves the render endpoints, and
+// VLLM_ENABLE_RESPONSES_API_STORE=1 keeps Responses, as in vLLM.
 package main
 
 import (
@@ -36,6 +41,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/cmd/internal/cli"
+	"github.com/kvroute/kvroute/simhttp"
 	"github.com/kvroute/kvroute/vllmsim"
 )
 
@@ -83,6 +89,16 @@ func engineConfig(o options, base vllmsim.Config) vllmsim.Config {
 	return c
 }
 
+// serverConfig applies the flags to the HTTP layer's defaults.
+func serverConfig(o options, maxModelLen int, cost *vllmsim.TokenizeCost) simhttp.Config {
+	c := simhttp.DefaultConfig()
+	c.Models, c.Root, c.LoRAs, c.RuntimeLoRA = o.Models, o.Model, o.LoRAs, o.RuntimeLoRA
+	c.MaxModelLen, c.Echo, c.RestartDowntime, c.BodyLimitBytes = maxModelLen, o.Echo, o.RestartDown, o.BodyLimitBytes
+	c.TokenizeCost, c.ChatTemplate = cost, o.ChatTemplate
+	c.ScaleOut, c.ResponsesStore, c.StoreLimit = o.ScaleOut, o.ResponsesStore, o.StoreLimit
+	return c
+}
+
 // run serves until ctx is done, then drains: /health turns 503, open
 // requests get ShutdownWait to finish, the engine stops, the sockets close.
 func run(ctx context.Context, o options, log zerolog.Logger) error {
@@ -121,10 +137,9 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 		}
 		dp.engs = append(dp.engs, eng)
 	}
-	var events eventControl
-	var pubStatsFn func() pubStats
+	var events simhttp.Events
 	if len(pubs) > 0 {
-		events, pubStatsFn = pubs, pubs.Stats
+		events = pubs
 	}
 	engDone := make(chan error, len(dp.engs))
 	for _, eng := range dp.engs {
@@ -134,9 +149,12 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 	for i, eng := range dp.engs {
 		stats[i] = eng.Stats
 	}
-	met := newMetrics(o.Models[0], stats, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, pubStatsFn)
+	met := simhttp.NewMetrics(o.Models[0], stats, simhttp.CacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo})
+	if len(pubs) > 0 {
+		registerPublisherMetrics(met, pubs.Stats)
+	}
 	cost := vllmsim.NewTokenizeCost(time.Duration(o.TokenizeUS*1e3), o.TokenizeWorkers)
-	met.registerTokenizer(cost.Stats)
+	met.RegisterTokenizer(cost.Stats)
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
 		// vLLM's API server tokenizes on worker threads beside the event
 		// loop that reads requests. With one P (a simulator pinned to one
@@ -145,16 +163,13 @@ func run(ctx context.Context, o options, log zerolog.Logger) error {
 		// vLLM does: requests waited up to ~15 ms before their handler ran.
 		runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 1+o.TokenizeWorkers))
 	}
-	srv := newServer(serverConfig{
-		Models: o.Models, Root: o.Model, LoRAs: o.LoRAs, RuntimeLoRA: o.RuntimeLoRA, MaxModelLen: cfg.MaxModelLen, Echo: o.Echo,
-		RestartDowntime: o.RestartDown, BodyLimitBytes: o.BodyLimitBytes, TokenizeCost: cost, ChatTemplate: o.ChatTemplate,
-	}, dp, dp.engs[0].Tokenizer(), events, met)
+	srv := simhttp.New(serverConfig(o, cfg.MaxModelLen, cost), dp, dp.engs[0].Tokenizer(), events, met)
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)))
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: srv.handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info().Str("addr", ln.Addr().String()).Strs("models", o.Models).Msg("listening")

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/simhttp"
 )
 
 // endSeq is the replay end marker, (-1).to_bytes(8, "big", signed=True).
@@ -389,4 +391,18 @@ func (p *publisher) Stats() pubStats {
 		Sent: p.sent.Load(), Dropped: p.dropped.Load(), QueueFull: p.queueFull.Load(),
 		EncodeErrors: p.encodeErrors.Load(), Replays: p.replays.Load(),
 	}
+}
+
+// registerPublisherMetrics exports the publishers' counters on the
+// simulator's /metrics.
+func registerPublisherMetrics(m *simhttp.Metrics, stats func() pubStats) {
+	c := func(name, help string, f func(pubStats) uint64) {
+		m.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(f(stats())) }))
+	}
+	c("vllm_sim_kv_batches_sent_total", "KV-event batches sent live.", func(s pubStats) uint64 { return s.Sent })
+	c("vllm_sim_kv_batches_dropped_total", "KV-event batches dropped by --sim-drop-rate (seq consumed, kept for replay).", func(s pubStats) uint64 { return s.Dropped })
+	c("vllm_sim_kv_batches_queue_full_total", "KV-event batches lost because the publisher queue was full (no seq consumed).", func(s pubStats) uint64 { return s.QueueFull })
+	c("vllm_sim_kv_encode_errors_total", "KV-event batches that failed to encode.", func(s pubStats) uint64 { return s.EncodeErrors })
+	c("vllm_sim_kv_replay_requests_total", "Replay requests served.", func(s pubStats) uint64 { return s.Replays })
 }

@@ -98,7 +98,11 @@ func TestBinarySmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r completionResponse
+	var r struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != 200 || r.Usage.CompletionTokens != 4 {
 		t.Fatalf("completion = %d %+v %v", resp.StatusCode, r, err)
 	}

@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"bufio"
@@ -43,9 +43,8 @@ func (f *fakeEvents) Restart(context.Context) error {
 	return nil
 }
 func (f *fakeEvents) SetDropRate(r float64) error {
-	p := &publisher{}
-	if err := p.SetDropRate(r); err != nil {
-		return err
+	if r < 0 || r > 1 {
+		return fmt.Errorf("drop rate %v outside [0, 1]", r)
 	}
 	f.mu.Lock()
 	f.rate = r
@@ -57,7 +56,7 @@ func (f *fakeEvents) DropRate() float64 { f.mu.Lock(); defer f.mu.Unlock(); retu
 type testEnv struct {
 	url    string
 	eng    *vllmsim.Engine
-	srv    *server
+	srv    *Server
 	clock  *fakeClock
 	events *fakeEvents
 }
@@ -73,7 +72,7 @@ func testEngineConfig() vllmsim.Config {
 }
 
 // newTestEnv runs a real engine behind the HTTP edge on httptest.
-func newTestEnv(t testing.TB, cfg vllmsim.Config, mut func(*serverConfig)) *testEnv {
+func newTestEnv(t testing.TB, cfg vllmsim.Config, mut func(*Config)) *testEnv {
 	t.Helper()
 	eng, err := vllmsim.New(cfg)
 	if err != nil {
@@ -84,16 +83,16 @@ func newTestEnv(t testing.TB, cfg vllmsim.Config, mut func(*serverConfig)) *test
 	go func() { eng.Run(ctx); close(done) }()
 	env := &testEnv{eng: eng, clock: &fakeClock{}, events: &fakeEvents{}}
 	env.clock.ns.Store(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
-	sc := serverConfig{
-		Models: []string{testModel, "alias"}, Root: "/models/sim", LoRAs: []lora{{Name: "adapter", Path: "/loras/a"}},
+	sc := Config{
+		Models: []string{testModel, "alias"}, Root: "/models/sim", LoRAs: []LoRA{{Name: "adapter", Path: "/loras/a"}},
 		MaxModelLen: cfg.MaxModelLen, RestartDowntime: time.Minute, BodyLimitBytes: 1 << 20, Now: env.clock.now,
 	}
 	if mut != nil {
 		mut(&sc)
 	}
-	met := newMetrics(testModel, []func() vllmsim.Stats{eng.Stats}, cacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo}, nil)
-	env.srv = newServer(sc, eng, eng.Tokenizer(), env.events, met)
-	hs := httptest.NewServer(env.srv.handler())
+	met := NewMetrics(testModel, []func() vllmsim.Stats{eng.Stats}, CacheInfo{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, HashAlgo: cfg.HashAlgo})
+	env.srv = New(sc, eng, eng.Tokenizer(), env.events, met)
+	hs := httptest.NewServer(env.srv.Handler())
 	env.url = hs.URL
 	t.Cleanup(func() {
 		hs.Close()
@@ -222,7 +221,7 @@ func TestChatShape(t *testing.T) {
 }
 
 func TestEchoRepeatsPrompt(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) { c.Echo = true })
+	env := newTestEnv(t, testEngineConfig(), func(c *Config) { c.Echo = true })
 	tok := env.eng.Tokenizer()
 	ids := tok.Encode("alpha beta gamma delta", false)
 	idsJSON, _ := json.Marshal(ids)
@@ -377,7 +376,8 @@ func TestErrors(t *testing.T) {
 		{"too long max_tokens", "POST", "/v1/completions", `{"prompt":"hi","max_tokens":5000}`, 400, "BadRequestError", "This model's maximum context length is 2048 tokens. However, you requested 5"},
 		{"both chat flags", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"continue_final_message":true}`, 400, "BadRequestError", "Cannot set both"},
 		{"both tokenize flags", "POST", "/tokenize", `{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"continue_final_message":true}`, 400, "BadRequestError", "Cannot set both"},
-		{"two prompts", "POST", "/v1/completions", `{"prompt":["a","b"]}`, 400, "BadRequestError", ""},
+		{"mixed batch", "POST", "/v1/completions", `{"prompt":["a",[1]]}`, 400, "BadRequestError", ""},
+		{"empty batch entry", "POST", "/v1/completions", `{"prompt":[[1],[]]}`, 400, "BadRequestError", ""},
 		{"n=2", "POST", "/v1/completions", `{"prompt":"a","n":2}`, 400, "BadRequestError", ""},
 		{"max_tokens 0", "POST", "/v1/completions", `{"prompt":"a","max_tokens":0}`, 400, "BadRequestError", ""},
 		{"bad token", "POST", "/v1/completions", `{"prompt":[1,-2]}`, 400, "BadRequestError", ""},
@@ -654,8 +654,8 @@ func (s *stubEngine) Restart()                      {}
 
 func stubServer(t *testing.T, eng *stubEngine) string {
 	t.Helper()
-	srv := newServer(serverConfig{Models: []string{testModel}, MaxModelLen: 100}, eng, vllmsim.NewTokenizer(), nil, nil)
-	hs := httptest.NewServer(srv.handler())
+	srv := New(Config{Models: []string{testModel}, MaxModelLen: 100}, eng, vllmsim.NewTokenizer(), nil, nil)
+	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	return hs.URL
 }

@@ -1,14 +1,119 @@
-package main
+package simhttp
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gin-gonic/gin"
 )
+
+// apiError is an error with its vLLM status and type. Each API writes it
+// in its own shape: OpenAI's {"error":{"message","type","param","code"}}
+// (chat, completions, Responses, render, the rest) or Anthropic's
+// {"type":"error","error":{"type","message"}} (/v1/messages).
+type apiError struct {
+	Status  int
+	Type    string
+	Message string
+	Param   string // the field at fault, when known ("body.messages")
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(format string, args ...any) *apiError {
+	return &apiError{Status: 400, Type: "BadRequestError", Message: fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) *apiError {
+	return &apiError{Status: 404, Type: "NotFoundError", Message: fmt.Sprintf(format, args...)}
+}
+
+func unavailable(msg string) *apiError {
+	return &apiError{Status: 503, Type: "ServiceUnavailableError", Message: msg}
+}
+
+func internal(msg string) *apiError {
+	return &apiError{Status: 500, Type: "InternalServerError", Message: msg}
+}
+
+type errorBody struct {
+	Error errorInfo `json:"error"`
+}
+
+type errorInfo struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+func (e *apiError) body() errorBody {
+	b := errorBody{Error: errorInfo{Message: e.Message, Type: e.Type, Code: e.Status}}
+	if e.Param != "" {
+		b.Error.Param = &e.Param
+	}
+	return b
+}
+
+// writeError answers with e in OpenAI's shape.
+func writeError(c *gin.Context, e *apiError) {
+	if e == errGone {
+		c.Abort()
+		return
+	}
+	c.AbortWithStatusJSON(e.Status, e.body())
+}
+
+// anthropicError is vLLM's AnthropicErrorResponse
+// (vllm/entrypoints/anthropic/protocol.py @00589e56).
+type anthropicError struct {
+	Type  string             `json:"type"`
+	Error anthropicErrorInfo `json:"error"`
+}
+
+type anthropicErrorInfo struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// writeAnthropicError answers with e as vLLM's /v1/messages route does
+// (translate_error_response, vllm/entrypoints/anthropic/api_router.py
+// @01540b75): the ErrorResponse's status, and its type and message inside
+// {"type":"error","error":{...}}. vLLM passes the OpenAI error type
+// through ("BadRequestError", "NotFoundError"), not Anthropic's names.
+func writeAnthropicError(c *gin.Context, e *apiError) {
+	if e == errGone {
+		c.Abort()
+		return
+	}
+	c.AbortWithStatusJSON(e.Status, anthropicError{Type: "error", Error: anthropicErrorInfo{Type: e.Type, Message: e.Message}})
+}
+
+// decodeJSON is strict about syntax and lenient about unknown fields, as
+// vLLM's pydantic models are for the extra fields clients send.
+func decodeJSON(body []byte, v any) *apiError {
+	if t := bytes.TrimSpace(body); len(t) == 0 || t[0] != '{' {
+		return badRequest("invalid JSON body: expected an object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+			return typeError(body, te)
+		}
+		return badRequest("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("invalid JSON body: trailing data")
+	}
+	return nil
+}
 
 // vLLM answers a request whose field has the wrong type with FastAPI's
 // RequestValidationError, which its handler turns into a 400 listing
@@ -88,8 +193,16 @@ func typeError(body []byte, te *json.UnmarshalTypeError) *apiError {
 			}
 		}
 	}
-	entry := fmt.Sprintf("{'type': '%s', 'loc': %s, 'msg': '%s'", kind.typ, pyTuple(loc), kind.msg)
-	if found {
+	return validationError(kind, loc, input, found)
+}
+
+// validationError is the 400 vLLM's RequestValidationError handler sends
+// for one pydantic error at loc, with its input when there is one. It is
+// the OpenAI error shape on every path, /v1/messages included: the
+// handler is the app's, not the route's.
+func validationError(kind pydanticKind, loc []any, input any, hasInput bool) *apiError {
+	entry := fmt.Sprintf("{'type': '%s', 'loc': %s, 'msg': %s", kind.typ, pyTuple(loc), pyString(kind.msg))
+	if hasInput {
 		entry += ", 'input': " + pyRepr(input, 0)
 	}
 	entry += "}"
@@ -99,6 +212,22 @@ func typeError(body []byte, te *json.UnmarshalTypeError) *apiError {
 	}
 	return &apiError{Status: 400, Type: "Bad Request", Message: "1 validation error:\n  " + entry,
 		Param: strings.Join(param, ".")}
+}
+
+// missingField is pydantic's error for a required member the body lacks
+// (the input is the whole body, as pydantic reports it).
+func missingField(body []byte, field string) *apiError {
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	ok := dec.Decode(&doc) == nil
+	return validationError(pydanticKind{"missing", "Field required"}, []any{"body", field}, doc, ok)
+}
+
+// valueError is pydantic's error for a field validator that raised
+// ValueError(msg) on input.
+func valueError(field, msg string, input any) *apiError {
+	return validationError(pydanticKind{"value_error", "Value error, " + msg}, []any{"body", field}, input, true)
 }
 
 // jsonKind names a decoded value's JSON kind as encoding/json's type

@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"net/http"
@@ -14,66 +14,54 @@ import (
 // latencyBuckets reach minutes: simulated queues under overload are long.
 var latencyBuckets = []float64{.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 
-// metrics exposes vLLM's metric names (vllm/v1/metrics/loggers.py) from the
-// engine's Stats at scrape time, plus latency histograms the HTTP edge
-// observes in simulated seconds. Each server has its own registry.
-type metrics struct {
-	reg      *prometheus.Registry
-	ttft     prometheus.Observer
-	e2e      prometheus.Observer
-	success  *prometheus.CounterVec
-	labels   prometheus.Labels
-	pubStats func() pubStats
+// Metrics exposes vLLM's metric names (vllm/v1/metrics/loggers.py) from the
+// engine's Stats at scrape time, plus latency histograms the HTTP layer
+// observes in simulated seconds. Each Metrics has its own registry.
+type Metrics struct {
+	reg     *prometheus.Registry
+	ttft    prometheus.Observer
+	e2e     prometheus.Observer
+	success *prometheus.CounterVec
 }
 
-type cacheInfo struct {
+// CacheInfo is what vllm:cache_config_info reports.
+type CacheInfo struct {
 	BlockSize    int
 	NumGPUBlocks int
 	HashAlgo     string
 }
 
-// newMetrics registers every collector. stats has one function per
+// NewMetrics registers every collector. stats has one function per
 // data-parallel rank; each is called once per metric per scrape, must be
 // safe for concurrent use, and its gauges and counters carry the rank as
 // the engine label, as vLLM's per-engine series do. The latency histograms
-// are observed by the HTTP edge, which does not know the rank: they carry
+// are observed by the HTTP layer, which does not know the rank: they carry
 // engine "0".
-func newMetrics(model string, stats []func() vllmsim.Stats, ci cacheInfo, pub func() pubStats) *metrics {
-	m := &metrics{
-		reg:      prometheus.NewRegistry(),
-		labels:   prometheus.Labels{"model_name": model, "engine": "0"},
-		pubStats: pub,
-	}
+func NewMetrics(model string, stats []func() vllmsim.Stats, ci CacheInfo) *Metrics {
+	labels := prometheus.Labels{"model_name": model, "engine": "0"}
+	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for rank, st := range stats {
 		m.registerRank(model, strconv.Itoa(rank), st, ci)
 	}
 	ttft := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
-		Help: "Histogram of time to first token in seconds (simulated time).", ConstLabels: m.labels, Buckets: latencyBuckets})
+		Help: "Histogram of time to first token in seconds (simulated time).", ConstLabels: labels, Buckets: latencyBuckets})
 	e2e := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
-		Help: "Histogram of e2e request latency in seconds (simulated time).", ConstLabels: m.labels, Buckets: latencyBuckets})
+		Help: "Histogram of e2e request latency in seconds (simulated time).", ConstLabels: labels, Buckets: latencyBuckets})
 	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
-		Help: "Count of successfully processed requests.", ConstLabels: m.labels}, []string{"finished_reason"})
+		Help: "Count of successfully processed requests.", ConstLabels: labels}, []string{"finished_reason"})
 	m.ttft, m.e2e = ttft, e2e
 	m.reg.MustRegister(ttft, e2e, m.success)
-
-	if pub != nil {
-		pc := func(name, help string, f func(pubStats) uint64) {
-			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
-				func() float64 { return float64(f(pub())) }))
-		}
-		pc("vllm_sim_kv_batches_sent_total", "KV-event batches sent live.", func(s pubStats) uint64 { return s.Sent })
-		pc("vllm_sim_kv_batches_dropped_total", "KV-event batches dropped by --sim-drop-rate (seq consumed, kept for replay).", func(s pubStats) uint64 { return s.Dropped })
-		pc("vllm_sim_kv_batches_queue_full_total", "KV-event batches lost because the publisher queue was full (no seq consumed).", func(s pubStats) uint64 { return s.QueueFull })
-		pc("vllm_sim_kv_encode_errors_total", "KV-event batches that failed to encode.", func(s pubStats) uint64 { return s.EncodeErrors })
-		pc("vllm_sim_kv_replay_requests_total", "Replay requests served.", func(s pubStats) uint64 { return s.Replays })
-	}
 	return m
 }
 
-// registerTokenizer exports the tokenization charge's totals: how busy the
+// MustRegister adds collectors of the process around the HTTP layer (the
+// KV-event publishers) to the same /metrics.
+func (m *Metrics) MustRegister(cs ...prometheus.Collector) { m.reg.MustRegister(cs...) }
+
+// RegisterTokenizer exports the tokenization charge's totals: how busy the
 // API server's tokenizer thread was, and how long calls queued for it.
-func (m *metrics) registerTokenizer(stats func() vllmsim.TokenizeStats) {
+func (m *Metrics) RegisterTokenizer(stats func() vllmsim.TokenizeStats) {
 	c := func(name, help string, f func(vllmsim.TokenizeStats) float64) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return f(stats()) }))
@@ -84,7 +72,7 @@ func (m *metrics) registerTokenizer(stats func() vllmsim.TokenizeStats) {
 }
 
 // registerRank registers one engine's gauges, counters and cache info.
-func (m *metrics) registerRank(model, engine string, stats func() vllmsim.Stats, ci cacheInfo) {
+func (m *Metrics) registerRank(model, engine string, stats func() vllmsim.Stats, ci CacheInfo) {
 	labels := prometheus.Labels{"model_name": model, "engine": engine}
 	gauge := func(name, help string, f func(vllmsim.Stats) float64) {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
@@ -113,8 +101,11 @@ func (m *metrics) registerRank(model, engine string, stats func() vllmsim.Stats,
 	m.reg.MustRegister(info)
 }
 
-// finished records one request's outcome in simulated seconds.
-func (m *metrics) finished(o vllmsim.Output) {
+// finished records one engine request's outcome in simulated seconds.
+func (m *Metrics) finished(o vllmsim.Output) {
+	if m == nil {
+		return
+	}
 	if o.FirstTokenSim > 0 {
 		m.ttft.Observe(o.FirstTokenSim - o.ArrivalSim)
 	}
@@ -122,6 +113,6 @@ func (m *metrics) finished(o vllmsim.Output) {
 	m.success.WithLabelValues(o.FinishReason).Inc()
 }
 
-func (m *metrics) handler() http.Handler {
+func (m *Metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }

@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	"github.com/gin-gonic/gin"
 )
 
-// lora is one LoRA adapter, served as an extra model.
-type lora struct {
+// LoRA is one LoRA adapter, served as an extra model (--lora-modules).
+type LoRA struct {
 	Name, Path, Base string
 	// ID is vLLM's lora_int_id: 1-based, in load order, never reused (a
 	// reload gets a new one). KV events carry it as the deprecated lora_id.
@@ -22,11 +22,11 @@ type lora struct {
 // OpenAIServingModels.lora_requests). Safe for concurrent use.
 type adapters struct {
 	mu   sync.RWMutex
-	list []lora
+	list []LoRA
 	last int64 // the last id given out
 }
 
-func newAdapters(static []lora) *adapters {
+func newAdapters(static []LoRA) *adapters {
 	a := &adapters{}
 	a.reset(static)
 	return a
@@ -34,7 +34,7 @@ func newAdapters(static []lora) *adapters {
 
 // reset leaves only the static adapters, numbered from 1, as a new vLLM
 // process starts.
-func (a *adapters) reset(static []lora) {
+func (a *adapters) reset(static []LoRA) {
 	a.mu.Lock()
 	a.list, a.last = nil, 0
 	a.mu.Unlock()
@@ -45,10 +45,10 @@ func (a *adapters) reset(static []lora) {
 
 // add registers l under a new id. An existing name is an error unless
 // inplace, which replaces it where it stands.
-func (a *adapters) add(l lora, inplace bool) *apiError {
+func (a *adapters) add(l LoRA, inplace bool) *apiError {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	i := slices.IndexFunc(a.list, func(x lora) bool { return x.Name == l.Name })
+	i := slices.IndexFunc(a.list, func(x LoRA) bool { return x.Name == l.Name })
 	if i >= 0 && !inplace {
 		return &apiError{Status: 400, Type: "InvalidUserInput", Message: fmt.Sprintf(
 			"The lora adapter '%s' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.", l.Name)}
@@ -66,7 +66,7 @@ func (a *adapters) add(l lora, inplace bool) *apiError {
 func (a *adapters) remove(name string) *apiError {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	i := slices.IndexFunc(a.list, func(x lora) bool { return x.Name == name })
+	i := slices.IndexFunc(a.list, func(x LoRA) bool { return x.Name == name })
 	if i < 0 {
 		return notFound("The lora adapter '%s' cannot be found.", name)
 	}
@@ -74,17 +74,17 @@ func (a *adapters) remove(name string) *apiError {
 	return nil
 }
 
-func (a *adapters) find(name string) (lora, bool) {
+func (a *adapters) find(name string) (LoRA, bool) {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	i := slices.IndexFunc(a.list, func(x lora) bool { return x.Name == name })
+	i := slices.IndexFunc(a.list, func(x LoRA) bool { return x.Name == name })
 	if i < 0 {
-		return lora{}, false
+		return LoRA{}, false
 	}
 	return a.list[i], true
 }
 
-func (a *adapters) all() []lora {
+func (a *adapters) all() []LoRA {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return slices.Clone(a.list)
@@ -95,7 +95,7 @@ func (a *adapters) all() []lora {
 // so any path loads; vLLM's "No adapter found" 404 for a bad path is not
 // simulated. A missing field reads as empty, which vLLM's own check
 // answers with the same 400 its schema validation would.
-func (s *server) loadLoRA(c *gin.Context) {
+func (s *Server) loadLoRA(c *gin.Context) {
 	var r struct {
 		Name    string `json:"lora_name"`
 		Path    string `json:"lora_path"`
@@ -108,7 +108,7 @@ func (s *server) loadLoRA(c *gin.Context) {
 		writeError(c, &apiError{Status: 400, Type: "InvalidUserInput", Message: "Both 'lora_name' and 'lora_path' must be provided."})
 		return
 	}
-	if aerr := s.loras.add(lora{Name: r.Name, Path: r.Path}, r.Inplace); aerr != nil {
+	if aerr := s.loras.add(LoRA{Name: r.Name, Path: r.Path}, r.Inplace); aerr != nil {
 		writeError(c, aerr)
 		return
 	}
@@ -118,7 +118,7 @@ func (s *server) loadLoRA(c *gin.Context) {
 // unloadLoRA is vLLM's POST /v1/unload_lora_adapter. The adapter's cached
 // blocks stay until evicted, as in vLLM: their hashes carry its name, so
 // only a reload under the same name can hit them again.
-func (s *server) unloadLoRA(c *gin.Context) {
+func (s *Server) unloadLoRA(c *gin.Context) {
 	var r struct {
 		Name string `json:"lora_name"`
 		ID   *int64 `json:"lora_int_id"`

@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"bytes"
@@ -11,27 +11,46 @@ import (
 )
 
 func TestParsePrompt(t *testing.T) {
+	text := func(s ...string) []completionPrompt {
+		var out []completionPrompt
+		for _, x := range s {
+			out = append(out, completionPrompt{Text: x, IsText: true})
+		}
+		return out
+	}
+	ids := func(ls ...[]uint32) []completionPrompt {
+		var out []completionPrompt
+		for _, l := range ls {
+			out = append(out, completionPrompt{Tokens: l})
+		}
+		return out
+	}
 	tests := []struct {
 		name    string
 		raw     string
-		want    completionPrompt
+		want    []completionPrompt
 		wantErr bool
 	}{
-		{"string", `"hello"`, completionPrompt{Text: "hello", IsText: true}, false},
-		{"list of one string", `["hello"]`, completionPrompt{Text: "hello", IsText: true}, false},
-		{"token ids", `[1, 2, 4294967295]`, completionPrompt{Tokens: []uint32{1, 2, 4294967295}}, false},
-		{"list of one id list", `[[5, 6]]`, completionPrompt{Tokens: []uint32{5, 6}}, false},
-		{"two strings", `["a", "b"]`, completionPrompt{}, true},
-		{"two id lists", `[[1], [2]]`, completionPrompt{}, true},
-		{"empty list", `[]`, completionPrompt{}, true},
-		{"missing", ``, completionPrompt{}, true},
-		{"null", `null`, completionPrompt{}, true},
-		{"number", `7`, completionPrompt{}, true},
-		{"negative id", `[-1]`, completionPrompt{}, true},
-		{"too big id", `[4294967296]`, completionPrompt{}, true},
-		{"float id", `[1.5]`, completionPrompt{}, true},
-		{"mixed", `[1, "a"]`, completionPrompt{}, true},
-		{"nested too deep", `[[[1]]]`, completionPrompt{}, true},
+		{"string", `"hello"`, text("hello"), false},
+		{"list of one string", `["hello"]`, text("hello"), false},
+		{"token ids", `[1, 2, 4294967295]`, ids([]uint32{1, 2, 4294967295}), false},
+		{"list of one id list", `[[5, 6]]`, ids([]uint32{5, 6}), false},
+		{"two strings", `["a", "b"]`, text("a", "b"), false},
+		{"two id lists", `[[1], [2, 3]]`, ids([]uint32{1}, []uint32{2, 3}), false},
+		{"empty strings in a batch", `["", "b"]`, text("", "b"), false},
+		{"empty list", `[]`, nil, true},
+		{"missing", ``, nil, true},
+		{"null", `null`, nil, true},
+		{"number", `7`, nil, true},
+		{"negative id", `[-1]`, nil, true},
+		{"too big id", `[4294967296]`, nil, true},
+		{"float id", `[1.5]`, nil, true},
+		{"mixed", `[1, "a"]`, nil, true},
+		{"mixed batch", `["a", [1]]`, nil, true},
+		{"batch with an id", `[[1], 2]`, nil, true},
+		{"batch with an empty id list", `[[1], []]`, nil, true},
+		{"batch with a bad id", `[[1], [-1]]`, nil, true},
+		{"nested too deep", `[[[1]]]`, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -140,15 +159,26 @@ func FuzzChatRequest(f *testing.F) {
 }
 
 // FuzzCompletionPrompt: the prompt decoder never panics and accepts only
-// one non-empty prompt.
+// non-empty token prompts, one or more.
 func FuzzCompletionPrompt(f *testing.F) {
-	for _, s := range []string{`"x"`, `["x"]`, `[1,2]`, `[[1,2]]`, `[[1],[2]]`, `[]`, `[-1]`, `{}`} {
+	for _, s := range []string{`"x"`, `["x"]`, `[1,2]`, `[[1,2]]`, `[[1],[2]]`, `["a","b"]`, `["a",[1]]`, `[[1],[]]`, `[]`, `[-1]`, `{}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := parsePrompt(b)
-		if err == nil && !p.IsText && len(p.Tokens) == 0 {
-			t.Fatalf("parsePrompt(%q) accepted an empty token prompt", b)
+		ps, err := parsePrompt(b)
+		if err != nil {
+			return
+		}
+		if len(ps) == 0 {
+			t.Fatalf("parsePrompt(%q) accepted no prompt", b)
+		}
+		for i, p := range ps {
+			if !p.IsText && len(p.Tokens) == 0 {
+				t.Fatalf("parsePrompt(%q) accepted an empty token prompt at %d", b, i)
+			}
+			if p.IsText != ps[0].IsText {
+				t.Fatalf("parsePrompt(%q) accepted a mixed batch", b)
+			}
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"encoding/json"
@@ -16,7 +16,7 @@ import (
 )
 
 func TestRenderEndpoints(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), nil)
+	env := newTestEnv(t, testEngineConfig(), func(c *Config) { c.ScaleOut = true })
 	tok := env.eng.Tokenizer()
 	hi := []vllmsim.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}
 	chatIDs := must(tok.Chat(hi, vllmsim.ChatOptions{AddGenerationPrompt: true}))
@@ -84,8 +84,9 @@ func TestRenderEndpoints(t *testing.T) {
 // /tokenize pays the configured cost: a lower bound on its latency, so the
 // check cannot pass by luck.
 func TestTokenizeIsCharged(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) {
+	env := newTestEnv(t, testEngineConfig(), func(c *Config) {
 		c.TokenizeCost = vllmsim.NewTokenizeCost(50*time.Microsecond, 1)
+		c.ScaleOut = true
 	})
 	ids := env.eng.Tokenizer().Encode(longPrompt, true)
 	for _, path := range []string{"/tokenize", "/v1/completions/render"} {
@@ -101,7 +102,7 @@ func TestTokenizeIsCharged(t *testing.T) {
 // tokenization included: at least the charge, at most what the client saw;
 // and when its handler started, in between.
 func TestServiceTimeHeader(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) {
+	env := newTestEnv(t, testEngineConfig(), func(c *Config) {
 		c.TokenizeCost = vllmsim.NewTokenizeCost(50*time.Microsecond, 1)
 		c.Now = time.Now
 	})

@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"encoding/json"

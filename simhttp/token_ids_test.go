@@ -1,4 +1,4 @@
-package main
+package simhttp
 
 import (
 	"bytes"
@@ -150,7 +150,7 @@ func TestReturnTokenIDsCompletions(t *testing.T) {
 // In echo mode the text replays the prompt, and token_ids name the ids
 // that text came from.
 func TestReturnTokenIDsEcho(t *testing.T) {
-	env := newTestEnv(t, testEngineConfig(), func(c *serverConfig) { c.Echo = true })
+	env := newTestEnv(t, testEngineConfig(), func(c *Config) { c.Echo = true })
 	ids := env.eng.Tokenizer().Encode("alpha beta gamma delta", false)
 	idsJSON, _ := json.Marshal(ids)
 	code, b := env.do(t, "POST", "/v1/completions", fmt.Sprintf(`{"prompt":%s,"max_tokens":%d,"return_token_ids":true}`, idsJSON, len(ids)))

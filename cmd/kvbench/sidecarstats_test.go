@@ -1,0 +1,128 @@
+package main
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/loadgen"
+)
+
+func TestParseSeries(t *testing.T) {
+	tests := []struct {
+		line string
+		want series
+		ok   bool
+	}{
+		{`kvroute_cached_tokens_total{api="messages",kind="predicted"} 1234`, series{"kvroute_cached_tokens_total",
+			map[string]string{"api": "messages", "kind": "predicted"}, 1234}, true},
+		{`kvroute_tokenize_duration_seconds_count 7 1700000000`, series{"kvroute_tokenize_duration_seconds_count", nil, 7}, true},
+		{`x{a="b,c",d="e\"f"} 2.5e3`, series{"x", map[string]string{"a": "b,c", "d": `e"f`}, 2500}, true},
+		{`# HELP x y`, series{}, false},
+		{`x{a="b"`, series{}, false},
+		{`x nan?`, series{}, false},
+		{``, series{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := parseSeries(tt.line)
+		if ok != tt.ok || ok && cmp.Diff(tt.want, got, cmp.AllowUnexported(series{})) != "" {
+			t.Errorf("parseSeries(%q) = %+v, %v; want %+v, %v", tt.line, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func FuzzParseSeries(f *testing.F) {
+	f.Add(`kvroute_cached_tokens_total{api="chat",kind="actual"} 3`)
+	f.Add(`x{a="\\",b=""} -1`)
+	f.Fuzz(func(t *testing.T, line string) {
+		if s, ok := parseSeries(line); ok && s.name == "" && !strings.HasPrefix(line, "{") && !strings.HasPrefix(line, " ") {
+			t.Errorf("parseSeries(%q) = %+v without a name", line, s)
+		}
+	})
+}
+
+// A series spec matches the lines with its labels whatever others they
+// carry (the sidecars label by API now).
+func TestSeriesMatches(t *testing.T) {
+	s, _ := parseSeries(`kvroute_cached_tokens_total{api="responses",kind="predicted"} 5`)
+	if !s.matches(`kvroute_cached_tokens_total{kind="predicted"}`) || s.matches(`kvroute_cached_tokens_total{kind="actual"}`) ||
+		!s.matches(`kvroute_cached_tokens_total`) || s.matches(`kvroute_other{kind="predicted"}`) {
+		t.Errorf("matches wrong for %+v", s)
+	}
+}
+
+func TestCachedFill(t *testing.T) {
+	res := loadgen.PolicyResult{ByAPI: map[string]loadgen.APIResult{"messages": {}, "responses": {}, loadgen.APIAll: {}}}
+	cachedByAPI{"messages": {80, 100}, "responses": {10, 20}, "chat": {1, 1}}.fill(&res)
+	got := map[string][2]float64{}
+	for api, x := range res.ByAPI {
+		if x.PredictedCached == nil || x.ActualCached == nil {
+			t.Fatalf("%s: not filled", api)
+		}
+		got[api] = [2]float64{*x.PredictedCached, *x.ActualCached}
+	}
+	want := map[string][2]float64{"messages": {80, 100}, "responses": {10, 20}, loadgen.APIAll: {91, 121}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("fill (-want +got):\n%s", d)
+	}
+	one := loadgen.PolicyResult{}
+	cachedByAPI{"": {1, 1}}.fill(&one)
+	if one.ByAPI != nil {
+		t.Error("fill made a per-API breakdown for a one-API workload")
+	}
+}
+
+// agentic's simulators keep stored responses and serve render; nothing
+// else changes another workload's.
+func TestSimEnv(t *testing.T) {
+	if got := simEnv("agentic"); len(got) != 2 || got[0] != "VLLM_ENABLE_RESPONSES_API_STORE=1" {
+		t.Errorf("simEnv(agentic) = %v", got)
+	}
+	for _, w := range loadgen.Workloads {
+		if w != "agentic" && simEnv(w) != nil {
+			t.Errorf("simEnv(%s) = %v; want none", w, simEnv(w))
+		}
+	}
+}
+
+// Every agentic request fits one pod with room to spare, counting a
+// generous token per three bytes of what it sends (the simulator's
+// tokenizer makes one of each four-letter word, and JSON punctuation).
+func TestAgenticSizing(t *testing.T) {
+	o, err := parseFlags([]string{"--workload", "agentic"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.workloadConfig(o.Rate)
+	s := loadgen.Agentic(c, rand.New(rand.NewPCG(1, 2)))
+	worst := 0
+	var walk func(x loadgen.Session, prefix int)
+	walk = func(x loadgen.Session, prefix int) {
+		n := prefix + len(x.System)
+		for _, tl := range x.Tools {
+			n += len(tl.Name) + len(tl.Description) + len(tl.Parameters)
+		}
+		for _, tu := range x.Turns {
+			n += len(tu.User) + len(tu.Result) + 5*tu.MaxTokens + 64*3*len(tu.Images) + 1024 // the answer, images' placeholders, sub-agents' answers
+			if tu.Call != nil {
+				n += len(tu.Call.Arguments)
+			}
+			worst = max(worst, n/3)
+			for _, sub := range tu.Spawn {
+				walk(sub, n-len(x.System))
+			}
+		}
+	}
+	for _, x := range s.Sessions {
+		walk(x, 0)
+	}
+	t.Logf("worst ~%d tokens, %d requests", worst, s.Requests())
+	if limit := o.maxPromptTokens(256); worst > limit {
+		t.Errorf("an agentic request may reach ~%d tokens; want at most %d", worst, limit)
+	}
+	if n := s.Requests(); n < 150 || n > 400 {
+		t.Errorf("%d requests at the default rate and duration; want ~240 (a minute's run)", n)
+	}
+}

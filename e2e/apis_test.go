@@ -1,0 +1,366 @@
+//go:build integration
+
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The agents' APIs through three sidecars (issue 24): Anthropic Messages,
+// OpenAI Responses with vLLM's store, batch completions, images. The
+// cluster's simulators keep a Responses store, as vLLM does with
+// VLLM_ENABLE_RESPONSES_API_STORE=1, and offer the render endpoints, as
+// vLLM v0.30 does with --enable-scale-out.
+
+var apisOnce struct {
+	sync.Once
+	f   *fixture
+	err error
+}
+
+func apiCluster(t *testing.T) *fixture {
+	t.Helper()
+	apisOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		var progress io.Writer = io.Discard
+		if testing.Verbose() {
+			progress = os.Stderr // the cluster outlives the test that starts it
+		}
+		apisOnce.f, apisOnce.err = startCluster(ctx, clusterSpec{
+			pods: 3, subnet: 7, secret: true, timeScale: 20, progress: progress,
+			simArgs: []string{"--enable-scale-out"},
+			simEnv:  []string{"VLLM_ENABLE_RESPONSES_API_STORE=1"},
+		}, nil)
+	})
+	if apisOnce.err != nil {
+		t.Fatalf("start the APIs' cluster: %v", apisOnce.err)
+	}
+	return apisOnce.f
+}
+
+// longSystem is a system prompt of about 2k tokens, unique to name.
+func longSystem(name string) string {
+	var b strings.Builder
+	for i := range 150 {
+		fmt.Fprintf(&b, "Rule %d of %s: answer politely and cite the policy section. ", i, name)
+	}
+	return b.String()
+}
+
+// post sends body to path at pod i's sidecar.
+func (f *fixture) post(t *testing.T, i int, path string, body any) reply {
+	t.Helper()
+	b, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := f.do(ctx, http.MethodPost, f.c.Pod(i).API, path, b, nil)
+	if err != nil {
+		t.Fatalf("POST %s to %s: %v", path, f.c.Pod(i).Name, err)
+	}
+	return r
+}
+
+// usage is the part of every API's usage the tests read.
+type usage struct {
+	// chat, completions
+	PromptDetails *struct {
+		Cached int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	// responses
+	InputDetails *struct {
+		Cached int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	// messages
+	CacheRead *int `json:"cache_read_input_tokens"`
+}
+
+// cachedOf is the cached prompt tokens an answer of any API reports, -1
+// when it has none.
+func cachedOf(r reply) int {
+	var v struct {
+		Usage *usage `json:"usage"`
+	}
+	if json.Unmarshal(r.Body, &v) != nil || v.Usage == nil {
+		return -1
+	}
+	switch u := v.Usage; {
+	case u.PromptDetails != nil:
+		return u.PromptDetails.Cached
+	case u.InputDetails != nil:
+		return u.InputDetails.Cached
+	case u.CacheRead != nil:
+		return *u.CacheRead
+	}
+	return -1
+}
+
+// explainAPI asks pod i how it would route body of api.
+func (f *fixture) explainAPI(ctx context.Context, i int, api string, body any) (decision, error) {
+	b, _ := json.Marshal(body)
+	r, err := f.do(ctx, http.MethodPost, f.c.Pod(i).Admin, "/debug/route?api="+api, b, nil)
+	if err != nil {
+		return decision{}, err
+	}
+	if r.Status != http.StatusOK {
+		return decision{}, fmt.Errorf("debug/route status %d: %s", r.Status, r.Body)
+	}
+	var v struct {
+		Decision decision `json:"decision"`
+	}
+	return v.Decision, json.Unmarshal(r.Body, &v)
+}
+
+func messagesBody(system, user string) map[string]any {
+	return map[string]any{"model": model, "max_tokens": 4, "system": system,
+		"messages": []any{map[string]any{"role": "user", "content": user}}}
+}
+
+func responsesBody(instructions, input string) map[string]any {
+	return map[string]any{"model": model, "max_output_tokens": 4, "instructions": instructions, "input": input}
+}
+
+// A conversation's next turn on Messages or Responses reaches the pod that
+// holds its prefix from every sidecar, and that pod reports the prefix
+// cached in the API's own usage field.
+func TestAgentAPIsFollowUpsReachHolder(t *testing.T) {
+	f := apiCluster(t)
+	for _, tc := range []struct {
+		api, path string
+		body      func(sys, user string) map[string]any
+	}{
+		{"messages", "/v1/messages", messagesBody},
+		{"responses", "/v1/responses", responsesBody},
+	} {
+		t.Run(tc.api, func(t *testing.T) {
+			sys := longSystem(t.Name())
+			first := f.post(t, 0, tc.path, tc.body(sys, "first question"))
+			if first.Status != http.StatusOK {
+				t.Fatalf("first: %d %s", first.Status, first.Body)
+			}
+			holder := first.ServedBy
+			// Every sidecar learns where the prefix is before the follow-ups.
+			for i := range f.c.Len() {
+				waitFor(t, 15*time.Second, f.c.Pod(i).Name+" routes the follow-up to "+holder, func(ctx context.Context) (bool, string) {
+					d, err := f.explainAPI(ctx, i, tc.api, tc.body(sys, "probe"))
+					if err != nil {
+						return false, err.Error()
+					}
+					return d.Target == holder && d.Reason == "affinity", fmt.Sprintf("target %q (%s)", d.Target, d.Reason)
+				})
+			}
+			for i := range f.c.Len() {
+				r := f.post(t, i, tc.path, tc.body(sys, fmt.Sprintf("follow-up %d", i)))
+				if r.Status != http.StatusOK || r.ServedBy != holder {
+					t.Errorf("via %s: %d served by %q (%s); want the holder %s", f.c.Pod(i).Name, r.Status, r.ServedBy, r.Decision, holder)
+					continue
+				}
+				if got := cachedOf(r); got < 1500 {
+					t.Errorf("via %s: %d cached tokens; want the ~2k-token system prompt", f.c.Pod(i).Name, got)
+				}
+			}
+		})
+	}
+}
+
+// A stored response is fetched, cancelled and continued from every
+// sidecar, on the pod that made it; also after that pod's sidecar
+// restarts (its vLLM, and so its store, lives on).
+func TestStoredResponseFromEverySidecar(t *testing.T) {
+	f := apiCluster(t)
+	sys := longSystem(t.Name())
+	body := responsesBody(sys, "remember 42")
+	body["store"] = true
+	created := f.post(t, 1, "/v1/responses", body)
+	if created.Status != http.StatusOK {
+		t.Fatalf("create: %d %s", created.Status, created.Body)
+	}
+	var resp struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(created.Body, &resp)
+	owner := created.ServedBy
+	x := f.index(owner)
+	check := func(when string) {
+		for i := range f.c.Len() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			got, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
+			cancel()
+			if err != nil || got.Status != http.StatusOK || got.ServedBy != owner {
+				t.Errorf("%s: GET via %s: %v %d from %q: %s", when, f.c.Pod(i).Name, err, got.Status, got.ServedBy, got.Body)
+			}
+			// instructions are not carried over from the stored response
+			// (vLLM's construct_input_messages, as OpenAI's API): a client
+			// sends them again.
+			next := f.post(t, i, "/v1/responses", map[string]any{"model": model, "max_output_tokens": 4,
+				"instructions": sys, "previous_response_id": resp.ID, "input": "which number?"})
+			if next.Status != http.StatusOK || next.ServedBy != owner || next.Decision != "stored" {
+				t.Errorf("%s: continued via %s: %d from %q (%s): %s", when, f.c.Pod(i).Name, next.Status, next.ServedBy, next.Decision, next.Body)
+			}
+			if c := cachedOf(next); c < 1500 {
+				t.Errorf("%s: continued via %s: %d cached tokens; want the stored conversation's", when, f.c.Pod(i).Name, c)
+			}
+		}
+	}
+	check("created a moment ago")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := f.c.RestartSidecar(ctx, x); err != nil {
+		t.Fatalf("restart %s's sidecar: %v", owner, err)
+	}
+	check("after the owner's sidecar restarted")
+}
+
+// dataURL is a fake PNG's data URL; seed makes a different image.
+func dataURL(seed string) string {
+	return "data:image/png;base64," + base64.StdEncoding.EncodeToString([]byte("\x89PNG fake image "+seed))
+}
+
+func imageChat(sys, image, user string) map[string]any {
+	return map[string]any{"model": model, "max_tokens": 4, "messages": []any{
+		map[string]any{"role": "system", "content": sys},
+		map[string]any{"role": "user", "content": []any{
+			map[string]any{"type": "text", "text": "Look at this."},
+			map[string]any{"type": "image_url", "image_url": map[string]any{"url": image}},
+			map[string]any{"type": "text", "text": strings.Repeat("Describe it in detail. ", 40) + user},
+		}},
+	}}
+}
+
+// A chat with a different image is not predicted as cached past the
+// blocks before the image; the same image is, to the end of its prompt.
+func TestDifferentImageIsNotPredicted(t *testing.T) {
+	f := apiCluster(t)
+	sys := longSystem(t.Name())
+	first := f.post(t, 0, "/v1/chat/completions", imageChat(sys, dataURL("A"), "one"))
+	if first.Status != http.StatusOK {
+		t.Fatalf("first: %d %s", first.Status, first.Body)
+	}
+	var u struct {
+		Usage struct {
+			Prompt int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	json.Unmarshal(first.Body, &u)
+	holder := first.ServedBy
+	matched := func(i int, image string) int {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := f.explainAPI(ctx, i, "chat", imageChat(sys, image, "two"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.matched(holder)
+	}
+	// The holder's digest, not only a claim, has reached pod 3: the same
+	// image matches (nearly) every block of the prompt.
+	whole := (u.Usage.Prompt - 1) / blockSize
+	var same int
+	waitFor(t, 15*time.Second, "pod3 sees the whole image chat at "+holder, func(context.Context) (bool, string) {
+		same = matched(2, dataURL("A"))
+		return same >= whole-4, fmt.Sprintf("%d of %d keys", same, whole)
+	})
+	other := matched(2, dataURL("B"))
+	if other >= same || other < 100 {
+		t.Fatalf("another image matched %d keys at %s, the same image %d: want the system prompt's blocks only", other, holder, same)
+	}
+	r := f.post(t, 2, "/v1/chat/completions", imageChat(sys, dataURL("B"), "three"))
+	if r.Status != http.StatusOK || r.ServedBy != holder {
+		t.Fatalf("other image: %d served by %q: %s", r.Status, r.ServedBy, r.Body)
+	}
+	// What the engine reused of the other image's prompt is the part before
+	// the image, and the prediction says no more than that.
+	c := cachedOf(r)
+	if c > u.Usage.Prompt-64 {
+		t.Fatalf("the engine reused %d of %d tokens of another image's prompt", c, u.Usage.Prompt)
+	}
+	if other*blockSize > c+blockSize {
+		t.Fatalf("%d tokens predicted for another image, the engine reused %d", other*blockSize, c)
+	}
+}
+
+// A two-prompt batch whose prefixes one pod holds goes there whole.
+func TestBatchLandsWhole(t *testing.T) {
+	f := apiCluster(t)
+	rng := seeded(t.Name())
+	x, prefix := f.warm(t, rng, 24)
+	holder := f.c.Pod(x).Name
+	for i := range f.c.Len() {
+		b := map[string]any{"model": model, "max_tokens": 4,
+			"prompt": [][]uint32{join(prefix, tokens(rng, 20)), join(prefix, tokens(rng, 20))}}
+		r := f.post(t, i, "/v1/completions", b)
+		if r.Status != http.StatusOK || r.ServedBy != holder {
+			t.Errorf("via %s: %d served by %q (%s); want %s", f.c.Pod(i).Name, r.Status, r.ServedBy, r.Decision, holder)
+			continue
+		}
+		var v struct {
+			Choices []struct {
+				Index int `json:"index"`
+			} `json:"choices"`
+		}
+		json.Unmarshal(r.Body, &v)
+		if len(v.Choices) != 2 || v.Choices[0].Index != 0 || v.Choices[1].Index != 1 {
+			t.Errorf("via %s: choices %+v; want indices 0 and 1", f.c.Pod(i).Name, v.Choices)
+		}
+		if c := cachedOf(r); c < 2*blockAligned(len(prefix), blockSize) {
+			t.Errorf("via %s: %d cached tokens; want both prompts' prefixes", f.c.Pod(i).Name, c)
+		}
+	}
+}
+
+// Malformed bodies of each API get that API's error, from the sidecar
+// that received them, never a 502.
+func TestMalformedBodiesGetTheirAPIsError(t *testing.T) {
+	f := apiCluster(t)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/messages", `{"model":"sim-model","messages":[{"role":"user","content":`},
+		{"/v1/messages", `{"model":"sim-model","max_tokens":4,"messages":"hi"}`},
+		{"/v1/responses", `{"model":"sim-model","input":{"x":1}`},
+		{"/v1/responses", `{"model":"sim-model","input":[{"type":"message","role":"user","content":7}]}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":[[1,2],"x"]}`},
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":[{"type":"image_url","image_url":7}]}]}`},
+	} {
+		for i := range f.c.Len() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			r, err := f.do(ctx, http.MethodPost, f.c.Pod(i).API, tc.path, []byte(tc.body), nil)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status/100 != 4 {
+				t.Errorf("%s %s via %s: status %d: %s", tc.path, tc.body, f.c.Pod(i).Name, r.Status, r.Body)
+				continue
+			}
+			var anth struct {
+				Type  string `json:"type"`
+				Error *struct {
+					Type    string `json:"type"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			json.Unmarshal(r.Body, &anth)
+			if tc.path == "/v1/messages" {
+				if anth.Type != "error" || anth.Error == nil || anth.Error.Message == "" {
+					t.Errorf("%s via %s: not Anthropic's error shape: %s", tc.path, f.c.Pod(i).Name, r.Body)
+				}
+				continue
+			}
+			if _, code, msg, ok := r.apiError(); !ok || code/100 != 4 || msg == "" {
+				t.Errorf("%s via %s: not OpenAI's error shape: %s", tc.path, f.c.Pod(i).Name, r.Body)
+			}
+		}
+	}
+}
