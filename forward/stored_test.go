@@ -267,3 +267,17 @@ func TestSentByAPI(t *testing.T) {
 		t.Fatalf("sent to the local vLLM by API: %v", got)
 	}
 }
+
+// FuzzFirstID: the id tap reads bytes of a pod's answer; it never panics,
+// and an id it finds is in the input and within the length bound.
+func FuzzFirstID(f *testing.F) {
+	for _, s := range []string{`{"id":"resp_1"}`, `data: {"response":{"id":"resp_2"`, `{"id":`, `{"x":"\"id\":\"y\""}`, `"id" : "a\"b"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, ok := firstID(b)
+		if id != "" && (!ok || len(id) > maxResponseID || !strings.Contains(string(b), id)) {
+			t.Fatalf("firstID(%q) = %q, %v", b, id, ok)
+		}
+	})
+}

@@ -36,10 +36,10 @@ type AgenticParams struct {
 	ToolTokens int // default 120
 	// TaskTokens is the user's task, ResultTokens one tool result.
 	TaskTokens   Dist // default mean 150
-	ResultTokens Dist // default mean 200
+	ResultTokens Dist // default mean 800, 20..2400
 	// Turns is the requests of one session (the last answers without a
 	// call).
-	Turns        Dist // default mean 4, 2..8
+	Turns        Dist // default mean 6, 3..9
 	OutputTokens Dist // default mean 60, 16..256
 	// Think is the seconds a tool runs between an answer and the next
 	// request.
@@ -65,8 +65,10 @@ type AgenticParams struct {
 }
 
 // DefaultAgenticParams sizes a 4-pod run at 8 requests/s for 30 s: about
-// 40 sessions of ~6 requests (sub-agents included), prompts of 3k to 6k
-// tokens of which the agent's 2.4k are shared.
+// 30 sessions of ~8 requests (sub-agents included), prompts of 3k to ~12k
+// tokens of which the agent's 2.4k are shared: a coding agent's history
+// (file contents, command output) soon outweighs its system prompt, so
+// most of a prompt is cached only where its session ran before.
 func DefaultAgenticParams() AgenticParams {
 	return AgenticParams{
 		Agents:       3,
@@ -74,8 +76,8 @@ func DefaultAgenticParams() AgenticParams {
 		Tools:        10,
 		ToolTokens:   120,
 		TaskTokens:   Dist{Mean: 150, Std: 80, Min: 20, Max: 600, LogNormal: true},
-		ResultTokens: Dist{Mean: 200, Std: 150, Min: 10, Max: 800, LogNormal: true},
-		Turns:        Dist{Mean: 4, Std: 1.5, Min: 2, Max: 8},
+		ResultTokens: Dist{Mean: 800, Std: 600, Min: 20, Max: 2400, LogNormal: true},
+		Turns:        Dist{Mean: 6, Std: 2, Min: 3, Max: 9},
 		OutputTokens: Dist{Mean: 60, Std: 30, Min: 16, Max: 256, LogNormal: true},
 		Think:        Dist{Mean: 0.4, Std: 0.3, Min: 0.05, Max: 2, LogNormal: true},
 		FanOut:       0.3,

@@ -16,7 +16,22 @@ import (
 // The scene everyone explains prefix-aware routing with: an agent's calls
 // share one long system prompt. Through a plain Service they scatter over
 // the pods and each new pod prefills the prompt again; through kvroute they
-// meet on the pod that holds it and skip the prefill.
+// meet on the pod that holds it and skip the prefill. The calls speak the
+// APIs agents use, in turn: OpenAI chat, Anthropic Messages and OpenAI
+// Responses. vLLM renders all three as the same chat, so a prefix one API
+// cached is a hit for the others.
+var storyKinds = []loadgen.Kind{loadgen.Chat, loadgen.Messages, loadgen.Responses}
+
+// storyAPI names a call's API as the scene prints it.
+func storyAPI(k loadgen.Kind) string {
+	switch k {
+	case loadgen.Messages:
+		return "Anthropic Messages"
+	case loadgen.Responses:
+		return "OpenAI Responses"
+	}
+	return "OpenAI chat"
+}
 const (
 	storyPods         = 3
 	storyRequests     = 5
@@ -37,6 +52,7 @@ type storyRound struct {
 
 // storyResult is one call as printed.
 type storyResult struct {
+	api             string
 	entered, served string
 	cached, prompt  int
 	ttft            time.Duration
@@ -81,15 +97,17 @@ func playStory(ctx context.Context, o options, out, progress io.Writer) ([2][]st
 		var res []storyResult
 		for i := range storyRequests {
 			ep := r.eps[rng.IntN(len(r.eps))]
-			call := loadgen.Call{Kind: loadgen.Chat, MaxTokens: 16, Messages: []loadgen.Message{
-				{Role: "system", Content: r.system},
-				{Role: "user", Content: fmt.Sprintf("Question %d: what does section %d say about refunds?", i+1, 3+i)},
-			}}
+			kind := storyKinds[i%len(storyKinds)]
+			user := loadgen.Message{Role: "user", Content: fmt.Sprintf("Question %d: what does section %d say about refunds?", i+1, 3+i)}
+			call := loadgen.Call{Kind: kind, MaxTokens: 16, Messages: []loadgen.Message{{Role: "system", Content: r.system}, user}}
+			if kind != loadgen.Chat { // the system prompt is Messages' system, Responses' instructions
+				call.System, call.Messages = r.system, []loadgen.Message{user}
+			}
 			rep, err := client.Do(ctx, ep, call)
 			if err != nil {
-				return all, fmt.Errorf("story: request %d to %s: %w", i+1, ep.Pod, err)
+				return all, fmt.Errorf("story: request %d (%s) to %s: %w", i+1, storyAPI(kind), ep.Pod, err)
 			}
-			sr := storyResult{entered: ep.Pod, served: rep.Pod, cached: rep.CachedTokens, prompt: rep.PromptTokens, ttft: rep.WallTTFT}
+			sr := storyResult{api: storyAPI(kind), entered: ep.Pod, served: rep.Pod, cached: rep.CachedTokens, prompt: rep.PromptTokens, ttft: rep.WallTTFT}
 			res = append(res, sr)
 			fmt.Fprintf(out, "    %s\n", sr.line(i+1))
 			if i < storyRequests-1 {
@@ -113,8 +131,8 @@ func (r storyResult) line(n int) string {
 	if r.entered != r.served {
 		where = r.entered + " → " + r.served
 	}
-	return fmt.Sprintf("request %d  %-14s cached %4d of %4d prompt tokens   TTFT %4d ms",
-		n, where, r.cached, r.prompt, r.ttft.Milliseconds())
+	return fmt.Sprintf("request %d  %-18s  %-14s cached %4d of %4d prompt tokens   TTFT %4d ms",
+		n, r.api, where, r.cached, r.prompt, r.ttft.Milliseconds())
 }
 
 // summarise counts the pods a round used and the calls that prefilled the

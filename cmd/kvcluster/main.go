@@ -56,6 +56,9 @@ type options struct {
 	Seed         uint64
 	Detach       bool
 	ReadyTimeout time.Duration
+	// Store and ScaleOut run the simulators as an agent platform runs
+	// vLLM: its Responses store on, its render endpoints served.
+	Store, ScaleOut bool
 }
 
 func main() {
@@ -109,6 +112,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the Service's pod choice")
 	fs.BoolVar(&o.Detach, "detach", false, "run in the background: print the URLs once the mesh is ready, then return")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 60*time.Second, "how long the pods and the mesh may take to come up")
+	fs.BoolVar(&o.Store, "responses-store", true, "the simulators keep stored Responses, as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1 (previous_response_id, GET /v1/responses/{id})")
+	fs.BoolVar(&o.ScaleOut, "enable-scale-out", true, "the simulators serve vLLM's render endpoints, as vLLM v0.30 with --enable-scale-out")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return o, err
 	}
@@ -139,6 +144,12 @@ func up(ctx context.Context, o options, stdout, stderr io.Writer, stopHint strin
 	cfg.Pods, cfg.Subnet, cfg.Dir, cfg.BinDir = o.Pods, o.Subnet, o.Dir, o.BinDir
 	cfg.Sidecars = true
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
+	if o.Store {
+		cfg.SimEnv = append(cfg.SimEnv, "VLLM_ENABLE_RESPONSES_API_STORE=1")
+	}
+	if o.ScaleOut {
+		cfg.Sim.ExtraArgs = append(cfg.Sim.ExtraArgs, "--enable-scale-out")
+	}
 	cfg.ReadyTimeout = o.ReadyTimeout
 	cfg.StopGrace = 3 * time.Second
 	cfg.Progress = stderr
