@@ -10,13 +10,13 @@ import (
 func TestStoryLines(t *testing.T) {
 	ms := time.Millisecond
 	res := []storyResult{
-		{entered: "pod2", served: "pod2", cached: 0, prompt: 2101, ttft: 137 * ms},
-		{entered: "pod1", served: "pod2", cached: 2080, prompt: 2101, ttft: 11 * ms},
+		{api: "OpenAI chat", entered: "pod2", served: "pod2", cached: 0, prompt: 2101, ttft: 137 * ms},
+		{api: "Anthropic Messages", entered: "pod1", served: "pod2", cached: 2080, prompt: 2101, ttft: 11 * ms},
 		{entered: "pod3", served: "pod2", cached: 2080, prompt: 2101, ttft: 9 * ms},
 	}
 	for i, want := range []string{
-		"request 1  pod2           cached    0 of 2101 prompt tokens   TTFT  137 ms",
-		"request 2  pod1 → pod2    cached 2080 of 2101 prompt tokens   TTFT   11 ms",
+		"request 1  OpenAI chat         pod2           cached    0 of 2101 prompt tokens   TTFT  137 ms",
+		"request 2  Anthropic Messages  pod1 → pod2    cached 2080 of 2101 prompt tokens   TTFT   11 ms",
 	} {
 		if got := res[i].line(i + 1); got != want {
 			t.Errorf("line(%d) = %q; want %q", i+1, got, want)
