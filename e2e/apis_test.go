@@ -364,3 +364,110 @@ func TestMalformedBodiesGetTheirAPIsError(t *testing.T) {
 		}
 	}
 }
+
+// cache_salt keeps its meaning on every API that has it: a prefix cached
+// under one salt is not predicted, nor reused by the engine, under another.
+func TestCacheSaltKeepsItsMeaning(t *testing.T) {
+	f := apiCluster(t)
+	for _, tc := range []struct {
+		api, path string
+		body      func(sys, user string) map[string]any
+	}{
+		{"chat", "/v1/chat/completions", func(sys, user string) map[string]any {
+			return map[string]any{"model": model, "max_tokens": 4, "messages": []any{
+				map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": user}}}
+		}},
+		{"responses", "/v1/responses", responsesBody},
+	} {
+		t.Run(tc.api, func(t *testing.T) {
+			sys := longSystem(t.Name())
+			salted := func(salt, user string) map[string]any {
+				b := tc.body(sys, user)
+				b["cache_salt"] = salt + "-" + tc.api // the subtests' prompts share a first block
+				return b
+			}
+			first := f.post(t, 0, tc.path, salted("tenant-a", "one"))
+			if first.Status != http.StatusOK {
+				t.Fatalf("first: %d %s", first.Status, first.Body)
+			}
+			holder := first.ServedBy
+			for i := range f.c.Len() {
+				waitFor(t, 15*time.Second, f.c.Pod(i).Name+" sees tenant a's prefix at "+holder, func(ctx context.Context) (bool, string) {
+					d, err := f.explainAPI(ctx, i, tc.api, salted("tenant-a", "two"))
+					if err != nil {
+						return false, err.Error()
+					}
+					return d.matched(holder) >= 100, fmt.Sprintf("%d keys at %s", d.matched(holder), holder)
+				})
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				d, err := f.explainAPI(ctx, i, tc.api, salted("tenant-b", "two"))
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := d.matched(holder); n != 0 {
+					t.Errorf("via %s: tenant b's request matches %d keys of tenant a's prefix", f.c.Pod(i).Name, n)
+				}
+			}
+			// The engine agrees: at the holder another salt reuses nothing.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			b, _ := json.Marshal(salted("tenant-b", "three"))
+			r, err := f.do(ctx, http.MethodPost, f.c.Pod(f.index(holder)).SimAddr, tc.path, b, nil)
+			if err != nil || r.Status != http.StatusOK {
+				t.Fatalf("tenant b at %s's engine: %v %d %s", holder, err, r.Status, r.Body)
+			}
+			if c := cachedOf(r); c != 0 {
+				t.Fatalf("the engine reused %d tokens across salts", c)
+			}
+		})
+	}
+}
+
+// A stored response whose pod is gone gets a 404 saying so from every
+// sidecar, not a 502 and not another pod's answer.
+func TestStoredResponseOnGonePod(t *testing.T) {
+	f := apiCluster(t)
+	created := f.post(t, 0, "/v1/responses", responsesBody(longSystem(t.Name()), "keep this"))
+	if created.Status != http.StatusOK {
+		t.Fatalf("create: %d %s", created.Status, created.Body)
+	}
+	var resp struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(created.Body, &resp)
+	x := f.index(created.ServedBy)
+	// Every sidecar has heard where it is stored (a response made a
+	// moment before its pod died is simply lost).
+	for i := range f.c.Len() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
+		cancel()
+		if err != nil || r.Status != http.StatusOK || r.ServedBy != created.ServedBy {
+			t.Fatalf("GET via %s: %v %d from %q", f.c.Pod(i).Name, err, r.Status, r.ServedBy)
+		}
+	}
+	if err := f.c.Kill(x); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := f.c.Restart(ctx, x); err != nil {
+			t.Errorf("bring %s back: %v", created.ServedBy, err)
+		}
+	})
+	for i := range f.c.Len() {
+		if i == x {
+			continue
+		}
+		waitFor(t, 20*time.Second, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
+			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
+			if err != nil {
+				return false, err.Error()
+			}
+			_, _, msg, _ := r.apiError()
+			return r.Status == http.StatusNotFound && strings.Contains(msg, "which is gone"), fmt.Sprintf("%d %s", r.Status, r.Body)
+		})
+	}
+}

@@ -716,6 +716,14 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	api := prompt.APIChat
 	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil {
 		api = st.api
+		if st.reason == ReasonStored {
+			// Only that pod holds the response: say so, retryably, until the
+			// mesh knows whether it is gone (then a 404 says that).
+			h.metrics.badRequests.WithLabelValues("stored_unreachable", api.String()).Inc()
+			w.Header().Set("Retry-After", "1")
+			writeAPIError(w, api, http.StatusServiceUnavailable, "the pod that stores this response cannot be reached: "+err.Error())
+			return
+		}
 	}
 	h.metrics.badRequests.WithLabelValues("upstream", api.String()).Inc()
 	h.log.Warn().Err(err).Str("path", r.URL.Path).Msg("upstream failed")

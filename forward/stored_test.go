@@ -281,3 +281,15 @@ func FuzzFirstID(f *testing.F) {
 		}
 	})
 }
+
+// A response whose pod cannot be reached (dead, not yet out of the mesh)
+// gets a retryable 503 that says why, not a 502.
+func TestStoredResponseOnUnreachablePod(t *testing.T) {
+	nodes, shared := storeMesh(t, 2)
+	shared.owner["resp_y"] = "p1"
+	nodes[1].srv.Close()
+	resp, body := do(t, "GET", nodes[0].srv.URL+"/v1/responses/resp_y", "")
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "cannot be reached") {
+		t.Fatalf("%d (Retry-After %q): %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+}
