@@ -178,13 +178,31 @@ func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) cachedBy
 		}
 		resp.Body.Close()
 	}
-	var b strings.Builder
-	b.WriteString("kvbench: sidecars:")
-	for i, name := range sidecarSeries {
-		fmt.Fprintf(&b, " %s=%.0f", strings.TrimPrefix(name, "kvroute_"), sum[i])
-	}
-	fmt.Fprintln(w, b.String())
+	fmt.Fprintln(w, sidecarLine(sum))
 	return cached
+}
+
+// sidecarLine is the one line a run prints of the sidecars' counters:
+// predicted against actual cached tokens, then only the counters that
+// moved (a workload without chats learns no text prefixes, and a line of
+// zeros reads as a fault).
+func sidecarLine(sum []float64) string {
+	var b strings.Builder
+	predicted, actual := sum[0], sum[1]
+	fmt.Fprintf(&b, "kvbench: sidecars: predicted %.0f of the %.0f cached tokens vLLM reported", predicted, actual)
+	if actual > 0 {
+		fmt.Fprintf(&b, " (%.2f)", predicted/actual)
+	}
+	var moved []string
+	for i, name := range sidecarSeries[2:] {
+		if v := sum[i+2]; v != 0 {
+			moved = append(moved, fmt.Sprintf("%s=%.0f", strings.TrimPrefix(name, "kvroute_"), v))
+		}
+	}
+	if len(moved) > 0 {
+		b.WriteString("; " + strings.Join(moved, " "))
+	}
+	return b.String()
 }
 
 // fill puts the sidecars' cached tokens into res's per-API figures: each

@@ -126,3 +126,17 @@ func TestAgenticSizing(t *testing.T) {
 		t.Errorf("%d requests at the default rate and duration; want ~240 (a minute's run)", n)
 	}
 }
+
+// The run's sidecar line says predicted against actual and leaves out the
+// counters that did not move.
+func TestSidecarLine(t *testing.T) {
+	sum := make([]float64, len(sidecarSeries))
+	sum[0], sum[1] = 90, 100
+	if got, want := sidecarLine(sum), "kvbench: sidecars: predicted 90 of the 100 cached tokens vLLM reported (0.90)"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	sum[2] = 7
+	if got := sidecarLine(sum); !strings.HasSuffix(got, "; textprefix_requests_total{path=\"prefix\"}=7") {
+		t.Errorf("a moved counter: %q", got)
+	}
+}
