@@ -322,17 +322,10 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		r := c.Request
 		arrived := h.now()
 		st := &reqState{id: h.requestID(r), api: api, creates: api == prompt.APIResponses, arrived: arrived, started: arrived}
-		if v := r.Header.Get(HopHeader); v != "" {
-			from, err := h.hop.Verify(v, h.cfg.Self, h.now())
-			if err == nil {
-				h.serveHop(c, st, from)
-				return
-			}
-			h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
-			h.log.Warn().Str("req", st.id).Err(err).Msg("ignoring untrusted hop header")
-			r.Header.Del(HopHeader)
+		if from, ok := h.trustedHop(r, st.id); ok {
+			h.serveHop(c, st, from)
+			return
 		}
-		r.Header.Del(PinnedHeader) // only a sidecar pins a hop
 		body, ok := h.readRequest(c)
 		if !ok {
 			return
@@ -375,6 +368,24 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		h.metrics.decisions.WithLabelValues(outcome, st.decision.Reason, api.String()).Inc()
 		h.serve(c, body, st, targets)
 	}
+}
+
+// trustedHop reports whether r came from a peer sidecar with a valid hop
+// header, and which. An untrusted header is counted, logged and removed,
+// and so is a client's pin (only a sidecar pins a hop): the request is then
+// the client's own and is routed.
+func (h *Handler) trustedHop(r *http.Request, id string) (from string, ok bool) {
+	if v := r.Header.Get(HopHeader); v != "" {
+		from, err := h.hop.Verify(v, h.cfg.Self, h.now())
+		if err == nil {
+			return from, true
+		}
+		h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
+		h.log.Warn().Str("req", id).Err(err).Msg("ignoring untrusted hop header")
+		r.Header.Del(HopHeader)
+	}
+	r.Header.Del(PinnedHeader)
+	return "", false
 }
 
 // serveHop serves a request another sidecar forwarded here (a trusted hop

@@ -73,18 +73,12 @@ func (h *Handler) serveStored(c *gin.Context) {
 	r := c.Request
 	now := h.now()
 	st := &reqState{id: h.requestID(r), api: prompt.APIResponses, arrived: now, started: now}
-	if v := r.Header.Get(HopHeader); v != "" {
-		if _, err := h.hop.Verify(v, h.cfg.Self, h.now()); err == nil {
-			st.reason = "hop"
-			h.metrics.decisions.WithLabelValues("local", "hop", st.api.String()).Inc()
-			h.serveFrom(c, &plan{targets: []target{{URL: h.cfg.VLLM}}, served: -1}, st)
-			return
-		} else {
-			h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
-			r.Header.Del(HopHeader)
-		}
+	if _, ok := h.trustedHop(r, st.id); ok {
+		st.reason = "hop"
+		h.metrics.decisions.WithLabelValues("local", "hop", st.api.String()).Inc()
+		h.serveFrom(c, &plan{targets: []target{{URL: h.cfg.VLLM}}, served: -1}, st)
+		return
 	}
-	r.Header.Del(PinnedHeader)
 	if h.stored == nil {
 		h.Passthrough(c)
 		return
