@@ -12,45 +12,69 @@ LDFLAGS   := $(if $(VERSION),-X github.com/kvroute/kvroute/buildinfo.version=$(V
 # apt-get needs root; sudo when we are not root and it exists.
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos chaos-deps
+.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos chaos-deps test-deps
 
 all: build
 
-# libzmq (cgo, for pebbe/zmq4) from Debian when it is missing. One line of
-# progress; apt's own output goes to out/apt.log (shown if it fails).
-deps:
-	@pkg-config --exists libzmq 2>/dev/null || { \
-	  echo "== deps: apt-get install libzmq3-dev pkg-config (log: out/apt.log)"; \
-	  mkdir -p out; \
-	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-	      --no-install-recommends libzmq3-dev pkg-config; } >out/apt.log 2>&1 \
-	    || { tail -n 20 out/apt.log; echo "deps: apt-get failed (run as root or with sudo)"; exit 1; }; }
+# apt-get install of Debian packages a target needs, when they are missing:
+# one line of progress, apt's own output appended to out/apt.log (its tail
+# shown if it fails). The package lists are refreshed only when they cannot
+# provide the packages (none yet, or stale), which spares a fresh machine's
+# demo an apt-get update. env: sudo drops DEBIAN_FRONTEND from the environment.
+APT_GET := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -y -qq --no-install-recommends
+apt-install = echo "== $(1): apt-get install $(2) (log: out/apt.log)"; mkdir -p out; \
+	{ echo "== $(1): apt-get install $(2)"; $(APT_GET) install $(2) \
+	  || { $(SUDO) apt-get update -qq && $(APT_GET) install $(2); }; } >>out/apt.log 2>&1 \
+	|| { tail -n 20 out/apt.log; echo "$(1): apt-get failed (run as root or with sudo)"; exit 1; }
 
-# Every binary the README names, in one go build (parallel over packages).
-# A cold build compiles ~470 packages: a count every 100, and a line per
-# binary; compiler errors pass through.
-build: deps
-	@echo "== build: go build -o $(BIN)/ ./cmd/..."
-	@set -o pipefail; $(GO) build -v -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/... 2>&1 | awk ' \
-	  /^[^ :#]+$$/ { if ($$0 ~ /\/cmd\/[a-z-]+$$/) { sub(".*/", ""); print "   built $(BIN)/" $$0 } \
+# What the build needs: libzmq (cgo, for pebbe/zmq4) and a C compiler.
+deps:
+	@missing=; pkg-config --exists libzmq 2>/dev/null || missing="libzmq3-dev pkg-config"; \
+	  command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
+	  [ -z "$$missing" ] || { $(call apt-install,deps,$$missing); }
+
+# go build of $(1) into $(BIN)/ with one line per binary, a count every 100
+# packages compiled and one for the modules downloaded (go prints a line per
+# module); compiler errors pass through.
+go-build = set -o pipefail; $(GO) build -v -ldflags '$(LDFLAGS)' -o $(BIN)/ $(1) 2>&1 | awk ' \
+	  /^go: downloading / { if (!d++) print "   downloading modules"; fflush(); next } \
+	  /^[^ :\#]+$$/ { if (d && !r++) print "   downloaded " d " modules"; \
+	                 if ($$0 ~ /\/cmd\/[a-z-]+$$/) { sub(".*/", ""); print "   built $(BIN)/" $$0 } \
 	                 else if (++n % 100 == 0) print "   compiled " n " packages"; fflush(); next } \
 	  { print; fflush() }'
+
+# Every binary the README names, in one go build (parallel over packages).
+# A cold build compiles ~480 packages.
+build: deps
+	@echo "== build: go build -o $(BIN)/ ./cmd/..."
+	@$(call go-build,./cmd/...)
 	@echo "   $(BIN)/: $$(cd $(BIN) && ls | tr '\n' ' ')"
 
 vet: deps
 	@echo "== vet"
-	@$(GO) vet -tags integration ./...
+	@$(GO) vet -tags integration ./... ./.ci/testsum
 
 # Unit and integration tests (real processes on loopback), with the race
 # detector. Every fuzz target's seed corpus runs here as a test; real
 # fuzzing is `make fuzz`.
 test: vet unit chart-test
 
-unit: deps chaos-deps
-	@echo "== test: go test $(TESTFLAGS) -tags integration ./..."
+# The output is go test's without -v (a line per package, failed tests in
+# full) and then every skipped test with its reason and the counts: without
+# -v go test hides a test that could not run here. .ci/testsum reads
+# go test -json for that; .ci is outside ./..., so its tests are named.
+unit: deps chaos-deps test-deps
+	@echo "== test: go test $(TESTFLAGS) -tags integration ./... ./.ci/testsum"
+	@mkdir -p out && $(GO) build -o out/testsum ./.ci/testsum
 	@set -o pipefail; start=$$(date +%s); \
-	  $(GO) test $(TESTFLAGS) -tags integration ./... 2>&1 | grep --line-buffered -v -e '\[no test files\]$$'; \
+	  $(GO) test -json $(TESTFLAGS) -tags integration ./... ./.ci/testsum 2>&1 | out/testsum -trim "$$($(GO) list -m)/"; \
 	  rc=$$?; echo "== test: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start ))s"; exit $$rc
+
+# What the tests need besides the build and chaos-deps: node and npm, for
+# e2e's run of the official Anthropic and OpenAI SDKs (npm ci in e2e/sdk;
+# it fails without them, so that CI cannot pass without running it).
+test-deps:
+	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { $(call apt-install,test-deps,nodejs npm); }
 
 # The Helm chart (charts/kvroute): helm lint, the values schema, and its rendering with each
 # preset compared object by object with the kustomize overlays. Helm and kustomize are Go
@@ -93,10 +117,15 @@ clean:
 # 4-pod benchmark of one prefix-heavy workload through the plain Service,
 # kvroute and a central precise router: the table, and where the plots and
 # the clusters' logs are (out/demo/clusters/). About a minute
-# after the build.
+# after the build, which is only of what the demo runs (the central router
+# runs inside kvbench): on a cold cache most of the packages anyway, but
+# four links fewer than make build.
+DEMO_CMDS  := ./cmd/kvbench ./cmd/vllm-sim ./cmd/sidecar
 DEMO_FLAGS ?= --pods 4 --workload shared-prefix --policies service,kvroute,central-precise \
 	--rate 10 --duration 15s --out out/demo
-demo: build
+demo: deps
+	@echo "== build: go build -o $(BIN)/ $(DEMO_CMDS)"
+	@$(call go-build,$(DEMO_CMDS))
 	@echo "== demo: $(BIN)/kvbench --build=false --story $(DEMO_FLAGS)"
 	@$(BIN)/kvbench --build=false --story $(DEMO_FLAGS)
 
@@ -149,28 +178,28 @@ CHAOS_FLAGS ?= --scenario chaos/scenarios/kill-every-20s.json --out out/chaos
 chaos: deps chaos-deps
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/chaos $(CHAOS_FLAGS)
 
-# ip(8) and iptables(8) for the chaos namespaces (netns mode runs as root),
-# from Debian when missing; apt's output goes to out/apt.log.
+# ip(8) and iptables(8) for the chaos namespaces (netns mode runs as root;
+# make test's namespace tests too), from Debian when missing.
 chaos-deps:
-	@{ command -v ip && command -v iptables; } >/dev/null 2>&1 || { \
-	  echo "== chaos-deps: apt-get install iproute2 iptables (log: out/apt.log)"; \
-	  mkdir -p out; \
-	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-	      --no-install-recommends iproute2 iptables; } >out/apt.log 2>&1 \
-	    || { tail -n 20 out/apt.log; echo "chaos-deps: apt-get failed (run as root or with sudo)"; exit 1; }; }
+	@{ command -v ip && command -v iptables; } >/dev/null 2>&1 || { $(call apt-install,chaos-deps,iproute2 iptables); }
 
 # --- Kubernetes (issue 12). All four need root; see README "Kubernetes".
 # The images of images/Dockerfile as docker-save archives in out/images,
 # built offline (a debootstrapped Debian instead of pulled base images).
+# The modules come from this machine's cache, filled here first (with this
+# machine's proxy settings and certificate authorities, which the build's
+# chroot has not): images/build mounts the cache and the build stage runs
+# with GOPROXY=off.
 IMAGE_TAG ?= v0.1.0
 IMAGES    := sidecar=ghcr.io/kvroute/sidecar:$(IMAGE_TAG) vllm-sim=ghcr.io/kvroute/vllm-sim:$(IMAGE_TAG) \
 	pause=kvroute.local/pause:v1
 .PHONY: images k8s-up k8s-down k8s-e2e
 images:
 	@[ "$$(id -u)" = 0 ] || { echo "make images needs root (debootstrap, chroot): sudo make images" >&2; exit 2; }
-	@command -v debootstrap >/dev/null || { echo "== installing debootstrap (apt-get)"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
-	$(GO) run ./images/build --out out/images $(IMAGES)
+	@command -v debootstrap >/dev/null || { $(call apt-install,images,debootstrap); }
+	@echo "== images: go mod download (into this machine's module cache, which the build stage reads)"
+	@$(GO) mod download
+	$(GO) run ./images/build --build-arg GOPROXY=off --out out/images $(IMAGES)
 
 # A single-node cluster on this machine (kube binaries cached in
 # /var/cache/kvroute/k8s/<version>); prints how to use it.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,8 @@ type bases struct {
 	mirror string // a Debian mirror reachable from this machine
 	goroot string
 	log    func(format string, a ...any)
+	// cmdOut takes what debootstrap and the RUNs print (the build log).
+	cmdOut io.Writer
 }
 
 type base struct {
@@ -82,7 +85,7 @@ func (bs *bases) debian(ctx context.Context, suite string) (string, error) {
 	if err := os.RemoveAll(tmp); err != nil {
 		return "", err
 	}
-	if err := sh(ctx, "", "debootstrap", "--variant=minbase", suite, tmp, bs.mirror); err != nil {
+	if err := sh(ctx, bs.cmdOut, "debootstrap", "--variant=minbase", suite, tmp, bs.mirror); err != nil {
 		return "", fmt.Errorf("debootstrap: %w", err)
 	}
 	// What the slim image leaves out, and no apt state or logs.
@@ -130,7 +133,7 @@ func (bs *bases) golang(ctx context.Context, goVer, suite string) (string, error
 	cfg := imageConfig{Env: []string{basePath}}
 	in := instr{cmd: "RUN", args: "apt-get update && apt-get install -y --no-install-recommends " +
 		"ca-certificates gcc libc6-dev make pkg-config git && rm -rf /var/lib/apt/lists/*"}
-	if err := b.run(ctx, tmp, &cfg, in); err != nil {
+	if err := b.run(ctx, tmp, &cfg, nil, in); err != nil {
 		return "", err
 	}
 	if err := cpTree(ctx, bs.goroot, filepath.Join(tmp, "usr/local/go")); err != nil {
@@ -160,9 +163,8 @@ func finish(tmp, dir string) error {
 	return os.WriteFile(dir+".done", nil, 0o644)
 }
 
-func sh(ctx context.Context, dir string, name string, args ...string) error {
+func sh(ctx context.Context, out io.Writer, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stdout, cmd.Stderr = out, out
 	return cmd.Run()
 }

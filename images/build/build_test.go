@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,22 @@ func TestParseDockerfile(t *testing.T) {
 			t.Errorf("stage %s ENTRYPOINT %q; want [%q]", name, entry[name], e)
 		}
 	}
+	// make images passes --build-arg GOPROXY=off to the stage that runs go mod download.
+	var goproxy bool
+	for _, st := range stages {
+		for _, in := range st.steps {
+			if in.cmd == "ARG" {
+				name, _, hasDef, err := argDecl(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				goproxy = goproxy || (st.name == "build" && name == "GOPROXY" && !hasDef)
+			}
+		}
+	}
+	if !goproxy {
+		t.Error("stage build declares no ARG GOPROXY (without a default)")
+	}
 	if stages[len(stages)-1].name != "sidecar" {
 		t.Errorf("last stage %s; want sidecar (the default target of docker build)", stages[len(stages)-1].name)
 	}
@@ -79,6 +96,75 @@ func TestParseErrors(t *testing.T) {
 	}
 	if _, err := cacheMounts(in); err == nil {
 		t.Error("a bind mount was accepted")
+	}
+}
+
+func TestArgDecl(t *testing.T) {
+	for _, c := range []struct {
+		args, name, def string
+		hasDef          bool
+		err             string
+	}{
+		{args: "GOPROXY", name: "GOPROXY"},
+		{args: "GOFLAGS=-mod=mod", name: "GOFLAGS", def: "-mod=mod", hasDef: true},
+		{args: "EMPTY=", name: "EMPTY", hasDef: true},
+		{args: `MSG="a b"`, name: "MSG", def: "a b", hasDef: true},
+		{args: "A B", err: "one name"},
+		{args: "=x", err: "one name"},
+		{args: "MSG=a b", err: "double quotes"},
+		{args: "P=$HOME/x", err: "$"},
+	} {
+		name, def, hasDef, err := argDecl(instr{line: 3, cmd: "ARG", args: c.args})
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("ARG %s: error %v; want one containing %q", c.args, err, c.err)
+			}
+			continue
+		}
+		if err != nil || name != c.name || def != c.def || hasDef != c.hasDef {
+			t.Errorf("ARG %s = %q, %q, %v, %v; want %q, %q, %v", c.args, name, def, hasDef, err, c.name, c.def, c.hasDef)
+		}
+	}
+}
+
+// An ARG is set in the RUNs of its stage from --build-arg, else from its
+// default, else not at all; an ENV of the same name wins, and the image's
+// config never holds it.
+func TestArgsReachRun(t *testing.T) {
+	b := &builder{buildArgs: map[string]string{"GOPROXY": "off", "UNUSED": "x"}}
+	var cfg imageConfig
+	var args []string
+	for _, line := range []string{"ARG GOPROXY", "ARG MODE=fast", "ARG NOTSET", "ENV MODE=slow"} {
+		in, err := split(1, line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.step(t.Context(), t.TempDir(), &cfg, &args, in); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+	}
+	if !slices.Equal(args, []string{"GOPROXY=off", "MODE=fast"}) {
+		t.Errorf("ARGs %q; want GOPROXY=off MODE=fast", args)
+	}
+	if !b.usedArgs["GOPROXY"] || b.usedArgs["UNUSED"] {
+		t.Errorf("used build args %v; want GOPROXY only", b.usedArgs)
+	}
+	env := runEnv(args, &cfg)
+	last := map[string]string{}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		last[k] = v // env(1) keeps the last of a name
+	}
+	if last["GOPROXY"] != "off" || last["MODE"] != "slow" {
+		t.Errorf("RUN environment %q: want GOPROXY=off and the ENV's MODE=slow", env)
+	}
+	if _, ok := last["NOTSET"]; ok {
+		t.Errorf("RUN environment %q sets NOTSET", env)
+	}
+	for _, e := range cfg.Env {
+		if strings.HasPrefix(e, "GOPROXY=") {
+			t.Errorf("image config holds the ARG: %q", cfg.Env)
+		}
 	}
 }
 
@@ -209,5 +295,21 @@ func TestSplitTag(t *testing.T) {
 		if r != want[0] || tag != want[1] {
 			t.Errorf("splitTag(%q) = %q, %q; want %q", in, r, tag, want)
 		}
+	}
+}
+
+func TestTail(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "build.log")
+	if err := os.WriteFile(p, []byte("a\nb\nc\nd\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := tail(p, 2); got != "c\nd\n" {
+		t.Errorf("tail 2 = %q; want the last two lines", got)
+	}
+	if got := tail(p, 10); got != "a\nb\nc\nd\n" {
+		t.Errorf("tail 10 = %q; want the whole file", got)
+	}
+	if got := tail(filepath.Join(t.TempDir(), "none"), 2); got != "" {
+		t.Errorf("tail of a missing file = %q", got)
 	}
 }

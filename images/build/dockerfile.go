@@ -54,8 +54,9 @@ func parse(r io.Reader) ([]stage, error) {
 			}
 			st.from = f[0]
 			stages = append(stages, st)
-		case "RUN", "COPY", "ENV", "WORKDIR", "USER", "ENTRYPOINT", "CMD", "EXPOSE", "LABEL":
+		case "RUN", "COPY", "ENV", "ARG", "WORKDIR", "USER", "ENTRYPOINT", "CMD", "EXPOSE", "LABEL":
 			if len(stages) == 0 {
+				// A global ARG only feeds FROM lines, which name fixed images here.
 				return fmt.Errorf("line %d: %s before FROM", in.line, in.cmd)
 			}
 			stages[len(stages)-1].steps = append(stages[len(stages)-1].steps, in)
@@ -146,4 +147,24 @@ func cacheMounts(in instr) ([]string, error) {
 		}
 	}
 	return targets, nil
+}
+
+// argDecl reads `ARG name[=default]`; hasDef is false without a default,
+// and then the name is set only when the build passes a value. What the
+// builder would expand differently from docker ($ in a default, several
+// names on one line) is an error.
+func argDecl(in instr) (name, def string, hasDef bool, err error) {
+	name, def, hasDef = strings.Cut(in.args, "=")
+	if name == "" || strings.ContainsAny(name, " \t\"'$") {
+		return "", "", false, fmt.Errorf("line %d: ARG wants one name[=default]", in.line)
+	}
+	if len(def) >= 2 && def[0] == '"' && def[len(def)-1] == '"' {
+		def = def[1 : len(def)-1]
+	} else if strings.ContainsAny(def, " \t\"") {
+		return "", "", false, fmt.Errorf("line %d: ARG %s: a default with spaces wants double quotes", in.line, name)
+	}
+	if strings.Contains(def, "$") {
+		return "", "", false, fmt.Errorf("line %d: ARG %s: $ in a default is not supported", in.line, name)
+	}
+	return name, def, hasDef, nil
 }

@@ -20,8 +20,11 @@ type builder struct {
 	work    string            // one rootfs directory per built stage
 	bases   *bases            // substitutes for the FROM images
 	caches  map[string]string // RUN cache mount target -> host directory
-	built   map[string]*result
-	log     func(format string, a ...any)
+	// buildArgs are the --build-arg values; an ARG that names one sees it.
+	buildArgs map[string]string
+	usedArgs  map[string]bool
+	built     map[string]*result
+	log       func(format string, a ...any)
 }
 
 type result struct {
@@ -78,8 +81,11 @@ func (b *builder) build(ctx context.Context, name string) (*result, error) {
 		cfg = base.cfg
 	}
 	b.log("== stage %s (FROM %s)", name, st.from)
+	// NAME=value of the stage's ARGs: the environment of its RUNs, not of
+	// the image, and not of the stages built FROM it (as docker).
+	var args []string
 	for _, in := range st.steps {
-		if err := b.step(ctx, root, &cfg, in); err != nil {
+		if err := b.step(ctx, root, &cfg, &args, in); err != nil {
 			return nil, fmt.Errorf("stage %s line %d %s: %w", name, in.line, in.cmd, err)
 		}
 	}
@@ -98,8 +104,23 @@ func (c *imageConfig) ExposePort(p string) {
 	c.ExposedPorts[p] = struct{}{}
 }
 
-func (b *builder) step(ctx context.Context, root string, cfg *imageConfig, in instr) error {
+func (b *builder) step(ctx context.Context, root string, cfg *imageConfig, args *[]string, in instr) error {
 	switch in.cmd {
+	case "ARG":
+		k, v, ok, err := argDecl(in)
+		if err != nil {
+			return err
+		}
+		if bv, given := b.buildArgs[k]; given {
+			v, ok = bv, true
+			if b.usedArgs == nil {
+				b.usedArgs = map[string]bool{}
+			}
+			b.usedArgs[k] = true
+		}
+		if ok {
+			*args = append(*args, k+"="+v)
+		}
 	case "ENV":
 		k, v, ok := strings.Cut(in.args, "=")
 		if !ok {
@@ -136,7 +157,7 @@ func (b *builder) step(ctx context.Context, root string, cfg *imageConfig, in in
 	case "COPY":
 		return b.copy(ctx, root, cfg, in)
 	case "RUN":
-		return b.run(ctx, root, cfg, in)
+		return b.run(ctx, root, cfg, *args, in)
 	}
 	return nil
 }
@@ -153,8 +174,8 @@ func setEnv(cfg *imageConfig, k, v string) {
 
 // run executes a RUN in a private mount namespace: the proc, dev,
 // resolv.conf and cache mounts vanish with the process, also when the
-// build is interrupted.
-func (b *builder) run(ctx context.Context, root string, cfg *imageConfig, in instr) error {
+// build is interrupted. args (NAME=value) are the stage's ARGs.
+func (b *builder) run(ctx context.Context, root string, cfg *imageConfig, args []string, in instr) error {
 	if cfg.User != "" && cfg.User != "root" && cfg.User != "0" {
 		return fmt.Errorf("RUN as user %q is not supported", cfg.User)
 	}
@@ -171,7 +192,7 @@ func (b *builder) run(ctx context.Context, root string, cfg *imageConfig, in ins
 		`mount --rbind /dev "$R/dev"`,
 		`touch "$R/etc/resolv.conf" && mount --bind /etc/resolv.conf "$R/etc/resolv.conf"`,
 	}
-	args := []string{}
+	var mounts []string
 	for i, t := range targets {
 		host, ok := b.caches[t]
 		if !ok {
@@ -184,22 +205,29 @@ func (b *builder) run(ctx context.Context, root string, cfg *imageConfig, in ins
 			return err
 		}
 		script = append(script, fmt.Sprintf(`mount --bind "$C%d" "$R%s"`, i, t))
-		args = append(args, fmt.Sprintf("C%d=%s", i, host))
+		mounts = append(mounts, fmt.Sprintf("C%d=%s", i, host))
 	}
 	dir := cfg.WorkingDir
 	if dir == "" {
 		dir = "/"
 	}
 	script = append(script, `exec chroot "$R" /usr/bin/env -i "$@" /bin/sh -c "cd \"$WD\" && $CMD"`)
-	env := append([]string{"R=" + root, "WD=" + dir, "CMD=" + in.args, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, args...)
-	childEnv := append([]string{"HOME=/root", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"DEBIAN_FRONTEND=noninteractive"}, cfg.Env...)
-	cmdArgs := append([]string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", strings.Join(script, "\n"), "run"}, childEnv...)
+	env := append([]string{"R=" + root, "WD=" + dir, "CMD=" + in.args, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, mounts...)
+	cmdArgs := append([]string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", strings.Join(script, "\n"), "run"}, runEnv(args, cfg)...)
 	b.log("   RUN %s", shorten(in.args))
 	cmd := exec.CommandContext(ctx, "unshare", cmdArgs...)
 	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stdout, cmd.Stderr = b.bases.cmdOut, b.bases.cmdOut
 	return cmd.Run()
+}
+
+// runEnv is the environment of a RUN's command (env -i: nothing of this
+// machine's): docker's defaults, then the stage's ARGs, then the image's
+// ENV, so that an ENV of the same name wins as in docker.
+func runEnv(args []string, cfg *imageConfig) []string {
+	env := []string{"HOME=/root", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive"}
+	env = append(env, args...)
+	return append(env, cfg.Env...)
 }
 
 // copy implements COPY [--from=stage] src... dst with docker's rules for
