@@ -6,7 +6,7 @@ import "strconv"
 // images is set.
 func parseChat(body []byte, images bool) (Prompt, error) {
 	var f wireFields
-	if err := f.scan(body, false); err != nil {
+	if err := f.scan(body, nil); err != nil {
 		return Prompt{}, err
 	}
 	p := Prompt{Chat: true, Tools: nullToNil(f.tools)}
@@ -113,6 +113,11 @@ func newConvo(size int, merge bool) convo {
 	return convo{out: out, merge: merge}
 }
 
+// reset empties c to convert afresh in the same space.
+func (c *convo) reset() {
+	*c = convo{out: c.out[:1], merge: c.merge, scratch: c.scratch[:0]}
+}
+
 // add appends m, and imgs as m's images.
 func (c *convo) add(m msg, imgs ...Image) {
 	c.flush()
@@ -126,6 +131,29 @@ func (c *convo) add(m msg, imgs ...Image) {
 		return
 	}
 	c.write(m)
+}
+
+// insertFirst puts a message with role and content alone before the
+// messages written so far: a conversion made in the body's scan meets a
+// member vLLM renders first (the instructions) only after the messages.
+// The output has room for it, so the messages move once, within it.
+func (c *convo) insertFirst(role string, content []byte) {
+	n := len(c.out) - 1 // the messages' bytes after '['
+	size := len(`{"role":"`) + len(role) + len(`","content":`) + len(content) + len(`}`)
+	if n > 0 {
+		size++ // the comma after it
+	}
+	c.out = append(c.out, make([]byte, size)...)
+	copy(c.out[1+size:], c.out[1:1+n])
+	at := 1 + copy(c.out[1:], `{"role":"`)
+	at += copy(c.out[at:], role)
+	at += copy(c.out[at:], `","content":`)
+	at += copy(c.out[at:], content)
+	copy(c.out[at:1+size], "},") // the comma only when messages follow
+	for i := range c.images {
+		c.images[i].Message++
+	}
+	c.n++
 }
 
 // prev is the held assistant message, nil when the last message is
@@ -175,10 +203,25 @@ func (c *convo) write(m msg) {
 	c.out = append(b, '}')
 }
 
-// json is the messages as a chat "messages" array.
+// json is the messages as a chat "messages" array; it cannot be
+// appended to in place (spare is past its end).
 func (c *convo) json() []byte {
 	c.flush()
-	return append(c.out, ']')
+	c.out = append(c.out, ']')
+	return c.out[:len(c.out):len(c.out)]
+}
+
+// spare is the space after the messages, which json has closed: a
+// conversion sized for the body it came from has a whole body's room.
+func (c *convo) spare() []byte { return c.out[len(c.out):] }
+
+// toolsSpace is where converted tools of n raw bytes are written: room
+// when they should fit (they are about their own size), else new space.
+func toolsSpace(room []byte, n int) []byte {
+	if cap(room) >= n+n/16+256 {
+		return room[:0]
+	}
+	return make([]byte, 0, n+n/4+256)
 }
 
 // toolCall is a chat tool_calls entry; arguments is a string literal.

@@ -12,7 +12,7 @@ import (
 // one prompt is ErrNoPrompt, as it always was.
 func parseCompletions(body []byte, batch bool) (Prompt, error) {
 	var f wireFields
-	if err := f.scan(body, true); err != nil {
+	if err := f.scan(body, f.takeIDs); err != nil {
 		return Prompt{}, err
 	}
 	p := Prompt{Tools: nullToNil(f.tools)}
@@ -37,11 +37,11 @@ func parseCompletions(body []byte, batch bool) (Prompt, error) {
 
 // takeIDs parses a completion prompt of token ids in the scan's one pass
 // (tokenids.ParsePrefix accepts only valid JSON).
-func (f *wireFields) takeIDs(key, rest []byte) int {
+func (f *wireFields) takeIDs(key []byte, v int) int {
 	if string(key) != "prompt" {
 		return 0
 	}
-	ids, n, ok := tokenids.ParsePrefix(rest)
+	ids, n, ok := tokenids.ParsePrefix(f.body[v:])
 	if !ok {
 		return 0
 	}

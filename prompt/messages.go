@@ -1,6 +1,9 @@
 package prompt
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // The Anthropic Messages conversion is vLLM's: AnthropicServingMessages.
 // _convert_anthropic_to_openai_request and its helpers in
@@ -30,9 +33,11 @@ type aMsg struct {
 	text []byte // a literal when the content is a string
 	list bool   // the content is a list of blocks, maybe empty
 	raw  []byte // the list, read into blocks when needed
-	// blocks are the list's blocks when read for keeps (to rewrite
-	// them); nil otherwise, and the conversion reads raw into scratch
-	// space, so a session's hundreds of blocks are never all held.
+	// blocks are the list's blocks: read with the messages (readAMsgs),
+	// so a session's text is walked once, or for keeps (to rewrite
+	// them). They are nil when not read, and the conversion reads raw
+	// into scratch space: a list vLLM refuses is read where the
+	// conversion meets it, so its error is the one it always was.
 	blocks []aBlock
 	at     int // the message's index, for errors
 }
@@ -43,7 +48,8 @@ func (m *aMsg) load(scratch []aBlock) ([]aBlock, error) {
 	if !m.list || m.blocks != nil {
 		return m.blocks, nil
 	}
-	blocks, _, err := readBlocks(m.raw, 0, scratch[:0], path{field: "messages", msg: m.at})
+	w := walker{s: scanner{b: m.raw}}
+	blocks, _, err := readBlocks(&w, 0, scratch[:0], path{field: "messages", msg: m.at})
 	return blocks, err
 }
 
@@ -56,14 +62,17 @@ func (m *aMsg) keep() error {
 	return err
 }
 
-// aBlock is an Anthropic content block; its fields are raw values (nil:
-// absent or null), checked against vLLM's AnthropicContentBlock.
+// aBlock is an Anthropic content block: its members are checked against
+// vLLM's AnthropicContentBlock, and those its type uses are kept, raw
+// (nil: absent or null). A session's blocks are all held (readAMsgs), so
+// the members of different types share fields.
 type aBlock struct {
-	typ                 string
-	text, thinking      []byte // literals
-	id, toolUseID, name []byte // literals
-	source, input       []byte // objects
-	content             trContent
+	typ     string
+	text    []byte    // a text block's text, a thinking block's thinking
+	id      []byte    // a tool_use's id, a tool_result's tool_use_id
+	name    []byte    // a tool_use's name
+	obj     []byte    // an image's source, a tool_use's input (objects)
+	content trContent // a tool_result's
 }
 
 // trContent is a tool_result block's content: absent or null, a string,
@@ -86,7 +95,7 @@ type trItem struct {
 
 func parseMessages(body []byte) (Prompt, error) {
 	var f wireFields
-	if err := f.scan(body, false); err != nil {
+	if err := f.scan(body, f.takeMessages); err != nil {
 		return Prompt{}, err
 	}
 	p := Prompt{Chat: true}
@@ -128,9 +137,12 @@ func parseMessages(body []byte) (Prompt, error) {
 	}
 	p.ChatTemplateKwargs = withEffort(p.ChatTemplateKwargs, effort)
 
-	msgs, err := readAMsgs(f.messages)
-	if err != nil {
-		return Prompt{}, err
+	t := f.msgs.v // what the scan made of the messages
+	if !f.msgs.ok {
+		w := walker{s: scanner{b: f.messages}}
+		if t.msgs, _, err = readAMsgs(&w, 0); err != nil {
+			return Prompt{}, err
+		}
 	}
 	var system []byte // the top-level system text, billing header stripped
 	switch kind(f.system) {
@@ -138,96 +150,234 @@ func parseMessages(body []byte) (Prompt, error) {
 	case '"':
 		system = f.system
 	case '[':
-		blocks, _, err := readBlocks(f.system, 0, nil, path{field: "system", msg: -1})
-		if err != nil {
-			return Prompt{}, err
+		blocks := f.sysBlocks.v
+		if !f.sysBlocks.ok {
+			w := walker{s: scanner{b: f.system}}
+			if blocks, _, err = readBlocks(&w, 0, nil, path{field: "system", msg: -1}); err != nil {
+				return Prompt{}, err
+			}
 		}
 		system = blocksText(blocks)
 	default:
 		return Prompt{}, badf("system: want a string or a list of content blocks")
 	}
-	if p.Tools, err = anthropicTools(f.tools); err != nil {
-		return Prompt{}, err
-	}
-
-	c := newConvo(len(f.messages)+len(f.system), false)
-	unknown := false
-	for _, m := range msgs {
-		unknown = unknown || m.role == ""
-	}
-	leading, rest, err := placeInlineSystem(system, msgs)
-	if err != nil {
-		return Prompt{}, err
-	}
-	if sys := joinLit(`\n\n`, true, system, leading); truthy(sys) {
-		c.add(msg{role: "system", content: sys})
-	}
-	for _, m := range rest {
-		if err := c.anthropicMsg(m); err != nil {
+	if !t.streamed {
+		if p.Tools, err = anthropicTools(f.tools, nil); err != nil {
 			return Prompt{}, err
 		}
 	}
+
+	c, unknown := t.c, t.unknown
+	if t.streamed { // there is no inline system message to place
+		if sys := joinLit(`\n\n`, true, system); truthy(sys) {
+			c.insertFirst("system", sys)
+		}
+	} else {
+		if c == nil {
+			conv := newConvo(len(f.messages)+len(f.system), false)
+			c = &conv
+		}
+		for _, m := range t.msgs {
+			unknown = unknown || m.role == ""
+		}
+		leading, rest, err := placeInlineSystem(system, t.msgs)
+		if err != nil {
+			return Prompt{}, err
+		}
+		if sys := joinLit(`\n\n`, true, system, leading); truthy(sys) {
+			c.add(msg{role: "system", content: sys})
+		}
+		for _, m := range rest {
+			if err := c.anthropicMsg(m); err != nil {
+				return Prompt{}, err
+			}
+		}
+	}
 	p.Messages, p.Images = c.json(), c.images
+	// Converted in the scan, the messages have nothing after them to
+	// refuse, and the tools go in the space left after them.
+	if t.streamed {
+		if p.Tools, err = anthropicTools(f.tools, c.spare()); err != nil {
+			return Prompt{}, err
+		}
+	}
 	if c.unsure || unknown {
 		return p, ErrNoPrompt
 	}
 	return p, nil
 }
 
-// readAMsgs reads the messages list. A role vLLM does not know is kept
-// with role "" (the conversion skips it, and ParseAPI says ErrNoPrompt).
-func readAMsgs(raw []byte) ([]aMsg, error) {
-	msgs := make([]aMsg, 0, 16)
-	_, err := walkArray(raw, 0, func(v int) (int, error) {
-		at := len(msgs)
-		if raw[v] != '{' {
-			return v, badf("messages[%d]: want an object", at)
+// takenMsgs is what the body's scan made of the messages: the
+// conversion itself, or the messages read for it.
+type takenMsgs struct {
+	// c is the conversion of the messages so far (nil: none). When
+	// streamed it holds all of them, made as the scan met them, less the
+	// system prompt; otherwise it is empty, made to be used.
+	c        *convo
+	streamed bool
+	unknown  bool // a message's role is one vLLM does not know
+	msgs     []aMsg
+}
+
+// errInline stops a conversion of messages in the scan at an inline
+// system message: where it goes depends on what follows it.
+var errInline = errors.New("inline system message")
+
+// takeMessages converts the messages in the body's scan
+// (scanObjectTaking's take), validating them as it goes, and reads the
+// system blocks. The system prompt, which vLLM puts first, may come later
+// in the body: the output has room for it. A body with an inline system
+// message has its messages read instead, and converted after the scan. A
+// list it cannot read whole, because it is not JSON or vLLM refuses it,
+// is left to the scan and read after it, so errors are what they would be
+// without it.
+func (f *wireFields) takeMessages(key []byte, v int) int {
+	if v >= len(f.body) || f.body[v] != '[' {
+		return 0
+	}
+	w := walker{s: scanner{b: f.body}, check: true, depth: 1}
+	switch string(key) {
+	case "messages":
+		c := newConvo(len(f.body)-v+len(f.system), false)
+		t := takenMsgs{c: &c, streamed: true}
+		end, err := c.anthropicMsgs(&w, v, &t.unknown)
+		if err == errInline {
+			c.reset()
+			t.streamed, t.unknown = false, false
+			t.msgs, end, err = readAMsgs(&w, v)
 		}
-		var role []byte
-		m := aMsg{at: at}
-		content := byte(0) // the content's kind
-		end, err := walkObject(raw, v, func(k []byte, x int) (int, error) {
-			switch string(key(k)) {
-			case "role":
-				end := skipValue(raw, x)
-				role = raw[x:end]
-				return end, nil
-			case "content":
-				content = raw[x]
-				switch content {
-				case '"':
-					end := skipString(raw, x)
-					m.text, m.blocks, m.list = raw[x:end], nil, false
-					return end, nil
-				case '[':
-					end := skipValue(raw, x)
-					m.text, m.list, m.raw = nil, true, raw[x:end]
-					return end, nil
-				}
-			}
-			return skipValue(raw, x), nil
-		})
+		if err != nil {
+			return 0
+		}
+		f.pending.msgs = reading[takenMsgs]{t, true}
+		return end - v
+	case "system":
+		blocks, end, err := readBlocks(&w, v, nil, path{field: "system", msg: -1})
+		if err != nil {
+			return 0
+		}
+		f.pending.sysBlocks = reading[[]aBlock]{blocks, true}
+		return end - v
+	}
+	return 0
+}
+
+// anthropicMsgs converts the messages list at w's i as it walks it,
+// each message's blocks read into scratch space, until a message is an
+// inline system message (errInline). It sets unknown when a role is one
+// vLLM does not know.
+func (c *convo) anthropicMsgs(w *walker, i int, unknown *bool) (int, error) {
+	at := 0
+	return w.array(i, func(v int) (int, error) {
+		m, end, err := readAMsg(w, v, at, c.scratch[:0])
 		if err != nil {
 			return end, err
 		}
-		if !isStr(role) {
-			return end, badf("messages[%d].role: a string is required", at)
+		at++
+		if m.blocks != nil {
+			c.scratch = m.blocks
 		}
-		switch {
-		case strIs(role, "user"), strIs(role, "ctx"), strIs(role, "msg"):
-			m.role = "user" // Claude Code >= 2.1.154 sends ctx and msg; vLLM maps them to user
-		case strIs(role, "assistant"):
-			m.role = "assistant"
-		case strIs(role, "system"):
-			m.role = "system"
+		switch m.role {
+		case "system":
+			return end, errInline
+		case "":
+			*unknown = true
 		}
-		if content != '"' && content != '[' {
-			return end, badf("messages[%d].content: a string or a list of content blocks is required", at)
+		return end, c.anthropicMsg(m)
+	})
+}
+
+// readAMsgs reads the messages list at w's i, and each message's blocks
+// that vLLM takes (all of them into one array). A role vLLM does not know
+// is kept with role "" (the conversion skips it, and ParseAPI says
+// ErrNoPrompt).
+func readAMsgs(w *walker, i int) ([]aMsg, int, error) {
+	msgs := make([]aMsg, 0, 16)
+	// chunk holds the blocks read so far in its length and has room for
+	// more: each message's are read into its free end (a message's blocks
+	// are contiguous), and one that outgrows it starts the next chunk, so
+	// a block is copied at most once, into a chunk of its message's
+	// size, and memory is what the blocks take.
+	var chunk []aBlock
+	end, err := w.array(i, func(v int) (int, error) {
+		if cap(chunk)-len(chunk) < 8 {
+			chunk = make([]aBlock, 0, min(2*cap(chunk)+16, 128))
+		}
+		free := chunk[len(chunk):len(chunk)]
+		m, end, err := readAMsg(w, v, len(msgs), free)
+		if err != nil {
+			return end, err
+		}
+		if n := len(m.blocks); n > 0 {
+			if cap(m.blocks) == cap(free) {
+				chunk = chunk[:len(chunk)+n]
+			} else {
+				chunk = m.blocks
+			}
+			m.blocks = m.blocks[:n:n]
 		}
 		msgs = append(msgs, m)
 		return end, nil
 	})
-	return msgs, err
+	return msgs, end, err
+}
+
+// readAMsg reads the message at w's v, the at-th, its blocks appended to
+// free (nil when there are none or vLLM refuses them: the conversion
+// reads the list again, where it meets it, for its error).
+func readAMsg(w *walker, v, at int, free []aBlock) (aMsg, int, error) {
+	raw := w.s.b
+	if raw[v] != '{' {
+		return aMsg{}, v, badf("messages[%d]: want an object", at)
+	}
+	var role []byte
+	m := aMsg{at: at}
+	content := byte(0) // the content's kind
+	end, err := w.object(v, func(k []byte, x int) (int, error) {
+		switch string(key(k)) {
+		case "role":
+			end, err := w.skip(x)
+			if err == nil {
+				role = raw[x:end]
+			}
+			return end, err
+		case "content":
+			content = raw[x]
+			switch content {
+			case '"':
+				end, err := w.str(x)
+				m.text, m.blocks, m.list, m.raw = raw[x:end], nil, false, nil
+				return end, err
+			case '[':
+				blocks, end, err := readBlocks(w, x, free, path{field: "messages", msg: at})
+				if err != nil || len(blocks) == 0 { // walk it as a value
+					blocks = nil
+					end, err = w.skip(x)
+				}
+				m.text, m.list, m.raw, m.blocks = nil, true, raw[x:end], blocks
+				return end, err
+			}
+		}
+		return w.skip(x)
+	})
+	if err != nil {
+		return aMsg{}, end, err
+	}
+	if !isStr(role) {
+		return aMsg{}, end, badf("messages[%d].role: a string is required", at)
+	}
+	switch {
+	case strIs(role, "user"), strIs(role, "ctx"), strIs(role, "msg"):
+		m.role = "user" // Claude Code >= 2.1.154 sends ctx and msg; vLLM maps them to user
+	case strIs(role, "assistant"):
+		m.role = "assistant"
+	case strIs(role, "system"):
+		m.role = "system"
+	}
+	if content != '"' && content != '[' {
+		return aMsg{}, end, badf("messages[%d].content: a string or a list of content blocks is required", at)
+	}
+	return m, end, nil
 }
 
 // path names a block for an error message, built only when one is.
@@ -243,69 +393,72 @@ func (p path) String() string {
 	return fmt.Sprintf("%s[%d].content[%d]", p.field, p.msg, p.block)
 }
 
-// readBlocks appends the list of content blocks at b[i] to blocks and
+// readBlocks appends the list of content blocks at w's i to blocks and
 // returns them and the list's end.
-func readBlocks(b []byte, i int, blocks []aBlock, at path) ([]aBlock, int, error) {
-	end, err := walkArray(b, i, func(v int) (int, error) {
+func readBlocks(w *walker, i int, blocks []aBlock, at path) ([]aBlock, int, error) {
+	end, err := w.array(i, func(v int) (int, error) {
 		at.block = len(blocks)
 		blocks = append(blocks, aBlock{})
-		return readBlock(b, v, &blocks[len(blocks)-1], at)
+		return readBlock(w, v, &blocks[len(blocks)-1], at)
 	})
 	return blocks, end, err
 }
 
-// readBlock reads the content block at b[i] and returns its end, checking
+// readBlock reads the content block at w's i and returns its end, checking
 // its members' types as pydantic checks AnthropicContentBlock's. A block
 // of a type vLLM does not know gets typ "?".
-func readBlock(b []byte, i int, blk *aBlock, where path) (int, error) {
+func readBlock(w *walker, i int, blk *aBlock, where path) (int, error) {
+	b := w.s.b
 	if b[i] != '{' {
 		return i, badf("%s: want a content block object", where)
 	}
-	var typ []byte
+	var typ, text, thinking, id, toolUseID, name, source, input []byte
 	content := byte(0)
-	end, err := walkObject(b, i, func(k []byte, x int) (int, error) {
+	end, err := w.object(i, func(k []byte, x int) (int, error) {
 		if string(key(k)) == "content" {
 			blk.content = trContent{}
 			switch content = b[x]; content {
 			case '"':
-				end := skipString(b, x)
+				end, err := w.str(x)
 				blk.content.str = b[x:end]
-				return end, nil
+				return end, err
 			case '[':
 				blk.content.list = true
-				return walkArray(b, x, func(v int) (int, error) {
+				return w.array(x, func(v int) (int, error) {
 					if b[v] != '{' {
 						return v, badf("%s.content: want a string or a list of objects", where)
 					}
-					it, end := readTRItem(b, v)
+					it, end, err := readTRItem(w, v)
 					blk.content.items = append(blk.content.items, it)
-					return end, nil
+					return end, err
 				})
 			}
-			return skipValue(b, x), nil
+			return w.skip(x)
 		}
-		end := skipValue(b, x)
+		end, err := w.skip(x)
+		if err != nil {
+			return end, err
+		}
 		val := b[x:end]
-		var err error
 		switch string(key(k)) {
 		case "type":
 			typ = val
 		case "text":
-			blk.text, err = blockStr(val, "text", where)
+			text, err = blockStr(val, "text", where)
 		case "thinking":
-			blk.thinking, err = blockStr(val, "thinking", where)
+			thinking, err = blockStr(val, "thinking", where)
 		case "id":
-			blk.id, err = blockStr(val, "id", where)
+			id, err = blockStr(val, "id", where)
 		case "tool_use_id":
-			blk.toolUseID, err = blockStr(val, "tool_use_id", where)
+			toolUseID, err = blockStr(val, "tool_use_id", where)
 		case "name":
-			blk.name, err = blockStr(val, "name", where)
+			name, err = blockStr(val, "name", where)
 		case "tool_name", "signature", "data":
 			_, err = blockStr(val, "tool_name, signature and data", where)
 		case "source":
-			blk.source, err = blockObject(val, "source", where)
+			source, err = blockObject(val, "source", where)
 		case "input":
-			blk.input, err = blockObject(val, "input", where)
+			input, err = blockObject(val, "input", where)
 		}
 		return end, err
 	})
@@ -321,6 +474,18 @@ func readBlock(b []byte, i int, blk *aBlock, where path) (int, error) {
 			blk.typ = t
 			break
 		}
+	}
+	switch blk.typ {
+	case "text":
+		blk.text = text
+	case "thinking":
+		blk.text = thinking
+	case "image":
+		blk.obj = source
+	case "tool_use":
+		blk.id, blk.name, blk.obj = id, name, input
+	case "tool_result":
+		blk.id = toolUseID
 	}
 	switch content {
 	case 0, 'n', '"', '[':
@@ -354,10 +519,14 @@ func blockObject(v []byte, field string, at path) ([]byte, error) {
 	return nil, badf("%s.%s: want an object", at, field)
 }
 
-func readTRItem(b []byte, i int) (trItem, int) {
+func readTRItem(w *walker, i int) (trItem, int, error) {
+	b := w.s.b
 	var it trItem
-	end, _ := walkObject(b, i, func(k []byte, x int) (int, error) {
-		end := skipValue(b, x)
+	end, err := w.object(i, func(k []byte, x int) (int, error) {
+		end, err := w.skip(x)
+		if err != nil {
+			return end, err
+		}
 		val := b[x:end]
 		switch string(key(k)) {
 		case "type":
@@ -378,7 +547,7 @@ func readTRItem(b []byte, i int) (trItem, int) {
 		}
 		return end, nil
 	})
-	return it, end
+	return it, end, err
 }
 
 // blocksText is the text of system blocks: their text blocks joined,
@@ -631,12 +800,12 @@ func (c *convo) anthropicMsg(m aMsg) error {
 				nparts, single = nparts+1, b.text
 			}
 		case "image":
-			if nonEmptyObject(b.source) {
+			if nonEmptyObject(b.obj) {
 				nparts, nimgs, single = nparts+1, nimgs+1, nil
 			}
 		case "thinking":
-			if b.thinking != nil {
-				thinking = append(thinking, b.thinking)
+			if b.text != nil {
+				thinking = append(thinking, b.text)
 			}
 		case "tool_use":
 			ncalls++
@@ -684,9 +853,9 @@ func (c *convo) anthropicMsg(m aMsg) error {
 					b = textPart(b, blk.text)
 				}
 			case "image":
-				if nonEmptyObject(blk.source) {
+				if nonEmptyObject(blk.obj) {
 					sep()
-					b = imagePart(b, c.imageURL(blk.source), nil)
+					b = imagePart(b, c.imageURL(blk.obj), nil)
 				}
 			case "tool_result": // a user's became tool messages
 				if m.role != "user" {
@@ -749,8 +918,8 @@ func (c *convo) toolUse(out []byte, b aBlock) []byte {
 	out = append(append(out, `{"id":`...), id...)
 	out = append(append(out, `,"type":"function","function":{"name":`...), fn...)
 	out = append(out, `,"arguments":`...)
-	if nonEmptyObject(b.input) {
-		out = appendRawString(out, b.input)
+	if nonEmptyObject(b.obj) {
+		out = appendRawString(out, b.obj)
 	} else {
 		out = append(out, `"{}"`...)
 	}
@@ -802,7 +971,7 @@ func (c *convo) userToolResult(b aBlock) {
 		}
 		text = joinLit(`\n`, false, texts...)
 	}
-	id := b.toolUseID
+	id := b.id
 	if id == nil {
 		id = []byte(`""`)
 	}
@@ -874,8 +1043,9 @@ func (c *convo) imageURL(source []byte) []byte {
 // {"type":"function","function":{"name","description","parameters"}},
 // the input schema spliced as sent. vLLM's AnthropicTool validator adds
 // "type":"object" to a schema without a type (at the end, where a Python
-// dict puts a new key), and defer_loading goes along when set.
-func anthropicTools(raw []byte) ([]byte, error) {
+// dict puts a new key), and defer_loading goes along when set. The result
+// is written in room when it fits (see toolsSpace).
+func anthropicTools(raw, room []byte) ([]byte, error) {
 	switch kind(raw) {
 	case 0, 'n':
 		return nil, nil
@@ -883,37 +1053,48 @@ func anthropicTools(raw []byte) ([]byte, error) {
 	default:
 		return nil, badf("tools: want a list of tools")
 	}
-	b := make([]byte, 0, len(raw)+len(raw)/4+256)
+	b := toolsSpace(room, len(raw))
 	b = append(b, '[')
 	n := 0
-	err := elems(raw, func(v []byte) error {
+	_, err := walkArray(raw, 0, func(v int) (int, error) {
 		at := n
 		n++
-		if kind(v) != '{' {
-			return badf("tools[%d]: want an object", at)
+		if raw[v] != '{' {
+			return v, badf("tools[%d]: want an object", at)
 		}
 		var nm, desc, schema, deferLoading []byte
-		members(v, func(k, val []byte) error {
+		typed := false // schema has a type
+		end, _ := walkObject(raw, v, func(k []byte, x int) (int, error) {
+			if string(key(k)) == "input_schema" && raw[x] == '{' {
+				typed = false
+				end, _ := walkObject(raw, x, func(k []byte, y int) (int, error) {
+					typed = typed || string(key(k)) == "type"
+					return skipValue(raw, y), nil
+				})
+				schema = raw[x:end]
+				return end, nil
+			}
+			end := skipValue(raw, x)
 			switch string(key(k)) {
 			case "name":
-				nm = val
+				nm = raw[x:end]
 			case "description":
-				desc = val
+				desc = raw[x:end]
 			case "input_schema":
-				schema = val
+				schema = raw[x:end]
 			case "defer_loading":
-				deferLoading = val
+				deferLoading = raw[x:end]
 			}
-			return nil
+			return end, nil
 		})
 		if !isStr(nm) {
-			return badf("tools[%d].name: a string is required", at)
+			return end, badf("tools[%d].name: a string is required", at)
 		}
 		if k := kind(desc); k != 0 && k != 'n' && k != '"' {
-			return badf("tools[%d].description: want a string", at)
+			return end, badf("tools[%d].description: want a string", at)
 		}
 		if kind(schema) != '{' {
-			return badf("tools[%d].input_schema: an object is required", at)
+			return end, badf("tools[%d].input_schema: an object is required", at)
 		}
 		if at > 0 {
 			b = append(b, ',')
@@ -923,12 +1104,12 @@ func anthropicTools(raw []byte) ([]byte, error) {
 			b = append(append(b, `,"description":`...), desc...)
 		}
 		b = append(b, `,"parameters":`...)
-		b = appendSchema(b, schema)
+		b = appendSchema(b, schema, typed)
 		if k := kind(deferLoading); k == 't' || k == 'f' {
 			b = append(append(b, `,"defer_loading":`...), deferLoading...)
 		}
 		b = append(b, "}}"...)
-		return nil
+		return end, nil
 	})
 	if err != nil {
 		return nil, err
@@ -938,12 +1119,7 @@ func anthropicTools(raw []byte) ([]byte, error) {
 
 // appendSchema appends an input schema, with "type":"object" added last
 // when it has no type.
-func appendSchema(b, schema []byte) []byte {
-	typed := false
-	members(schema, func(k, _ []byte) error {
-		typed = typed || string(key(k)) == "type"
-		return nil
-	})
+func appendSchema(b, schema []byte, typed bool) []byte {
 	if typed {
 		return append(b, schema...)
 	}

@@ -196,14 +196,34 @@ type wireFields struct {
 	// promptIDs are prompt's ids when takeIDs parsed them in the scan;
 	// taken holds them from takeIDs until set sees the member.
 	promptIDs, taken []uint32
+	// msgs, sysBlocks and items are what a conversion's walk made of
+	// messages, system (blocks) and input in the scan (takeMessages,
+	// takeInput); pending holds a reading until set sees the member, so
+	// the last of duplicates wins and one whose name is escaped (not
+	// offered to take) drops an earlier one's.
+	msgs      reading[takenMsgs]
+	sysBlocks reading[[]aBlock]
+	items     reading[converted]
+	pending   struct {
+		msgs      reading[takenMsgs]
+		sysBlocks reading[[]aBlock]
+		items     reading[converted]
+	}
+	body []byte
 }
 
-// scan validates body and fills f from its top-level members.
-func (f *wireFields) scan(body []byte, ids bool) error {
-	var take func(key, rest []byte) int
-	if ids {
-		take = f.takeIDs
-	}
+// reading is a value a conversion read in the scan; ok is false when it
+// did not (the conversion then walks the member after the scan).
+type reading[T any] struct {
+	v  T
+	ok bool
+}
+
+// scan validates body and fills f from its top-level members, offering
+// each member's value to take first when it is not nil
+// (scanObjectTaking).
+func (f *wireFields) scan(body []byte, take func(key []byte, v int) int) error {
+	f.body = body
 	if err := scanObjectTaking(body, f.set, take); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
@@ -225,6 +245,7 @@ func (f *wireFields) set(key, val []byte) error {
 		f.stream = val
 	case "messages":
 		f.messages = val
+		f.msgs, f.pending.msgs = f.pending.msgs, reading[takenMsgs]{}
 	case "prompt":
 		f.prompt, f.promptIDs, f.taken = val, f.taken, nil
 	case "tools":
@@ -249,8 +270,10 @@ func (f *wireFields) set(key, val []byte) error {
 		f.maxOutputTokens = val
 	case "system":
 		f.system = val
+		f.sysBlocks, f.pending.sysBlocks = f.pending.sysBlocks, reading[[]aBlock]{}
 	case "input":
 		f.input = val
+		f.items, f.pending.items = f.pending.items, reading[converted]{}
 	case "instructions":
 		f.instructions = val
 	case "previous_response_id":

@@ -16,7 +16,7 @@ package prompt
 
 func parseResponses(body []byte) (Prompt, error) {
 	var f wireFields
-	if err := f.scan(body, false); err != nil {
+	if err := f.scan(body, f.takeInput); err != nil {
 		return Prompt{}, err
 	}
 	p := Prompt{Chat: true}
@@ -59,25 +59,47 @@ func parseResponses(body []byte) (Prompt, error) {
 		return Prompt{}, err
 	}
 	p.ChatTemplateKwargs = withEffort(nil, effort)
-	if p.Tools, err = responsesTools(f.tools); err != nil {
-		return Prompt{}, err
+	if !f.items.ok {
+		if p.Tools, err = responsesTools(f.tools, nil); err != nil {
+			return Prompt{}, err
+		}
 	}
 
-	c := newConvo(len(f.input)+len(f.instructions), true)
-	if truthy(instructions) {
-		c.add(msg{role: "system", content: instructions})
-	}
+	var c *convo
 	cont := false
-	if kind(f.input) == '"' {
-		c.add(msg{role: "user", content: f.input})
-	} else if cont, err = c.responsesItems(f.input); err != nil {
-		return Prompt{}, err
+	switch {
+	case f.items.ok: // converted in the scan, before the instructions maybe
+		c, cont = f.items.v.c, f.items.v.cont
+		if truthy(instructions) {
+			c.insertFirst("system", instructions)
+		}
+	default:
+		conv := newConvo(len(f.input)+len(f.instructions), true)
+		c = &conv
+		if truthy(instructions) {
+			c.add(msg{role: "system", content: instructions})
+		}
+		if kind(f.input) == '"' {
+			c.add(msg{role: "user", content: f.input})
+			break
+		}
+		w := walker{s: scanner{b: f.input}}
+		if cont, _, err = c.responsesItems(&w, 0); err != nil {
+			return Prompt{}, err
+		}
 	}
 	// ResponsesRequest.build_chat_params: a partial assistant message
 	// last is continued, not answered.
 	gen := !cont
 	p.AddGenerationPrompt, p.ContinueFinalMessage = &gen, &cont
 	p.Messages, p.Images = c.json(), c.images
+	// Converted in the scan, the items have nothing after them to
+	// refuse, and the tools go in the space left after them.
+	if f.items.ok {
+		if p.Tools, err = responsesTools(f.tools, c.spare()); err != nil {
+			return Prompt{}, err
+		}
+	}
 	// A stored conversation is the owning pod's alone to render; a
 	// previous_response or previous_input_messages is harmony's.
 	if c.unsure || p.PreviousResponseID != "" || kind(f.previousResponse) == '{' ||
@@ -93,22 +115,50 @@ type rItem struct {
 	content, callID, name, arguments, output, summary, nsp []byte
 }
 
-// responsesItems converts the input items (utils.py
-// construct_chat_messages_with_tool_call): function calls, reasoning and
-// assistant text merge into the assistant message before them where it
-// has no such part yet. It reports whether the last item is a partial
-// message to continue (utils.py should_continue_final_message).
-func (c *convo) responsesItems(raw []byte) (cont bool, err error) {
+// converted is input converted in the body's scan.
+type converted struct {
+	c    *convo
+	cont bool
+}
+
+// takeInput converts the input items in the body's scan, validating them
+// as it goes (see takeMessages). The instructions, which vLLM puts first,
+// may come later in the body: the output has room for them.
+func (f *wireFields) takeInput(key []byte, v int) int {
+	if string(key) != "input" || v >= len(f.body) || f.body[v] != '[' {
+		return 0
+	}
+	c := newConvo(len(f.body)-v+len(f.instructions), true)
+	w := walker{s: scanner{b: f.body}, check: true, depth: 1}
+	cont, end, err := c.responsesItems(&w, v)
+	if err != nil {
+		return 0
+	}
+	f.pending.items = reading[converted]{converted{&c, cont}, true}
+	return end - v
+}
+
+// responsesItems converts the input items at w's i (utils.py
+// construct_chat_messages_with_tool_call) as it walks them: function
+// calls, reasoning and assistant text merge into the assistant message
+// before them where it has no such part yet. It reports whether the last
+// item is a partial message to continue (utils.py
+// should_continue_final_message), and the list's end.
+func (c *convo) responsesItems(w *walker, i int) (cont bool, end int, err error) {
+	raw := w.s.b
 	n := 0
-	_, err = walkArray(raw, 0, func(v int) (int, error) {
+	end, err = w.array(i, func(v int) (int, error) {
 		at := n
 		n++
 		if raw[v] != '{' {
 			return v, badf("input[%d]: want an object", at)
 		}
 		var it rItem
-		end, _ := walkObject(raw, v, func(k []byte, x int) (int, error) {
-			end := skipValue(raw, x)
+		end, err := w.object(v, func(k []byte, x int) (int, error) {
+			end, err := w.skip(x)
+			if err != nil {
+				return end, err
+			}
 			val := raw[x:end]
 			switch string(key(k)) {
 			case "type":
@@ -134,11 +184,14 @@ func (c *convo) responsesItems(raw []byte) (cont bool, err error) {
 			}
 			return end, nil
 		})
+		if err != nil {
+			return end, err
+		}
 		cont = (it.typ == nil || strIs(it.typ, "message") || strIs(it.typ, "reasoning")) &&
 			(strIs(it.status, "in_progress") || strIs(it.status, "incomplete"))
 		return end, c.responsesItem(it, at)
 	})
-	return cont, err
+	return cont, end, err
 }
 
 func (c *convo) responsesItem(it rItem, at int) error {
@@ -334,8 +387,9 @@ func (c *convo) parts(raw []byte) ([]byte, []Image) {
 // (utils.py construct_tool_dicts): a flat {"type":"function","name",...}
 // becomes {"type":"function","function":{...}} with every other member
 // spliced in order, as FunctionDefinition.model_validate gets them. Tools
-// of other types are not rendered.
-func responsesTools(raw []byte) ([]byte, error) {
+// of other types are not rendered. The result is written in room when it
+// fits (see toolsSpace).
+func responsesTools(raw, room []byte) ([]byte, error) {
 	switch kind(raw) {
 	case 0, 'n':
 		return nil, nil
@@ -346,50 +400,50 @@ func responsesTools(raw []byte) ([]byte, error) {
 	if !nonEmptyArray(raw) {
 		return nil, nil
 	}
-	b := make([]byte, 0, len(raw)+len(raw)/4+256)
+	b := toolsSpace(room, len(raw))
 	b = append(b, '[')
 	n, at := 0, 0
-	err := elems(raw, func(v []byte) error {
+	_, err := walkArray(raw, 0, func(v int) (int, error) {
 		defer func() { at++ }()
-		if kind(v) != '{' {
-			return badf("tools[%d]: want an object", at)
+		if raw[v] != '{' {
+			return v, badf("tools[%d]: want an object", at)
 		}
-		var typ string
-		var nm []byte
-		members(v, func(k, val []byte) error {
-			switch string(key(k)) {
-			case "type":
-				typ, _ = jsonString(val, "", nil)
-			case "name":
-				nm = val
-			}
-			return nil
-		})
-		if typ != "function" {
-			return nil
-		}
-		if !isStr(nm) {
-			return badf("tools[%d].name: a string is required", at)
-		}
+		// The tool is written as it is walked, and taken back when it is
+		// not a function's.
+		start := len(b)
 		if n > 0 {
 			b = append(b, ',')
 		}
-		n++
 		b = append(b, `{"type":"function","function":{`...)
+		var typ, nm []byte
 		first := true
-		members(v, func(k, val []byte) error {
-			if string(key(k)) == "type" {
-				return nil
+		end, _ := walkObject(raw, v, func(k []byte, x int) (int, error) {
+			end := skipValue(raw, x)
+			val := raw[x:end]
+			switch string(key(k)) {
+			case "type":
+				typ = val
+				return end, nil
+			case "name":
+				nm = val
 			}
 			if !first {
 				b = append(b, ',')
 			}
 			first = false
 			b = append(append(append(append(b, '"'), k...), `":`...), val...)
-			return nil
+			return end, nil
 		})
+		if !strIs(typ, "function") {
+			b = b[:start]
+			return end, nil
+		}
+		if !isStr(nm) {
+			return end, badf("tools[%d].name: a string is required", at)
+		}
+		n++
 		b = append(b, "}}"...)
-		return nil
+		return end, nil
 	})
 	if err != nil {
 		return nil, err

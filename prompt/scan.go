@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 )
 
 // scanObject validates b as one JSON document (RFC 8259, as encoding/json
@@ -19,11 +20,12 @@ func scanObject(b []byte, member func(key, val []byte) error) error {
 }
 
 // scanObjectTaking is scanObject that first offers each top-level member's
-// value to take (when not nil), with the bytes from the value on: take
-// returns the value's length if it has read it whole and it is valid JSON,
-// 0 to leave it to the scan. A 32k-token prompt's ids are then walked
-// once, not once to validate and again to parse.
-func scanObjectTaking(b []byte, member func(key, val []byte) error, take func(key, rest []byte) int) error {
+// value to take (when not nil), with its name (raw) and its offset in b:
+// take returns the value's length if it has read it whole and it is valid
+// JSON, 0 to leave it to the scan. A 32k-token prompt's ids are then
+// walked once, not once to validate and again to parse, and so are a
+// conversation's messages (walker).
+func scanObjectTaking(b []byte, member func(key, val []byte) error, take func(key []byte, v int) int) error {
 	s := scanner{b: b, take: take}
 	i := s.space(0)
 	if i >= len(b) || b[i] != '{' {
@@ -46,7 +48,7 @@ var errSyntax = errors.New("invalid JSON")
 
 type scanner struct {
 	b    []byte
-	take func(key, rest []byte) int // top-level values only; may be nil
+	take func(key []byte, v int) int // top-level values only; may be nil
 }
 
 func (s scanner) fail(i int, what string) error {
@@ -124,7 +126,7 @@ func (s scanner) object(i, depth int, member func(key, val []byte) error) (int, 
 		v := s.space(j + 1)
 		vend := v
 		if member != nil && s.take != nil {
-			vend += s.take(s.b[i+1:kend-1], s.b[v:])
+			vend += s.take(s.b[i+1:kend-1], v)
 		}
 		if vend == v {
 			if vend, err = s.value(v, depth); err != nil {
@@ -181,11 +183,22 @@ func (s scanner) str(i int) (int, error) {
 		// Skip plain bytes 32 and then eight at a time: a 160 KB
 		// conversation is almost all string bytes, and this is most of a
 		// chat's parse. Four words a step let the CPU test them at once.
+		// The word that holds the next special byte says where it is, so
+		// a string's last bytes are not tested again one by one: that
+		// was half a Messages body's scan, which is a thousand short
+		// strings (names, types, ids) between its long ones.
 		for i+32 <= len(s.b) && plain32(s.b[i:i+32]) {
 			i += 32
 		}
-		for i+8 <= len(s.b) && plain8(binary.LittleEndian.Uint64(s.b[i:])) {
+		for i+8 <= len(s.b) {
+			if m := special(binary.LittleEndian.Uint64(s.b[i:])) & hi8; m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
+		}
+		for i < len(s.b) && s.b[i] >= 0x20 && s.b[i] != '"' && s.b[i] != '\\' {
+			i++
 		}
 		if i >= len(s.b) {
 			break
@@ -230,7 +243,9 @@ const lo8, hi8 = 0x0101010101010101, 0x8080808080808080
 
 // special has the top bit set in each byte of w that is '"', '\\' or below
 // 0x20, and maybe in bytes above one that is (the classic has-zero-byte and
-// has-less-than word tricks); it is zero only when no byte is.
+// has-less-than word tricks); it is zero only when no byte is, and its
+// lowest set bit is always in the first byte that is (a false flag needs
+// a borrow from a flagged byte below it).
 func special(w uint64) uint64 {
 	q, bs := w^(lo8*'"'), w^(lo8*'\\')
 	return (q-lo8)&^q | (bs-lo8)&^bs | (w-lo8*0x20)&^w
@@ -374,6 +389,132 @@ func appendRawString(b, v []byte) []byte {
 		v = v[i+1:]
 	}
 	return append(b, '"')
+}
+
+// walker walks a value for a conversion: its arrays' elements and its
+// objects' members, in order, as walkArray and walkObject do. With check
+// set it is also the value's one validating pass: the body's scan hands
+// the value to it (scanObjectTaking's take), and it holds it to the
+// scanner's grammar and nesting limit, so a conversation's messages are
+// read as they are validated instead of walked again after. Without
+// check the value was validated already, and it skips.
+type walker struct {
+	s     scanner
+	check bool
+	// depth is the nesting of the container being walked, as the
+	// scanner counts it (1 for a top-level member's value's parent).
+	depth int
+}
+
+// array calls f with the offset of each element of the array at i and
+// returns the array's end; f returns the element's end, having walked
+// (with check: validated) it whole.
+func (w *walker) array(i int, f func(v int) (int, error)) (int, error) {
+	if !w.check {
+		return walkArray(w.s.b, i, f)
+	}
+	w.depth++
+	end, err := w.elements(i, f)
+	w.depth--
+	return end, err
+}
+
+func (w *walker) elements(i int, f func(v int) (int, error)) (int, error) {
+	b := w.s.b
+	if w.depth > maxDepth {
+		return i, w.s.fail(i, "nested too deeply")
+	}
+	i = w.s.space(i + 1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, nil
+	}
+	for {
+		if i >= len(b) {
+			return i, w.s.fail(i, "want a value")
+		}
+		end, err := f(i)
+		if err != nil {
+			return end, err
+		}
+		i = w.s.space(end)
+		if i < len(b) && b[i] == ',' {
+			i = w.s.space(i + 1)
+			continue
+		}
+		if i < len(b) && b[i] == ']' {
+			return i + 1, nil
+		}
+		return i, w.s.fail(i, "want ',' or ']' in an array")
+	}
+}
+
+// object is array for the members of the object at i: f gets each
+// member's name (raw, see key) and the offset of its value.
+func (w *walker) object(i int, f func(k []byte, v int) (int, error)) (int, error) {
+	if !w.check {
+		return walkObject(w.s.b, i, f)
+	}
+	w.depth++
+	end, err := w.members(i, f)
+	w.depth--
+	return end, err
+}
+
+func (w *walker) members(i int, f func(k []byte, v int) (int, error)) (int, error) {
+	b := w.s.b
+	if w.depth > maxDepth {
+		return i, w.s.fail(i, "nested too deeply")
+	}
+	i = w.s.space(i + 1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return i, w.s.fail(i, "want a member name")
+		}
+		kend, err := w.s.str(i)
+		if err != nil {
+			return kend, err
+		}
+		j := w.s.space(kend)
+		if j >= len(b) || b[j] != ':' {
+			return j, w.s.fail(j, "want ':' after a member name")
+		}
+		v := w.s.space(j + 1)
+		if v >= len(b) {
+			return v, w.s.fail(v, "want a value")
+		}
+		end, err := f(b[i+1:kend-1], v)
+		if err != nil {
+			return end, err
+		}
+		i = w.s.space(end)
+		if i < len(b) && b[i] == ',' {
+			i = w.s.space(i + 1)
+			continue
+		}
+		if i < len(b) && b[i] == '}' {
+			return i + 1, nil
+		}
+		return i, w.s.fail(i, "want ',' or '}' in an object")
+	}
+}
+
+// skip returns the end of the value at i, a member's or an element's.
+func (w *walker) skip(i int) (int, error) {
+	if !w.check {
+		return skipValue(w.s.b, i), nil
+	}
+	return w.s.value(i, w.depth)
+}
+
+// str is skip for the string at i.
+func (w *walker) str(i int) (int, error) {
+	if !w.check {
+		return skipString(w.s.b, i), nil
+	}
+	return w.s.str(i)
 }
 
 // elems calls f with each element of the valid array b.
