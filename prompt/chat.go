@@ -224,6 +224,44 @@ func toolsSpace(room []byte, n int) []byte {
 	return make([]byte, 0, n+n/4+256)
 }
 
+// convertTools converts a request's tools list raw (absent or null: nil)
+// to chat tools, written in room when they fit (see toolsSpace): tool
+// appends the chat tool for the at-th tool, the object at raw's v, to b
+// (which has its separator), and returns the tool's end, or nil for b to
+// leave the tool out.
+func convertTools(raw, room []byte, tool func(b []byte, v, at int) ([]byte, int, error)) ([]byte, error) {
+	switch kind(raw) {
+	case 0, 'n':
+		return nil, nil
+	case '[':
+	default:
+		return nil, badf("tools: want a list of tools")
+	}
+	b := toolsSpace(room, len(raw))
+	b = append(b, '[')
+	at := 0
+	_, err := walkArray(raw, 0, func(v int) (int, error) {
+		if raw[v] != '{' {
+			return v, badf("tools[%d]: want an object", at)
+		}
+		start := len(b)
+		if start > 1 {
+			b = append(b, ',')
+		}
+		out, end, err := tool(b, v, at)
+		if out == nil {
+			out = b[:start]
+		}
+		b = out
+		at++
+		return end, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(b, ']'), nil
+}
+
 // toolCall is a chat tool_calls entry; arguments is a string literal.
 func toolCall(id, fn, arguments []byte) []byte {
 	b := make([]byte, 0, len(id)+len(fn)+len(arguments)+64)

@@ -131,7 +131,7 @@ func parseMessages(body []byte) (Prompt, error) {
 	if f.cacheSalt != nil && kind(f.cacheSalt) != 'n' && p.CacheSalt == "" {
 		return Prompt{}, badf("cache_salt: must be a non-empty string")
 	}
-	effort, err := outputEffort(f.outputConfig)
+	effort, err := reasoningEffort(f.outputConfig, "output_config")
 	if err != nil {
 		return Prompt{}, err
 	}
@@ -435,30 +435,29 @@ func readBlock(w *walker, i int, blk *aBlock, where path) (int, error) {
 			}
 			return w.skip(x)
 		}
-		end, err := w.skip(x)
+		val, end, err := w.raw(x)
 		if err != nil {
 			return end, err
 		}
-		val := b[x:end]
 		switch string(key(k)) {
 		case "type":
 			typ = val
 		case "text":
-			text, err = blockStr(val, "text", where)
+			text, err = blockMember(val, '"', "text", where)
 		case "thinking":
-			thinking, err = blockStr(val, "thinking", where)
+			thinking, err = blockMember(val, '"', "thinking", where)
 		case "id":
-			id, err = blockStr(val, "id", where)
+			id, err = blockMember(val, '"', "id", where)
 		case "tool_use_id":
-			toolUseID, err = blockStr(val, "tool_use_id", where)
+			toolUseID, err = blockMember(val, '"', "tool_use_id", where)
 		case "name":
-			name, err = blockStr(val, "name", where)
+			name, err = blockMember(val, '"', "name", where)
 		case "tool_name", "signature", "data":
-			_, err = blockStr(val, "tool_name, signature and data", where)
+			_, err = blockMember(val, '"', "tool_name, signature and data", where)
 		case "source":
-			source, err = blockObject(val, "source", where)
+			source, err = blockMember(val, '{', "source", where)
 		case "input":
-			input, err = blockObject(val, "input", where)
+			input, err = blockMember(val, '{', "input", where)
 		}
 		return end, err
 	})
@@ -497,37 +496,26 @@ func readBlock(w *walker, i int, blk *aBlock, where path) (int, error) {
 // blockTypes are the block types vLLM's AnthropicContentBlock takes.
 var blockTypes = [...]string{"text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking"}
 
-// blockStr and blockObject are optStr and optObject for a block's
-// members.
-func blockStr(v []byte, field string, at path) ([]byte, error) {
-	switch kind(v) {
-	case 0, 'n':
-		return nil, nil
-	case '"':
+// blockMember is optional for a block's member named field, of kind want
+// ('"' or '{').
+func blockMember(v []byte, want byte, field string, at path) ([]byte, error) {
+	v, ok := optional(v, want)
+	if ok {
 		return v, nil
+	}
+	if want == '{' {
+		return nil, badf("%s.%s: want an object", at, field)
 	}
 	return nil, badf("%s.%s: want a string", at, field)
 }
 
-func blockObject(v []byte, field string, at path) ([]byte, error) {
-	switch kind(v) {
-	case 0, 'n':
-		return nil, nil
-	case '{':
-		return v, nil
-	}
-	return nil, badf("%s.%s: want an object", at, field)
-}
-
 func readTRItem(w *walker, i int) (trItem, int, error) {
-	b := w.s.b
 	var it trItem
 	end, err := w.object(i, func(k []byte, x int) (int, error) {
-		end, err := w.skip(x)
+		val, end, err := w.raw(x)
 		if err != nil {
 			return end, err
 		}
-		val := b[x:end]
 		switch string(key(k)) {
 		case "type":
 			it.typ = ""
@@ -1046,22 +1034,7 @@ func (c *convo) imageURL(source []byte) []byte {
 // dict puts a new key), and defer_loading goes along when set. The result
 // is written in room when it fits (see toolsSpace).
 func anthropicTools(raw, room []byte) ([]byte, error) {
-	switch kind(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '[':
-	default:
-		return nil, badf("tools: want a list of tools")
-	}
-	b := toolsSpace(room, len(raw))
-	b = append(b, '[')
-	n := 0
-	_, err := walkArray(raw, 0, func(v int) (int, error) {
-		at := n
-		n++
-		if raw[v] != '{' {
-			return v, badf("tools[%d]: want an object", at)
-		}
+	return convertTools(raw, room, func(b []byte, v, at int) ([]byte, int, error) {
 		var nm, desc, schema, deferLoading []byte
 		typed := false // schema has a type
 		end, _ := walkObject(raw, v, func(k []byte, x int) (int, error) {
@@ -1088,16 +1061,13 @@ func anthropicTools(raw, room []byte) ([]byte, error) {
 			return end, nil
 		})
 		if !isStr(nm) {
-			return end, badf("tools[%d].name: a string is required", at)
+			return nil, end, badf("tools[%d].name: a string is required", at)
 		}
 		if k := kind(desc); k != 0 && k != 'n' && k != '"' {
-			return end, badf("tools[%d].description: want a string", at)
+			return nil, end, badf("tools[%d].description: want a string", at)
 		}
 		if kind(schema) != '{' {
-			return end, badf("tools[%d].input_schema: an object is required", at)
-		}
-		if at > 0 {
-			b = append(b, ',')
+			return nil, end, badf("tools[%d].input_schema: an object is required", at)
 		}
 		b = append(append(b, `{"type":"function","function":{"name":`...), nm...)
 		if kind(desc) == '"' {
@@ -1108,13 +1078,8 @@ func anthropicTools(raw, room []byte) ([]byte, error) {
 		if k := kind(deferLoading); k == 't' || k == 'f' {
 			b = append(append(b, `,"defer_loading":`...), deferLoading...)
 		}
-		b = append(b, "}}"...)
-		return end, nil
+		return append(b, "}}"...), end, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return append(b, ']'), nil
 }
 
 // appendSchema appends an input schema, with "type":"object" added last
@@ -1162,24 +1127,26 @@ func checkToolChoice(raw []byte) error {
 	return nil
 }
 
-// outputEffort is output_config.effort, which vLLM sends on as the chat
-// request's reasoning_effort (serving.py _handle_output_config).
-func outputEffort(raw []byte) ([]byte, error) {
+// reasoningEffort is the "effort" of raw, the object in the body's member
+// field (Messages' output_config, Responses' reasoning), an optional
+// string: vLLM passes it to the chat template as reasoning_effort
+// (serving.py _handle_output_config, ResponsesRequest.build_chat_params).
+func reasoningEffort(raw []byte, field string) ([]byte, error) {
 	switch kind(raw) {
 	case 0, 'n':
 		return nil, nil
 	case '{':
 	default:
-		return nil, badf("output_config: want an object")
+		return nil, badf("%s: want an object", field)
 	}
-	var effort []byte
+	var e []byte
 	members(raw, func(k, v []byte) error {
 		if string(key(k)) == "effort" {
-			effort = v
+			e = v
 		}
 		return nil
 	})
-	return optStr(effort, "output_config.effort")
+	return optStr(e, field+".effort")
 }
 
 // withEffort adds reasoning_effort to chat template kwargs: vLLM's chat
@@ -1200,14 +1167,11 @@ func withEffort(kwargs, effort []byte) []byte {
 	return append(append(append(b, `"reasoning_effort":`...), effort...), '}')
 }
 
-// optObject checks that v is an object or null (a pydantic "dict | None"
-// field) and returns it, nil for null or absent.
+// optObject is optional for an object member named field.
 func optObject(v []byte, field string) ([]byte, error) {
-	switch kind(v) {
-	case 0, 'n':
-		return nil, nil
-	case '{':
-		return v, nil
+	v, ok := optional(v, '{')
+	if !ok {
+		return nil, badf("%s: want an object", field)
 	}
-	return nil, badf("%s: want an object", field)
+	return v, nil
 }

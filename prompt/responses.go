@@ -54,7 +54,7 @@ func parseResponses(body []byte) (Prompt, error) {
 	if err != nil {
 		return Prompt{}, err
 	}
-	effort, err := reasoningEffort(f.reasoning)
+	effort, err := reasoningEffort(f.reasoning, "reasoning")
 	if err != nil {
 		return Prompt{}, err
 	}
@@ -155,11 +155,10 @@ func (c *convo) responsesItems(w *walker, i int) (cont bool, end int, err error)
 		}
 		var it rItem
 		end, err := w.object(v, func(k []byte, x int) (int, error) {
-			end, err := w.skip(x)
+			val, end, err := w.raw(x)
 			if err != nil {
 				return end, err
 			}
-			val := raw[x:end]
 			switch string(key(k)) {
 			case "type":
 				it.typ = val
@@ -390,30 +389,12 @@ func (c *convo) parts(raw []byte) ([]byte, []Image) {
 // of other types are not rendered. The result is written in room when it
 // fits (see toolsSpace).
 func responsesTools(raw, room []byte) ([]byte, error) {
-	switch kind(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '[':
-	default:
-		return nil, badf("tools: want a list of tools")
-	}
-	if !nonEmptyArray(raw) {
+	if kind(raw) == '[' && !nonEmptyArray(raw) {
 		return nil, nil
 	}
-	b := toolsSpace(room, len(raw))
-	b = append(b, '[')
-	n, at := 0, 0
-	_, err := walkArray(raw, 0, func(v int) (int, error) {
-		defer func() { at++ }()
-		if raw[v] != '{' {
-			return v, badf("tools[%d]: want an object", at)
-		}
-		// The tool is written as it is walked, and taken back when it is
+	return convertTools(raw, room, func(b []byte, v, at int) ([]byte, int, error) {
+		// The tool is written as it is walked, and left out when it is
 		// not a function's.
-		start := len(b)
-		if n > 0 {
-			b = append(b, ',')
-		}
 		b = append(b, `{"type":"function","function":{`...)
 		var typ, nm []byte
 		first := true
@@ -435,40 +416,13 @@ func responsesTools(raw, room []byte) ([]byte, error) {
 			return end, nil
 		})
 		if !strIs(typ, "function") {
-			b = b[:start]
-			return end, nil
+			return nil, end, nil
 		}
 		if !isStr(nm) {
-			return end, badf("tools[%d].name: a string is required", at)
+			return nil, end, badf("tools[%d].name: a string is required", at)
 		}
-		n++
-		b = append(b, "}}"...)
-		return end, nil
+		return append(b, "}}"...), end, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return append(b, ']'), nil
-}
-
-// reasoningEffort is reasoning.effort, which vLLM passes to the chat
-// template as reasoning_effort (ResponsesRequest.build_chat_params).
-func reasoningEffort(raw []byte) ([]byte, error) {
-	switch kind(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '{':
-	default:
-		return nil, badf("reasoning: want an object")
-	}
-	var effort []byte
-	members(raw, func(k, v []byte) error {
-		if string(key(k)) == "effort" {
-			effort = v
-		}
-		return nil
-	})
-	return optStr(effort, "reasoning.effort")
 }
 
 // nonEmptyArray reports whether the array v has an element.

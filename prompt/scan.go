@@ -26,12 +26,24 @@ func scanObject(b []byte, member func(key, val []byte) error) error {
 // walked once, not once to validate and again to parse, and so are a
 // conversation's messages (walker).
 func scanObjectTaking(b []byte, member func(key, val []byte) error, take func(key []byte, v int) int) error {
-	s := scanner{b: b, take: take}
+	s := scanner{b: b}
 	i := s.space(0)
 	if i >= len(b) || b[i] != '{' {
 		return s.fail(i, "want an object")
 	}
-	end, err := s.object(i, 1, member)
+	end, err := s.object(i, 1, func(k []byte, v int) (int, error) {
+		vend := v
+		if take != nil {
+			vend += take(k, v)
+		}
+		if vend == v {
+			var err error
+			if vend, err = s.value(v, 1); err != nil {
+				return vend, err
+			}
+		}
+		return vend, member(k, b[v:vend])
+	})
 	if err != nil {
 		return err
 	}
@@ -47,8 +59,7 @@ const maxDepth = 10000
 var errSyntax = errors.New("invalid JSON")
 
 type scanner struct {
-	b    []byte
-	take func(key []byte, v int) int // top-level values only; may be nil
+	b []byte
 }
 
 func (s scanner) fail(i int, what string) error {
@@ -81,7 +92,7 @@ func (s scanner) value(i, depth int) (int, error) {
 	case c == '{':
 		return s.object(i, depth+1, nil)
 	case c == '[':
-		return s.array(i, depth+1)
+		return s.array(i, depth+1, nil)
 	case c == '-' || (c >= '0' && c <= '9'):
 		return s.number(i)
 	case c == 't':
@@ -101,9 +112,13 @@ func (s scanner) literal(i int, lit string) (int, error) {
 	return i + len(lit), nil
 }
 
-// object returns the end of the object starting at i, calling member (when
-// not nil) for each of its members.
-func (s scanner) object(i, depth int, member func(key, val []byte) error) (int, error) {
+// object returns the end of the object starting at i, at nesting depth.
+// It validates each member's value itself when f is nil; else it calls f
+// with the member's name (raw, between the quotes, see key) and the
+// offset of its value, and f returns the value's end, having validated it
+// (a walker with check, scanObjectTaking's take). The body's scan and a
+// conversion's validating walk are thus one grammar in one loop.
+func (s scanner) object(i, depth int, f func(k []byte, v int) (int, error)) (int, error) {
 	if depth > maxDepth {
 		return i, s.fail(i, "nested too deeply")
 	}
@@ -124,19 +139,17 @@ func (s scanner) object(i, depth int, member func(key, val []byte) error) (int, 
 			return j, s.fail(j, "want ':' after a member name")
 		}
 		v := s.space(j + 1)
-		vend := v
-		if member != nil && s.take != nil {
-			vend += s.take(s.b[i+1:kend-1], v)
+		var vend int
+		switch {
+		case v >= len(s.b):
+			return v, s.fail(v, "want a value")
+		case f == nil:
+			vend, err = s.value(v, depth)
+		default:
+			vend, err = f(s.b[i+1:kend-1], v)
 		}
-		if vend == v {
-			if vend, err = s.value(v, depth); err != nil {
-				return vend, err
-			}
-		}
-		if member != nil {
-			if err := member(s.b[i+1:kend-1], s.b[v:vend]); err != nil {
-				return vend, err
-			}
+		if err != nil {
+			return vend, err
 		}
 		i = s.space(vend)
 		if i < len(s.b) && s.b[i] == ',' {
@@ -150,7 +163,9 @@ func (s scanner) object(i, depth int, member func(key, val []byte) error) (int, 
 	}
 }
 
-func (s scanner) array(i, depth int) (int, error) {
+// array is object for the elements of the array at i: f, when not nil,
+// gets each element's offset.
+func (s scanner) array(i, depth int, f func(v int) (int, error)) (int, error) {
 	if depth > maxDepth {
 		return i, s.fail(i, "nested too deeply")
 	}
@@ -159,11 +174,20 @@ func (s scanner) array(i, depth int) (int, error) {
 		return i + 1, nil
 	}
 	for {
+		var end int
 		var err error
-		if i, err = s.value(i, depth); err != nil {
-			return i, err
+		switch {
+		case i >= len(s.b):
+			return i, s.fail(i, "want a value")
+		case f == nil:
+			end, err = s.value(i, depth)
+		default:
+			end, err = f(i)
 		}
-		i = s.space(i)
+		if err != nil {
+			return end, err
+		}
+		i = s.space(end)
 		if i < len(s.b) && s.b[i] == ',' {
 			i = s.space(i + 1)
 			continue
@@ -394,8 +418,9 @@ func appendRawString(b, v []byte) []byte {
 // walker walks a value for a conversion: its arrays' elements and its
 // objects' members, in order, as walkArray and walkObject do. With check
 // set it is also the value's one validating pass: the body's scan hands
-// the value to it (scanObjectTaking's take), and it holds it to the
-// scanner's grammar and nesting limit, so a conversation's messages are
+// the value to it (scanObjectTaking's take), and it walks it with the
+// scanner's own loops (scanner.object and scanner.array, which then call
+// back for each member and element), so a conversation's messages are
 // read as they are validated instead of walked again after. Without
 // check the value was validated already, and it skips.
 type walker struct {
@@ -414,38 +439,9 @@ func (w *walker) array(i int, f func(v int) (int, error)) (int, error) {
 		return walkArray(w.s.b, i, f)
 	}
 	w.depth++
-	end, err := w.elements(i, f)
+	end, err := w.s.array(i, w.depth, f)
 	w.depth--
 	return end, err
-}
-
-func (w *walker) elements(i int, f func(v int) (int, error)) (int, error) {
-	b := w.s.b
-	if w.depth > maxDepth {
-		return i, w.s.fail(i, "nested too deeply")
-	}
-	i = w.s.space(i + 1)
-	if i < len(b) && b[i] == ']' {
-		return i + 1, nil
-	}
-	for {
-		if i >= len(b) {
-			return i, w.s.fail(i, "want a value")
-		}
-		end, err := f(i)
-		if err != nil {
-			return end, err
-		}
-		i = w.s.space(end)
-		if i < len(b) && b[i] == ',' {
-			i = w.s.space(i + 1)
-			continue
-		}
-		if i < len(b) && b[i] == ']' {
-			return i + 1, nil
-		}
-		return i, w.s.fail(i, "want ',' or ']' in an array")
-	}
 }
 
 // object is array for the members of the object at i: f gets each
@@ -455,50 +451,9 @@ func (w *walker) object(i int, f func(k []byte, v int) (int, error)) (int, error
 		return walkObject(w.s.b, i, f)
 	}
 	w.depth++
-	end, err := w.members(i, f)
+	end, err := w.s.object(i, w.depth, f)
 	w.depth--
 	return end, err
-}
-
-func (w *walker) members(i int, f func(k []byte, v int) (int, error)) (int, error) {
-	b := w.s.b
-	if w.depth > maxDepth {
-		return i, w.s.fail(i, "nested too deeply")
-	}
-	i = w.s.space(i + 1)
-	if i < len(b) && b[i] == '}' {
-		return i + 1, nil
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return i, w.s.fail(i, "want a member name")
-		}
-		kend, err := w.s.str(i)
-		if err != nil {
-			return kend, err
-		}
-		j := w.s.space(kend)
-		if j >= len(b) || b[j] != ':' {
-			return j, w.s.fail(j, "want ':' after a member name")
-		}
-		v := w.s.space(j + 1)
-		if v >= len(b) {
-			return v, w.s.fail(v, "want a value")
-		}
-		end, err := f(b[i+1:kend-1], v)
-		if err != nil {
-			return end, err
-		}
-		i = w.s.space(end)
-		if i < len(b) && b[i] == ',' {
-			i = w.s.space(i + 1)
-			continue
-		}
-		if i < len(b) && b[i] == '}' {
-			return i + 1, nil
-		}
-		return i, w.s.fail(i, "want ',' or '}' in an object")
-	}
 }
 
 // skip returns the end of the value at i, a member's or an element's.
@@ -507,6 +462,12 @@ func (w *walker) skip(i int) (int, error) {
 		return skipValue(w.s.b, i), nil
 	}
 	return w.s.value(i, w.depth)
+}
+
+// raw is skip that also returns the value's bytes.
+func (w *walker) raw(i int) ([]byte, int, error) {
+	end, err := w.skip(i)
+	return w.s.b[i:end], end, err
 }
 
 // str is skip for the string at i.
@@ -643,17 +604,26 @@ func kind(v []byte) byte {
 // isStr reports whether v is a JSON string literal.
 func isStr(v []byte) bool { return kind(v) == '"' }
 
-// optStr checks that v (a member's value or nil) is a string or null, as
-// a pydantic "str | None" field; it returns the literal, nil for null or
-// absent.
-func optStr(v []byte, field string) ([]byte, error) {
+// optional returns v (a member's value or nil) when it is of kind want,
+// nil when it is null or absent, as pydantic checks a "str | None" ('"')
+// or "dict | None" ('{') field; ok is false for a value of another kind.
+func optional(v []byte, want byte) (val []byte, ok bool) {
 	switch kind(v) {
 	case 0, 'n':
-		return nil, nil
-	case '"':
-		return v, nil
+		return nil, true
+	case want:
+		return v, true
 	}
-	return nil, badf("%s: want a string", field)
+	return nil, false
+}
+
+// optStr is optional for a string member named field.
+func optStr(v []byte, field string) ([]byte, error) {
+	v, ok := optional(v, '"')
+	if !ok {
+		return nil, badf("%s: want a string", field)
+	}
+	return v, nil
 }
 
 // truthy reports whether the literal s is a non-empty string (Python's

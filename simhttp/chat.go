@@ -33,19 +33,53 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
+// openAIRequest holds the members chat and completions requests share
+// (vLLM's ChatCompletionRequest and CompletionRequest), each of which
+// embeds it.
+type openAIRequest struct {
+	Model          string         `json:"model"`
+	Stream         bool           `json:"stream"`
+	StreamOptions  *streamOptions `json:"stream_options"`
+	MaxTokens      *int           `json:"max_tokens"`
+	N              *int           `json:"n"`
+	CacheSalt      string         `json:"cache_salt"`
+	ReturnTokenIDs bool           `json:"return_token_ids"`
+}
+
+// checkN refuses n > 1: the simulator generates one choice per prompt.
+func (r *openAIRequest) checkN() *apiError {
+	if r.N != nil && *r.N != 1 {
+		return badRequest("n=%d is not supported by the simulator; use n=1", *r.N)
+	}
+	return nil
+}
+
+// maxTokens is max_tokens, checked, or the simulator's default.
+func (r *openAIRequest) maxTokens() (int, *apiError) {
+	if r.MaxTokens != nil {
+		return checkMaxTokens(*r.MaxTokens)
+	}
+	return defaultMaxTokens, nil
+}
+
+// generation sets the answer's options on g: salt, stream, usage, ids.
+func (r *openAIRequest) generation(g *genRequest) {
+	g.salt, g.stream, g.tokenIDs = r.CacheSalt, r.Stream, r.ReturnTokenIDs
+	g.includeUsage = r.StreamOptions != nil && r.StreamOptions.IncludeUsage
+}
+
+// rendered is r's GenerateRequest options, its prompt yet to render.
+func (r *openAIRequest) rendered() rendered {
+	return rendered{model: r.Model, stream: r.Stream, so: r.StreamOptions, salt: r.CacheSalt}
+}
+
 type chatRequest struct {
-	Model                string          `json:"model"`
+	openAIRequest
 	Messages             []chatMessage   `json:"messages"`
-	Stream               bool            `json:"stream"`
-	StreamOptions        *streamOptions  `json:"stream_options"`
-	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
-	N                    *int            `json:"n"`
-	CacheSalt            string          `json:"cache_salt"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	Tools                json.RawMessage `json:"tools"`
-	ReturnTokenIDs       bool            `json:"return_token_ids"`
 }
 
 // decodeChat parses a chat request and renders its messages to the values
@@ -58,8 +92,8 @@ func decodeChat(body []byte) (chatRequest, []vllmsim.Message, *apiError) {
 	if len(r.Messages) == 0 {
 		return r, nil, badRequest("messages: field required and must not be empty")
 	}
-	if r.N != nil && *r.N != 1 {
-		return r, nil, badRequest("n=%d is not supported by the simulator; use n=1", *r.N)
+	if aerr := r.checkN(); aerr != nil {
+		return r, nil, aerr
 	}
 	if r.AddGenerationPrompt != nil && *r.AddGenerationPrompt && r.ContinueFinalMessage {
 		return r, nil, badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
@@ -83,14 +117,11 @@ func (r chatRequest) options() vllmsim.ChatOptions {
 }
 
 // maxTokens prefers max_completion_tokens (OpenAI's newer name) as vLLM does.
-func (r chatRequest) maxTokens() (int, *apiError) {
+func (r *chatRequest) maxTokens() (int, *apiError) {
 	if r.MaxCompletionTokens != nil {
 		return checkMaxTokens(*r.MaxCompletionTokens)
 	}
-	if r.MaxTokens != nil {
-		return checkMaxTokens(*r.MaxTokens)
-	}
-	return defaultMaxTokens, nil
+	return r.openAIRequest.maxTokens()
 }
 
 func checkMaxTokens(n int) (int, *apiError) {
@@ -256,19 +287,16 @@ func (s *Server) chatTokens(c *gin.Context, msgs []vllmsim.Message, o vllmsim.Ch
 }
 
 func (s *Server) chat(c *gin.Context) {
-	arrived := s.cfg.Now()
-	body, aerr := readBody(c)
+	a, ok := s.receive(c, writeError)
+	if !ok {
+		return
+	}
+	r, msgs, aerr := decodeChat(a.body)
 	if aerr != nil {
 		writeError(c, aerr)
 		return
 	}
-	start := s.cfg.Now()
-	r, msgs, aerr := decodeChat(body)
-	if aerr != nil {
-		writeError(c, aerr)
-		return
-	}
-	g, aerr := s.newGen(c, r.Model, arrived, start)
+	g, aerr := s.newGen(c, r.Model, a)
 	if aerr == nil {
 		g.maxTokens, aerr = r.maxTokens()
 	}
@@ -276,9 +304,7 @@ func (s *Server) chat(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
-	g.salt, g.stream, g.tokenIDs = r.CacheSalt, r.Stream, r.ReturnTokenIDs
-	g.includeUsage = r.StreamOptions != nil && r.StreamOptions.IncludeUsage
-	var ok bool
+	r.generation(&g)
 	if g.prompt, g.mm, ok = s.chatTokens(c, msgs, r.options(), writeError); !ok {
 		return
 	}
@@ -342,18 +368,27 @@ type chatChoice struct {
 	TokenIDs     []uint32         `json:"token_ids,omitzero"`
 }
 
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usageInfo   `json:"usage"`
-	// PromptTokenIDs follows usage as in vLLM (prompt_logprobs, never set
-	// here, sits between them).
+// answer is an OpenAI answer object, chat's or completions', whole or a
+// chunk: they differ in their choices (C) alone. A whole answer always has
+// usage, a chunk only when it is the usage chunk. Chat's prompt_token_ids
+// follows usage as in vLLM (prompt_logprobs, never set here, sits between
+// them); completions carry the prompt's ids on the choices instead.
+type answer[C any] struct {
+	ID             string     `json:"id"`
+	Object         string     `json:"object"`
+	Created        int64      `json:"created"`
+	Model          string     `json:"model"`
+	Choices        []C        `json:"choices"`
+	Usage          *usageInfo `json:"usage,omitempty"`
 	PromptTokenIDs []uint32   `json:"prompt_token_ids,omitzero"`
 	Sim            *simTiming `json:"sim,omitempty"`
 }
+
+type (
+	chatResponse       = answer[chatChoice]
+	chatChunk          = answer[chatChunkChoice]
+	completionResponse = answer[completionChoice]
+)
 
 type chatDelta struct {
 	Role    string  `json:"role,omitempty"`
@@ -368,17 +403,6 @@ type chatChunkChoice struct {
 	TokenIDs     []uint32  `json:"token_ids,omitzero"`
 }
 
-type chatChunk struct {
-	ID             string            `json:"id"`
-	Object         string            `json:"object"`
-	Created        int64             `json:"created"`
-	Model          string            `json:"model"`
-	Choices        []chatChunkChoice `json:"choices"`
-	Usage          *usageInfo        `json:"usage,omitempty"`
-	PromptTokenIDs []uint32          `json:"prompt_token_ids,omitzero"`
-	Sim            *simTiming        `json:"sim,omitempty"`
-}
-
 // respShape builds the OpenAI response objects of one chat or
 // completions request.
 type respShape struct {
@@ -387,6 +411,11 @@ type respShape struct {
 	chat      bool
 	tokenIDs  bool       // return_token_ids
 	prompts   [][]uint32 // the ids the engine ran, per choice
+}
+
+// newAnswer is an answer object of r's, of type object, with choices.
+func newAnswer[C any](r respShape, object string, choices []C) answer[C] {
+	return answer[C]{ID: r.id, Object: object, Created: r.created, Model: r.model, Choices: choices}
 }
 
 // ids is what a token_ids field carries: nothing without return_token_ids,
@@ -416,10 +445,10 @@ func (r respShape) full(res []result) any {
 	}
 	if r.chat {
 		x := res[0]
-		return chatResponse{ID: r.id, Object: "chat.completion", Created: r.created, Model: r.model,
-			Choices: []chatChoice{{Message: assistantMessage{Role: "assistant", Content: string(x.text), ToolCalls: []any{}},
-				FinishReason: ptr(x.final.FinishReason), TokenIDs: r.ids(x.ids)}},
-			Usage: usageOf(finals...), PromptTokenIDs: r.promptIDs(0), Sim: simOf(x.final)}
+		a := newAnswer(r, "chat.completion", []chatChoice{{Message: assistantMessage{Role: "assistant", Content: string(x.text), ToolCalls: []any{}},
+			FinishReason: ptr(x.final.FinishReason), TokenIDs: r.ids(x.ids)}})
+		a.Usage, a.PromptTokenIDs, a.Sim = usageOf(finals...), r.promptIDs(0), simOf(x.final)
+		return a
 	}
 	choices := make([]completionChoice, len(res))
 	for i, x := range res {
@@ -427,13 +456,13 @@ func (r respShape) full(res []result) any {
 		choices[i] = completionChoice{Index: i, Text: string(x.text), FinishReason: ptr(x.final.FinishReason),
 			TokenIDs: r.ids(x.ids), PromptTokenIDs: r.promptIDs(i)}
 	}
-	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
-		Choices: choices, Usage: usageOf(finals...), Sim: simOfAll(finals)}
+	a := newAnswer(r, "text_completion", choices)
+	a.Usage, a.Sim = usageOf(finals...), simOfAll(finals)
+	return a
 }
 
 func (r respShape) chatChunk(d *chatDelta, ids []uint32, fr *string) chatChunk {
-	return chatChunk{ID: r.id, Object: "chat.completion.chunk", Created: r.created, Model: r.model,
-		Choices: []chatChunkChoice{{Delta: *d, FinishReason: fr, TokenIDs: ids}}}
+	return newAnswer(r, "chat.completion.chunk", []chatChunkChoice{{Delta: *d, FinishReason: fr, TokenIDs: ids}})
 }
 
 // completionChunk is one chunk of choice i; it carries that prompt's ids
@@ -443,17 +472,20 @@ func (r respShape) completionChunk(i int, text string, ids []uint32, fr *string,
 	if first {
 		c.PromptTokenIDs = r.promptIDs(i)
 	}
-	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
-		Choices: []completionChoice{c}}
+	return newAnswer(r, "text_completion", []completionChoice{c})
 }
 
+// usageChunk is the last chunk, with no choices, when the client asked
+// for usage.
 func (r respShape) usageChunk(finals []vllmsim.Output) any {
 	if r.chat {
-		return chatChunk{ID: r.id, Object: "chat.completion.chunk", Created: r.created, Model: r.model,
-			Choices: []chatChunkChoice{}, Usage: usageOf(finals...), Sim: simOf(finals[0])}
+		a := newAnswer(r, "chat.completion.chunk", []chatChunkChoice{})
+		a.Usage, a.Sim = usageOf(finals...), simOf(finals[0])
+		return a
 	}
-	return completionResponse{ID: r.id, Object: "text_completion", Created: r.created, Model: r.model,
-		Choices: []completionChoice{}, Usage: usageOf(finals...), Sim: simOfAll(finals)}
+	a := newAnswer(r, "text_completion", []completionChoice{})
+	a.Usage, a.Sim = usageOf(finals...), simOfAll(finals)
+	return a
 }
 
 // generateOpenAI runs a chat or completions request and answers in

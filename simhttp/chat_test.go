@@ -3,6 +3,7 @@ package simhttp
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -181,4 +182,81 @@ func FuzzCompletionPrompt(f *testing.F) {
 			}
 		}
 	})
+}
+
+// topKeys is the names of the top-level members of the object b, in order.
+func topKeys(t *testing.T, b []byte) []string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	mustJSON(t, b, &m)
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if _, err := dec.Token(); err != nil { // {
+		t.Fatal(err)
+	}
+	var keys []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k.(string))
+		if _, ok := m[k.(string)]; !ok {
+			t.Fatalf("key %v not in %s", k, b)
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+// TestOpenAIAnswerHead checks the members every chat and completions
+// answer object leads with, whole and streamed, in vLLM's order.
+func TestOpenAIAnswerHead(t *testing.T) {
+	env := newTestEnv(t, testEngineConfig(), nil)
+	chat := `{"messages":[{"role":"user","content":"hello there"}],"max_tokens":3`
+	cmpl := `{"prompt":"hello there","max_tokens":3`
+	tests := []struct {
+		name, path, body, object, idPrefix string
+		stream                             bool
+	}{
+		{"chat", "/v1/chat/completions", chat + `}`, "chat.completion", "chatcmpl-", false},
+		{"chat stream", "/v1/chat/completions", chat + `,"stream":true,"stream_options":{"include_usage":true}}`, "chat.completion.chunk", "chatcmpl-", true},
+		{"completions", "/v1/completions", cmpl + `}`, "text_completion", "cmpl-", false},
+		{"completions stream", "/v1/completions", cmpl + `,"stream":true,"stream_options":{"include_usage":true}}`, "text_completion", "cmpl-", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var answers []string
+			if tt.stream {
+				answers = streamChunks(t, env, tt.path, tt.body)
+			} else {
+				code, b := env.do(t, "POST", tt.path, tt.body)
+				if code != 200 {
+					t.Fatalf("status %d: %s", code, b)
+				}
+				answers = []string{string(b)}
+			}
+			var id string
+			for _, a := range answers {
+				if keys := topKeys(t, []byte(a)); len(keys) < 5 || !cmp.Equal(keys[:5], []string{"id", "object", "created", "model", "choices"}) {
+					t.Errorf("members %v; want id, object, created, model, choices first: %s", keys, a)
+				}
+				var h struct {
+					ID      string `json:"id"`
+					Object  string `json:"object"`
+					Created int64  `json:"created"`
+					Model   string `json:"model"`
+				}
+				mustJSON(t, []byte(a), &h)
+				if id == "" {
+					id = h.ID
+				}
+				if h.ID != id || !strings.HasPrefix(h.ID, tt.idPrefix) || h.Object != tt.object || h.Model != testModel || h.Created != env.clock.now().Unix() {
+					t.Errorf("head %+v; want id %s… (the same in every chunk), object %q, model %q, created %d", h, tt.idPrefix, tt.object, testModel, env.clock.now().Unix())
+				}
+			}
+		})
+	}
 }

@@ -10,21 +10,25 @@ import (
 )
 
 type completionRequest struct {
-	Model          string          `json:"model"`
-	Prompt         json.RawMessage `json:"prompt"`
-	Stream         bool            `json:"stream"`
-	StreamOptions  *streamOptions  `json:"stream_options"`
-	MaxTokens      *int            `json:"max_tokens"`
-	N              *int            `json:"n"`
-	CacheSalt      string          `json:"cache_salt"`
-	ReturnTokenIDs bool            `json:"return_token_ids"`
+	openAIRequest
+	Prompt json.RawMessage `json:"prompt"`
 }
 
-func (r completionRequest) maxTokens() (int, *apiError) {
-	if r.MaxTokens != nil {
-		return checkMaxTokens(*r.MaxTokens)
+// decodeCompletion parses a completions request.
+func decodeCompletion(body []byte) (completionRequest, *apiError) {
+	var r completionRequest
+	aerr := decodeJSON(body, &r)
+	return r, aerr
+}
+
+// prompts is r's max_tokens and prompts, checked, in vLLM's order.
+func (r *completionRequest) prompts() (int, []completionPrompt, *apiError) {
+	maxTokens, aerr := r.maxTokens()
+	if aerr != nil {
+		return 0, nil, aerr
 	}
-	return defaultMaxTokens, nil
+	ps, aerr := parsePrompt(r.Prompt)
+	return maxTokens, ps, aerr
 }
 
 type completionChoice struct {
@@ -37,16 +41,6 @@ type completionChoice struct {
 	// choice puts prompt_token_ids first. One type serves both.
 	TokenIDs       []uint32 `json:"token_ids,omitzero"`
 	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitzero"`
-}
-
-type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usageInfo         `json:"usage,omitempty"`
-	Sim     *simTiming         `json:"sim,omitempty"`
 }
 
 // completionPrompt is one completions prompt: either text or token ids.
@@ -152,36 +146,28 @@ func (s *Server) promptTokens(c *gin.Context, ps []completionPrompt) ([][]uint32
 }
 
 func (s *Server) completions(c *gin.Context) {
-	arrived := s.cfg.Now()
-	body, aerr := readBody(c)
+	a, ok := s.receive(c, writeError)
+	if !ok {
+		return
+	}
+	r, aerr := decodeCompletion(a.body)
+	if aerr == nil {
+		aerr = r.checkN()
+	}
 	if aerr != nil {
 		writeError(c, aerr)
 		return
 	}
-	start := s.cfg.Now()
-	var r completionRequest
-	if aerr = decodeJSON(body, &r); aerr != nil {
-		writeError(c, aerr)
-		return
-	}
-	if r.N != nil && *r.N != 1 {
-		writeError(c, badRequest("n=%d is not supported by the simulator; use n=1", *r.N))
-		return
-	}
-	g, aerr := s.newGen(c, r.Model, arrived, start)
-	if aerr == nil {
-		g.maxTokens, aerr = r.maxTokens()
-	}
+	g, aerr := s.newGen(c, r.Model, a)
 	var ps []completionPrompt
 	if aerr == nil {
-		ps, aerr = parsePrompt(r.Prompt)
+		g.maxTokens, ps, aerr = r.prompts()
 	}
 	if aerr != nil {
 		writeError(c, aerr)
 		return
 	}
-	g.salt, g.stream, g.tokenIDs = r.CacheSalt, r.Stream, r.ReturnTokenIDs
-	g.includeUsage = r.StreamOptions != nil && r.StreamOptions.IncludeUsage
+	r.generation(&g)
 	prompts, ok := s.promptTokens(c, ps)
 	if !ok {
 		return

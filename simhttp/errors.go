@@ -105,7 +105,7 @@ func decodeJSON(body []byte, v any) *apiError {
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
 		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
-			return typeError(body, te)
+			return typeError(body, te, reflect.TypeOf(v))
 		}
 		return badRequest("invalid JSON body: %v", err)
 	}
@@ -160,13 +160,10 @@ func expectedKind(t reflect.Type) (pydanticKind, func(any) bool) {
 func isKind[T any](v any) bool { _, ok := v.(T); return ok }
 
 // typeError is the pydantic-style 400 for a type error that decoding body
-// raised.
-func typeError(body []byte, te *json.UnmarshalTypeError) *apiError {
+// into a t raised.
+func typeError(body []byte, te *json.UnmarshalTypeError, t reflect.Type) *apiError {
 	kind, fits := expectedKind(te.Type)
-	var path []string
-	if te.Field != "" {
-		path = strings.Split(te.Field, ".")
-	}
+	path := memberPath(te.Field, t)
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -194,6 +191,52 @@ func typeError(body []byte, te *json.UnmarshalTypeError) *apiError {
 		}
 	}
 	return validationError(kind, loc, input, found)
+}
+
+// memberPath is the body's member names on the path field (an
+// UnmarshalTypeError's) into a t: encoding/json names the embedded
+// structs a promoted field sits in too (openAIRequest.stream), and the
+// body has no member for them.
+func memberPath(field string, t reflect.Type) []string {
+	if field == "" {
+		return nil
+	}
+	var path []string
+	for _, name := range strings.Split(field, ".") {
+		for t != nil && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map) {
+			t = t.Elem()
+		}
+		if t == nil || t.Kind() != reflect.Struct {
+			t = nil
+			path = append(path, name)
+			continue
+		}
+		if f, ok := t.FieldByName(name); ok && f.Anonymous {
+			t = f.Type
+			continue
+		}
+		t = memberType(t, name)
+		path = append(path, name)
+	}
+	return path
+}
+
+// memberType is the type of the member name of the struct t, promoted
+// members included (nil: none).
+func memberType(t reflect.Type, name string) reflect.Type {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct:
+			if m := memberType(f.Type, name); m != nil {
+				return m
+			}
+		case tag == name || tag == "" && f.Name == name:
+			return f.Type
+		}
+	}
+	return nil
 }
 
 // validationError is the 400 vLLM's RequestValidationError handler sends

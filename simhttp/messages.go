@@ -232,18 +232,15 @@ func (d anthropicDelta) MarshalJSON() ([]byte, error) {
 }
 
 func (s *Server) messages(c *gin.Context) {
-	arrived := s.cfg.Now()
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeAnthropicError(c, aerr)
-		return
-	}
-	start := s.cfg.Now()
-	m, ok := s.messagesPrompt(c, body, writeAnthropicError)
+	a, ok := s.receive(c, writeAnthropicError)
 	if !ok {
 		return
 	}
-	g, aerr := s.newGen(c, m.model, arrived, start)
+	m, ok := s.messagesPrompt(c, a.body, writeAnthropicError)
+	if !ok {
+		return
+	}
+	g, aerr := s.newGen(c, m.model, a)
 	if aerr != nil {
 		writeAnthropicError(c, aerr)
 		return

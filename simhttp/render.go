@@ -118,16 +118,15 @@ func (s *Server) generate(id string, r rendered) (generateRequest, *apiError) {
 }
 
 func (s *Server) renderChat(c *gin.Context) {
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
+	a, ok := s.receive(c, writeError)
+	if !ok {
 		return
 	}
-	r, msgs, aerr := decodeChat(body)
+	r, msgs, aerr := decodeChat(a.body)
 	if aerr == nil {
 		_, _, aerr = s.resolveModel(r.Model)
 	}
-	q := rendered{model: r.Model, stream: r.Stream, so: r.StreamOptions, salt: r.CacheSalt}
+	q := r.rendered()
 	if aerr == nil {
 		q.maxTokens, aerr = r.maxTokens()
 	}
@@ -135,7 +134,6 @@ func (s *Server) renderChat(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
-	var ok bool
 	if q.ids, q.mm, ok = s.chatTokens(c, msgs, r.options(), writeError); !ok {
 		return
 	}
@@ -158,23 +156,18 @@ func (s *Server) answerRender(c *gin.Context, prefix string, q rendered) {
 }
 
 func (s *Server) renderCompletion(c *gin.Context) {
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
+	a, ok := s.receive(c, writeError)
+	if !ok {
 		return
 	}
-	var r completionRequest
-	aerr = decodeJSON(body, &r)
+	r, aerr := decodeCompletion(a.body)
 	if aerr == nil {
 		_, _, aerr = s.resolveModel(r.Model)
 	}
-	q := rendered{model: r.Model, stream: r.Stream, so: r.StreamOptions, salt: r.CacheSalt}
-	if aerr == nil {
-		q.maxTokens, aerr = r.maxTokens()
-	}
+	q := r.rendered()
 	var ps []completionPrompt
 	if aerr == nil {
-		ps, aerr = parsePrompt(r.Prompt)
+		q.maxTokens, ps, aerr = r.prompts()
 	}
 	if aerr != nil {
 		writeError(c, aerr)
@@ -200,12 +193,11 @@ func (s *Server) renderCompletion(c *gin.Context) {
 // match", vllm#45803), one GenerateRequest like chat render's. Errors are
 // OpenAI's shape, as the render router's are.
 func (s *Server) renderMessages(c *gin.Context) {
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
+	a, ok := s.receive(c, writeError)
+	if !ok {
 		return
 	}
-	m, ok := s.messagesPrompt(c, body, writeError)
+	m, ok := s.messagesPrompt(c, a.body, writeError)
 	if !ok {
 		return
 	}
@@ -218,12 +210,11 @@ func (s *Server) renderMessages(c *gin.Context) {
 // (render_responses_request); the GenerateRequest carries the request's
 // resp_ id, and no stream_options.
 func (s *Server) renderResponses(c *gin.Context) {
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
+	a, ok := s.receive(c, writeError)
+	if !ok {
 		return
 	}
-	rr, aerr := decodeResponses(body)
+	rr, aerr := decodeResponses(a.body)
 	if aerr == nil {
 		_, _, aerr = s.resolveModel(rr.Model)
 	}
@@ -235,7 +226,7 @@ func (s *Server) renderResponses(c *gin.Context) {
 		writeError(c, aerr)
 		return
 	}
-	p, ok := s.responsesPrompt(c, body, &rr, nil)
+	p, ok := s.responsesPrompt(c, a.body, &rr, nil)
 	if !ok {
 		return
 	}

@@ -381,20 +381,17 @@ func notFoundResponse(id string) *apiError {
 }
 
 func (s *Server) responses(c *gin.Context) {
-	arrived := s.cfg.Now()
-	body, aerr := readBody(c)
-	if aerr != nil {
-		writeError(c, aerr)
+	a, ok := s.receive(c, writeError)
+	if !ok {
 		return
 	}
-	start := s.cfg.Now()
-	r, aerr := decodeResponses(body)
+	r, aerr := decodeResponses(a.body)
 	if aerr != nil {
 		writeError(c, aerr)
 		return
 	}
 	call := responsesCall{r: &r, created: s.cfg.Now().Unix()}
-	if call.g, aerr = s.newGen(c, r.Model, arrived, start); aerr != nil {
+	if call.g, aerr = s.newGen(c, r.Model, a); aerr != nil {
 		writeError(c, aerr)
 		return
 	}
@@ -412,7 +409,7 @@ func (s *Server) responses(c *gin.Context) {
 		}
 		prev = &e
 	}
-	p, ok := s.responsesPrompt(c, body, &r, prev)
+	p, ok := s.responsesPrompt(c, a.body, &r, prev)
 	if !ok {
 		return
 	}

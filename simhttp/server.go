@@ -285,10 +285,31 @@ func (g *genRequest) prompts() [][]uint32 {
 	return [][]uint32{g.prompt}
 }
 
-// newGen starts a genRequest for the request c whose body was read at
-// start, after arriving at arrived: the model, adapter and rank resolved.
-func (s *Server) newGen(c *gin.Context, model string, arrived, start time.Time) (genRequest, *apiError) {
-	g := genRequest{start: start, read: start.Sub(arrived)}
+// arrival is a request's body and when it was read: a generation counts
+// the read as part of its time (newGen, ReadHeader).
+type arrival struct {
+	body           []byte
+	arrived, start time.Time // before and after the read
+}
+
+// receive reads the request's body for a handler whose errors fail
+// writes in its API's shape; on failure it has answered, and returns
+// false.
+func (s *Server) receive(c *gin.Context, fail func(*gin.Context, *apiError)) (arrival, bool) {
+	a := arrival{arrived: s.cfg.Now()}
+	var aerr *apiError
+	if a.body, aerr = readBody(c); aerr != nil {
+		fail(c, aerr)
+		return arrival{}, false
+	}
+	a.start = s.cfg.Now()
+	return a, true
+}
+
+// newGen starts a genRequest for the request c, received as a: the
+// model, adapter and rank resolved.
+func (s *Server) newGen(c *gin.Context, model string, a arrival) (genRequest, *apiError) {
+	g := genRequest{start: a.start, read: a.start.Sub(a.arrived)}
 	var aerr *apiError
 	if g.rank, aerr = dpRank(c); aerr != nil {
 		return g, aerr

@@ -17,22 +17,29 @@ import (
 	"github.com/kvroute/kvroute/loadgen"
 )
 
-// TestSmokeKVRouteBeatsService is the CI-sized benchmark: 3 pods, the
-// prefix-heavy shared-prefix workload, the plain Service against kvroute.
-// It asserts the ordering that must hold, not absolute times: kvroute's
-// token-weighted hit rate above the Service's.
-func TestSmokeKVRouteBeatsService(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+// testBinaries builds vllm-sim and the sidecar for a test's cluster, and
+// skips the test when they cannot be built: there is no cluster then.
+func testBinaries(t *testing.T, ctx context.Context) string {
+	t.Helper()
 	bin := t.TempDir()
 	if err := chaos.Build(ctx, bin, chaos.SimBinary, chaos.SidecarBinary); err != nil {
-		t.Skipf("cannot build vllm-sim and sidecar, so no cluster to benchmark: %v", err)
+		t.Skipf("cannot build vllm-sim and sidecar, so no cluster to run: %v", err)
 	}
+	return bin
+}
+
+// testSubnet is a test's own /24 for its cluster: third names the test, and
+// the second octet this process, so that clusters of tests running at
+// once never share addresses.
+func testSubnet(third int) string { return fmt.Sprintf("127.%d.%d", 100+os.Getpid()%100, third) }
+
+// benchReport runs kvbench with args on 3 pods on testSubnet(third),
+// logs its table, and returns its report and its output directory.
+func benchReport(t *testing.T, ctx context.Context, third int, args ...string) (loadgen.Report, string) {
+	t.Helper()
 	out := t.TempDir()
-	subnet := fmt.Sprintf("127.%d.240", 100+os.Getpid()%100)
-	o, err := parseFlags([]string{"--pods", "3", "--workload", "shared-prefix", "--policies", "service,kvroute",
-		"--rate", "6", "--duration", "15s", "--drain", "30s", "--seed", "7",
-		"--bin", bin, "--out", out, "--subnet", subnet, "--quiet"}, io.Discard, io.Discard)
+	o, err := parseFlags(append([]string{"--pods", "3", "--bin", testBinaries(t, ctx), "--out", out, "--subnet", testSubnet(third), "--quiet"}, args...),
+		io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +56,18 @@ func TestSmokeKVRouteBeatsService(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
+	return rep, out
+}
+
+// TestSmokeKVRouteBeatsService is the CI-sized benchmark: 3 pods, the
+// prefix-heavy shared-prefix workload, the plain Service against kvroute.
+// It asserts the ordering that must hold, not absolute times: kvroute's
+// token-weighted hit rate above the Service's.
+func TestSmokeKVRouteBeatsService(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, out := benchReport(t, ctx, 240, "--workload", "shared-prefix", "--policies", "service,kvroute",
+		"--rate", "6", "--duration", "15s", "--drain", "30s", "--seed", "7")
 	if rep.Workload != "shared-prefix" || rep.Pods != 3 || len(rep.Policies) != 2 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -78,12 +97,7 @@ func TestSmokeKVRouteBeatsService(t *testing.T) {
 func TestStory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin := t.TempDir()
-	if err := chaos.Build(ctx, bin, chaos.SimBinary, chaos.SidecarBinary); err != nil {
-		t.Skipf("cannot build vllm-sim and sidecar: %v", err)
-	}
-	subnet := fmt.Sprintf("127.%d.241", 100+os.Getpid()%100)
-	o, err := parseFlags([]string{"--bin", bin, "--out", t.TempDir(), "--subnet", subnet, "--seed", "1"}, io.Discard, io.Discard)
+	o, err := parseFlags([]string{"--bin", testBinaries(t, ctx), "--out", t.TempDir(), "--subnet", testSubnet(241), "--seed", "1"}, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,31 +139,8 @@ func TestStory(t *testing.T) {
 func TestSmokeAgentic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := t.TempDir()
-	if err := chaos.Build(ctx, bin, chaos.SimBinary, chaos.SidecarBinary); err != nil {
-		t.Skipf("cannot build vllm-sim and sidecar, so no cluster to benchmark: %v", err)
-	}
-	out := t.TempDir()
-	subnet := fmt.Sprintf("127.%d.242", 100+os.Getpid()%100)
-	o, err := parseFlags([]string{"--pods", "3", "--workload", "agentic", "--policies", "service,central-precise",
-		"--rate", "8", "--duration", "15s", "--drain", "30s", "--seed", "3",
-		"--bin", bin, "--out", out, "--subnet", subnet, "--quiet"}, io.Discard, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table, log bytes.Buffer
-	if err := run(ctx, o, &table, &log); err != nil {
-		t.Fatalf("run: %v\n%s", err, log.String())
-	}
-	t.Logf("\n%s", table.String())
-	b, err := os.ReadFile(filepath.Join(out, "results.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep loadgen.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, _ := benchReport(t, ctx, 242, "--workload", "agentic", "--policies", "service,central-precise",
+		"--rate", "8", "--duration", "15s", "--drain", "30s", "--seed", "3")
 	if len(rep.Policies) != 2 {
 		t.Fatalf("report %+v", rep)
 	}
