@@ -21,12 +21,24 @@
 //     it), as the sidecars use pushed counts, instead of the scrape plus
 //     that count. The strongest central baseline: it tells how much of
 //     kvroute's margin over central-precise is the load view.
+//   - lmetric: central-precise's exact index with LMetric's cost (OSDI'26,
+//     llm-d's lmetric-scorer): the pod with the lowest uncached prompt
+//     tokens × (requests in flight there + 1), no weights, no bound; ties
+//     by seeded rendezvous weight.
+//   - uncoordinated: the independent-gateways setup SGLang's gateway
+//     measured (0.66 hit rate at 8 gateways against 0.95 with a shared
+//     index): a front per pod, a request to a front at random, each front
+//     exact about its own pod's cache (that pod's KV events) and knowing
+//     its peers only by what it sent them (a bounded LRU), loaded by its
+//     own in-flight counts; longest predicted match, a cold prefix to its
+//     own pod. One policy holds the N front states, so it runs in this
+//     process like the others.
 //
 // The proxy reads every API's request (prompt.ParseAPI): completions, a
-// batch of completions (each prompt's tokens; central-precise scores the
-// pod by the sum of the prompts' matches and sends the batch whole), chat,
-// and Anthropic Messages and OpenAI Responses as vLLM converts them to chat
-// (tokenized with /tokenize's chat variant on the converted messages; a
+// batch of completions (each prompt's tokens; the exact-index policies
+// score the pod by the sum of the prompts' matches and send the batch
+// whole), chat, and Anthropic Messages and OpenAI Responses as vLLM
+// converts them to chat (tokenized with /tokenize's chat variant on the converted messages; a
 // prompt with images through the chat render endpoint, whose features place
 // them, so that the blocks they overlap are keyed with their identifiers).
 // Whatever the policy, a request about a stored response (a Responses
@@ -41,5 +53,7 @@
 // A Policy is a value machine: it gets the request, every pod's state and
 // now, and returns an index. The Proxy does the I/O (body parsing,
 // tokenizing, metric scrapes, event subscriptions) and serialises calls to
-// Pick, so policies need no locks of their own.
+// Pick, so policies need no locks of their own. A policy that counts its
+// own requests in flight (uncoordinated's fronts) also gets, serialised
+// the same way, the end of each request it chose a pod for (tracker).
 package baseline

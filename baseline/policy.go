@@ -40,10 +40,13 @@ const (
 	NameApproxPrefix   = "approx-prefix"
 	NameCentralPrecise = "central-precise"
 	NameCentralExact   = "central-exact"
+	NameLMetric        = "lmetric"
+	NameUncoordinated  = "uncoordinated"
 )
 
 // Names lists the proxy policies.
-var Names = []string{NameRoundRobin, NameLeastLoaded, NameCHWBL, NameApproxPrefix, NameCentralPrecise, NameCentralExact}
+var Names = []string{NameRoundRobin, NameLeastLoaded, NameCHWBL, NameApproxPrefix, NameCentralPrecise, NameCentralExact,
+	NameLMetric, NameUncoordinated}
 
 // ErrPolicy reports an unknown policy name.
 var ErrPolicy = fmt.Errorf("unknown policy (want one of %v)", Names)

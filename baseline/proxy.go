@@ -31,8 +31,9 @@ const ServedByHeader = "X-Kvroute-Served-By"
 type Backend struct {
 	Name string // reported in ServedByHeader
 	URL  string // the simulator's base URL, e.g. http://127.0.0.2:8001
-	// Events, Replay and Topic are the pod's KV-event endpoints; only
-	// central-precise subscribes. Replay may be empty.
+	// Events, Replay and Topic are the pod's KV-event endpoints; only the
+	// exact-index policies (central-*, lmetric, uncoordinated) subscribe.
+	// Replay may be empty.
 	Events, Replay, Topic string
 }
 
@@ -65,6 +66,9 @@ type Config struct {
 	CHWBL   CHWBLConfig
 	Approx  ApproxConfig
 	Precise PreciseConfig
+	// Uncoordinated tunes the uncoordinated fronts' rule; lmetric and
+	// uncoordinated key and index requests as Precise says.
+	Uncoordinated UncoordinatedConfig
 }
 
 // DefaultConfig returns the defaults; Policy, Backends and Model must be set.
@@ -78,6 +82,7 @@ func DefaultConfig() Config {
 		CHWBL:              DefaultCHWBLConfig(),
 		Approx:             DefaultApproxConfig(),
 		Precise:            DefaultPreciseConfig(""),
+		Uncoordinated:      DefaultUncoordinatedConfig(),
 	}
 }
 
@@ -88,7 +93,7 @@ type Proxy struct {
 	backends []*backend
 	clients  []*vllmclient.Client
 	scrape   bool
-	indexes  []*kvindex.Index // central-precise and central-exact only
+	indexes  []*kvindex.Index // the exact-index policies only (central-*, lmetric, uncoordinated)
 	owners   *owners          // stored responses' creating backends
 
 	mu     sync.Mutex // serialises Pick and the InFlight counts
@@ -167,7 +172,7 @@ func New(cfg Config) (*Proxy, error) {
 	case NameApproxPrefix:
 		p.policy = NewApproxPrefix(len(names), cfg.Approx, rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d)))
 		p.scrape = true
-	case NameCentralPrecise, NameCentralExact:
+	case NameCentralPrecise, NameCentralExact, NameLMetric, NameUncoordinated:
 		pc := cfg.Precise
 		if pc == (PreciseConfig{}) {
 			pc = d.Precise
@@ -193,8 +198,16 @@ func New(cfg Config) (*Proxy, error) {
 			}
 		}
 		pc.ExactLoad = cfg.Policy == NameCentralExact
-		p.policy = NewPrecise(pc, matchers)
-		p.scrape = true
+		switch cfg.Policy {
+		case NameLMetric:
+			p.policy = NewLMetric(pc, matchers, cfg.Seed) // its cost reads no scrape
+		case NameUncoordinated:
+			p.policy = NewUncoordinated(names, pc, cfg.Uncoordinated, matchers, cfg.Seed)
+			p.scrape = true // each front sizes its forward memory by its own pod's cache
+		default:
+			p.policy = NewPrecise(pc, matchers)
+			p.scrape = true
+		}
 	default:
 		return nil, fmt.Errorf("proxy: %q: %w", cfg.Policy, ErrPolicy)
 	}
@@ -271,12 +284,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var be *backend
+	var end func()
 	if owner >= 0 {
 		be = p.pin(owner)
 	} else {
-		be = p.pick(req, time.Now())
+		be, end = p.pick(req, time.Now())
 	}
-	defer p.done(be)
+	defer p.done(be, end)
 	w.Header().Set(ServedByHeader, be.Name)
 	be.rp.ServeHTTP(w, r)
 }
@@ -374,28 +388,47 @@ func (p *Proxy) pin(i int) *backend {
 	return be
 }
 
-// pick runs the policy under the lock and counts the request in flight.
-func (p *Proxy) pick(req Request, now time.Time) *backend {
+// tracker is a Policy that keeps its own count of the requests it chose
+// a pod for (uncoordinated: each front counts only its own). The proxy
+// calls Track in place of Pick, and the end it returns (if not nil) once
+// the request's answer has ended; both under the proxy's lock, as Pick.
+type tracker interface {
+	Track(req Request, pods []Pod, now time.Time) (pod int, end func())
+}
+
+// pick runs the policy under the lock and counts the request in flight;
+// end is a tracker's, for done.
+func (p *Proxy) pick(req Request, now time.Time) (be *backend, end func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pods := make([]Pod, len(p.backends))
 	for i, b := range p.backends {
 		pods[i] = Pod{Name: b.Name, InFlight: b.inFlight, Load: b.load, LoadAt: b.loadAt}
 	}
-	i := p.policy.Pick(req, pods, now)
+	var i int
+	if t, ok := p.policy.(tracker); ok {
+		i, end = t.Track(req, pods, now)
+	} else {
+		i = p.policy.Pick(req, pods, now)
+	}
 	if i < 0 || i >= len(p.backends) {
 		i = 0 // a policy bug must not take the proxy down
 	}
-	be := p.backends[i]
+	be = p.backends[i]
 	be.inFlight++
 	be.served++
-	return be
+	return be, end
 }
 
-func (p *Proxy) done(be *backend) {
+// done ends a request at be: the proxy's count, and the policy's (end,
+// when the policy tracks its own).
+func (p *Proxy) done(be *backend, end func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	be.inFlight--
+	if end != nil {
+		end()
+	}
 }
 
 // PodStats is one backend's counters.
