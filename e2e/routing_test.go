@@ -55,8 +55,9 @@ func TestCachedPrefixIsServedByHolder(t *testing.T) {
 // counting this request (route.DefaultConfig): with T burst requests in
 // flight on 3 pods the winner spills from T = 6 on. The prefix is 1024
 // tokens: a claimed prefix pulls a request to a pod only while the tokens
-// it saves outweigh 64 per request queued there, and a short one (128
-// tokens) rightly spreads once the winner has two.
+// it saves outweigh half the prefill queued there (the first request's
+// whole prompt) and 64 per request, and a short one (128 tokens) rightly
+// spreads once the winner has two.
 func TestBurstOfNewPrefixLandsOnOnePod(t *testing.T) {
 	const burstGap = 30 * time.Millisecond
 	f := shared(t)

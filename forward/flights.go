@@ -6,19 +6,47 @@ import (
 )
 
 // flights are this front's requests in flight by first target ("" is the
-// local vLLM), with their start times. A peer's pushed load report already
-// counts the requests we sent before it arrived; only later ones are ours
-// to add (route.Load.InFlight).
-type flights map[string][]time.Time
+// local vLLM). A peer's pushed load report already counts the requests we
+// sent before it arrived; only later ones are ours to add
+// (route.Load.InFlight and InFlightPrefillTokens).
+type flights map[string][]flight
 
-func (f flights) add(peer string, at time.Time) { f[peer] = append(f[peer], at) }
+// flight is one request in flight: when it was sent, and the prompt tokens
+// its target must compute (predicted uncached), which are queued prefill
+// work until its first answer byte comes back.
+type flight struct {
+	at       time.Time
+	prefill  int
+	answered bool // the first byte of the answer came back: prefill is done
+	// until, if set, is when the prefill should be done by the engine's
+	// rate: a non-streamed answer's first byte is its last, so its
+	// prefill would otherwise stay queued through its decode.
+	until time.Time
+}
+
+func (f flights) add(peer string, at time.Time, prefill int, prefillFor time.Duration) {
+	fl := flight{at: at, prefill: max(prefill, 0)}
+	if prefillFor > 0 {
+		fl.until = at.Add(prefillFor)
+	}
+	f[peer] = append(f[peer], fl)
+}
+
+// answered marks the request to peer that started at at as past its
+// prefill.
+func (f flights) answered(peer string, at time.Time) {
+	if i := f.find(peer, at); i >= 0 {
+		f[peer][i].answered = true
+	}
+}
 
 // done removes one request to peer that started at at.
 func (f flights) done(peer string, at time.Time) {
-	ts := f[peer]
-	if i := slices.IndexFunc(ts, at.Equal); i >= 0 {
-		ts = slices.Delete(ts, i, i+1)
+	i := f.find(peer, at)
+	if i < 0 {
+		return
 	}
+	ts := slices.Delete(f[peer], i, i+1)
 	if len(ts) == 0 {
 		delete(f, peer)
 		return
@@ -26,14 +54,32 @@ func (f flights) done(peer string, at time.Time) {
 	f[peer] = ts
 }
 
+func (f flights) find(peer string, at time.Time) int {
+	return slices.IndexFunc(f[peer], func(fl flight) bool { return fl.at.Equal(at) })
+}
+
 // since counts the requests to peer that started after t (all of them for
-// a zero t).
-func (f flights) since(peer string, t time.Time) int {
-	n := 0
-	for _, s := range f[peer] {
-		if s.After(t) {
+// a zero t), and at now the prefill tokens of those not yet answered.
+func (f flights) since(peer string, t, now time.Time) (n, prefill int) {
+	for _, fl := range f[peer] {
+		if fl.at.After(t) {
 			n++
+			if !fl.answered && (fl.until.IsZero() || now.Before(fl.until)) {
+				prefill += fl.prefill
+			}
 		}
 	}
-	return n
+	return n, prefill
+}
+
+// next is the earliest until after now among peer's queued flights: when
+// its queued prefill drops without an event. Zero if none.
+func (f flights) next(peer string, now time.Time) time.Time {
+	var t time.Time
+	for _, fl := range f[peer] {
+		if !fl.answered && fl.until.After(now) && (t.IsZero() || fl.until.Before(t)) {
+			t = fl.until
+		}
+	}
+	return t
 }

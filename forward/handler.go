@@ -41,8 +41,9 @@ type Peers interface {
 	// MarkFailed records that a forward to peer failed at the given time.
 	MarkFailed(peer string, at time.Time)
 	// SetServing reports how many requests the front has at the local vLLM
-	// (peers learn it at once, which keeps independent fronts from herding).
-	SetServing(n int)
+	// and the prompt tokens of theirs still to prefill (peers learn both at
+	// once, which keeps independent fronts from herding).
+	SetServing(requests, prefillTokens int)
 	// Claim shares that a request whose prefix cs claim was just sent to
 	// peer (this node's own name included).
 	Claim(peer string, cs []route.Claim)
@@ -136,6 +137,7 @@ type Handler struct {
 	policy  route.Policy
 	flights flights
 	sent    map[sentKey]uint64
+	repush  *time.Timer // reports the local queue when a prefill's time is up
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -306,6 +308,8 @@ type reqState struct {
 	arrived   time.Time // the handler began (the headers were read)
 	started   time.Time // the body was read
 	routed    time.Time // the target was chosen (zero for a hop)
+	// flight marks the request's prefill done in the front's flights.
+	flight func()
 	// tapIDs: take the prompt's token ids from the answer (promptIDs);
 	// stripIDs: the front asked for them, so the client gets null.
 	tapIDs, stripIDs bool
@@ -352,6 +356,7 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, k)
 		targets := h.targets(st.decision, peers)
+		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route.PrefillTokensPerSecond)
 		st.routed = h.now()
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
@@ -411,6 +416,7 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 	h.metrics.decisions.WithLabelValues("local", "hop", st.api.String()).Inc()
 	h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
 	local := []target{{URL: h.cfg.VLLM}}
+	local[0].Prefill, local[0].PrefillFor = hopPrefill(r)
 	// Full duplex, or the server drains and closes the body when the
 	// answer's headers go out, under the transport still reading it, and
 	// the failed write cuts the answer on its way (docs/design.md §5). The
@@ -527,14 +533,15 @@ func (h *Handler) choose(model string, k keyed) (route.Decision, []route.PeerVie
 	for i := range peers {
 		p := &peers[i]
 		if p.Local {
-			p.Load.Serving, p.Load.InFlight, p.Load.Fronted = len(h.flights[""]), 0, true
-			p.LoadAt = now // Serving is exact
+			p.Load.Serving, p.Load.QueuedPrefillTokens = h.flights.since("", time.Time{}, now)
+			p.Load.InFlight, p.Load.InFlightPrefillTokens, p.Load.Fronted = 0, 0, true
+			p.LoadAt = now // Serving and the queue are exact
 			if !h.localReady.Load() {
 				p.Engine = route.EngineDown
 			}
 			continue
 		}
-		p.Load.InFlight = h.flights.since(p.ID, p.LoadAt)
+		p.Load.InFlight, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
 	}
 	d := h.policy.Choose(req, peers, now)
 	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
@@ -586,7 +593,11 @@ type sentKey struct {
 func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	st.plan = p
 	first, start := p.targets[0].Peer, h.now()
-	h.track(func() { h.flights.add(first, start); h.sent[sentKey{first, st.api}]++ }, first)
+	st.flight = func() { h.track(func() { h.flights.answered(first, start) }, first) }
+	h.track(func() {
+		h.flights.add(first, start, p.targets[0].Prefill, p.targets[0].PrefillFor)
+		h.sent[sentKey{first, st.api}]++
+	}, first)
 	h.metrics.inflight.Inc()
 	defer func() {
 		h.track(func() { h.flights.done(first, start) }, first)
@@ -607,9 +618,28 @@ func (h *Handler) track(change func(), peer string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	change()
-	if peer == "" && h.peers != nil {
-		h.peers.SetServing(len(h.flights[""]))
+	if peer == "" {
+		now := h.now()
+		n, queued := h.flights.since("", time.Time{}, now)
+		h.metrics.queuedPrefill.Set(float64(queued))
+		if h.peers != nil {
+			h.peers.SetServing(n, queued)
+		}
+		h.repushAt(h.flights.next("", now), now)
 	}
+}
+
+// repushAt arms the timer that reports the local queue again at t, when a
+// non-streamed request's prefill should be done: nothing else happens then
+// that would push it. Called with mu held; a zero t disarms it.
+func (h *Handler) repushAt(t, now time.Time) {
+	if h.repush != nil {
+		h.repush.Stop()
+	}
+	if t.IsZero() {
+		return
+	}
+	h.repush = time.AfterFunc(t.Sub(now), func() { h.track(func() {}, "") })
 }
 
 // modifyResponse labels the response and taps its usage for the
@@ -620,6 +650,11 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	p := st.plan
+	if st.flight != nil {
+		// The first byte of the answer is the first token of a stream (of a
+		// whole answer otherwise): the request's prefill is done.
+		resp.Body = &firstByte{rc: resp.Body, fn: st.flight}
+	}
 	served := h.cfg.Self
 	if p.served >= 0 && p.targets[p.served].Peer != "" {
 		served = p.targets[p.served].Peer

@@ -46,7 +46,8 @@ type fakePeers struct {
 	mu      sync.Mutex
 	views   []route.PeerView
 	failed  []string
-	serving []int    // every SetServing, in order
+	serving []int    // every SetServing's requests, in order
+	queued  []int    // and its prefill tokens
 	claims  []string // the peer of every Claim, in order
 }
 
@@ -56,9 +57,10 @@ func (f *fakePeers) Claim(peer string, cs []route.Claim) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) SetServing(n int) {
+func (f *fakePeers) SetServing(n, queued int) {
 	f.mu.Lock()
 	f.serving = append(f.serving, n)
+	f.queued = append(f.queued, queued)
 	f.mu.Unlock()
 }
 
@@ -193,8 +195,8 @@ func TestRoutesToHolder(t *testing.T) {
 	if got := resp.Header.Get(DecisionHeader); got != route.ReasonAffinity {
 		t.Errorf("decision = %q; want affinity", got)
 	}
-	if len(*b.seen) != 1 || (*b.seen)[0].Get(HopHeader) != "" {
-		t.Errorf("b's vLLM saw %d requests (hop header must be stripped): %v", len(*b.seen), *b.seen)
+	if len(*b.seen) != 1 || (*b.seen)[0].Get(HopHeader) != "" || (*b.seen)[0].Get(PrefillHeader) != "" {
+		t.Errorf("b's vLLM saw %d requests (hop and prefill headers must be stripped): %v", len(*b.seen), *b.seen)
 	}
 	if len(*a.seen) != 0 {
 		t.Errorf("a's vLLM served %d requests; want 0", len(*a.seen))
@@ -317,8 +319,10 @@ func TestUsageTap(t *testing.T) {
 }
 
 // TestReportsServing checks the front reports its local vLLM's request
-// count on every change: a forwarded request counts where it is served,
-// not at the sidecar that forwarded it.
+// count and queued prefill tokens on every change: a forwarded request
+// counts where it is served, not at the sidecar that forwarded it; its
+// uncached tokens, as the sender predicted them (the hop's PrefillHeader),
+// are queued from its arrival to its first answer byte.
 func TestReportsServing(t *testing.T) {
 	a, b := holderPair(t)
 	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil)
@@ -328,12 +332,12 @@ func TestReportsServing(t *testing.T) {
 		t.Fatalf("served by %q; want b", resp.Header.Get(ServedByHeader))
 	}
 	// The server finishes its bookkeeping after the client has the body.
-	var gotA, gotB []int
+	var gotA, gotB, queuedB []int
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		b.peers.mu.Lock()
-		gotB = slices.Clone(b.peers.serving)
+		gotB, queuedB = slices.Clone(b.peers.serving), slices.Clone(b.peers.queued)
 		b.peers.mu.Unlock()
-		if len(gotB) >= 2 {
+		if len(gotB) >= 3 && gotB[len(gotB)-1] == 0 {
 			break
 		}
 	}
@@ -346,8 +350,15 @@ func TestReportsServing(t *testing.T) {
 	if !slices.Equal(claims, []string{"b"}) {
 		t.Errorf("a claimed %v; want [b]", claims)
 	}
-	if !slices.Equal(gotB, []int{1, 0}) || len(gotA) != 0 {
-		t.Errorf("serving reports: a %v, b %v; want a [], b [1 0]", gotA, gotB)
+	// Reports: sent, answered, done, and for this non-streamed answer
+	// maybe one when its prefill's time is up (1 ms), in any order among
+	// the middle ones.
+	if len(gotB) < 3 || gotB[0] != 1 || gotB[len(gotB)-1] != 0 || len(gotA) != 0 {
+		t.Errorf("serving reports: a %v, b %v; want a [], b [1 ... 0]", gotA, gotB)
+	}
+	// b holds the prompt's 4 full blocks: its last token is b's to compute.
+	if len(queuedB) < 3 || queuedB[0] != len(testPrompt)-4*16 || slices.Max(queuedB[1:]) != 0 {
+		t.Errorf("queued prefill reports at b %v; want [%d 0 ... 0]", queuedB, len(testPrompt)-4*16)
 	}
 }
 

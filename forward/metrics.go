@@ -15,6 +15,7 @@ type Metrics struct {
 	cachedTokens    *prometheus.CounterVec
 	storedProbes    *prometheus.CounterVec
 	inflight        prometheus.Gauge
+	queuedPrefill   prometheus.Gauge
 }
 
 // NewMetrics creates the front's metrics and registers them with reg (nil:
@@ -68,10 +69,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Name: "inflight_requests",
 			Help: "Routed requests in flight through this sidecar.",
 		}),
+		queuedPrefill: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kvroute", Name: "queued_prefill_tokens",
+			Help: "Prompt tokens the local vLLM must still prefill for the requests it has from this sidecar (each request's predicted uncached tokens until its first answer byte); what this pod pushes to its peers as its load. vllm:num_requests_waiting is the engine's own check.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.decisions, m.badRequests, m.hopRejected, m.forwardSeconds, m.tokenizeSeconds,
-			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight)
+			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight, m.queuedPrefill)
 	}
 	return m
 }

@@ -16,6 +16,12 @@ import (
 type target struct {
 	Peer string // node name; "" for the local vLLM
 	URL  *url.URL
+	// Prefill is the prompt tokens the target must compute, as the choice
+	// predicted them: queued work there until the first answer byte.
+	Prefill int
+	// PrefillFor is how long that should take there, for an answer whose
+	// first byte comes only at its end; 0 for a stream.
+	PrefillFor time.Duration
 }
 
 // plan is one request's ordered list of targets, shared between the handler
@@ -77,8 +83,10 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 			out.Body, out.ContentLength = io.NopCloser(p.stream), p.length
 		}
 		out.Header.Del(HopHeader)
+		out.Header.Del(PrefillHeader)
 		if tg.Peer != "" {
 			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
+			out.Header.Set(PrefillHeader, prefillValue(tg))
 		}
 		p.tried = append(p.tried, peerName(tg.Peer))
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{

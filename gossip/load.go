@@ -70,21 +70,25 @@ func (p *pusher) pushNow() {
 }
 
 // SetLoad records the local vLLM's scraped load (Running, Waiting,
-// KVUsage, QueuedPrefillTokens; Serving and InFlight are ignored). Peers
-// get it pushed within LoadPushInterval, and in the next meta update.
+// KVUsage; Serving and QueuedPrefillTokens are the front's, from
+// SetServing, and the in-flight fields are a sender's, so those are
+// ignored). Peers get it pushed within LoadPushInterval, and in the next
+// meta update.
 func (m *Mesh) SetLoad(l route.Load) {
 	m.load.mu.Lock()
-	l.Serving, l.InFlight = m.load.load.Serving, 0
+	l.Serving, l.QueuedPrefillTokens = m.load.load.Serving, m.load.load.QueuedPrefillTokens
+	l.InFlight, l.InFlightPrefillTokens = 0, 0
 	m.setLoadLocked(l)
 	m.load.mu.Unlock()
 }
 
 // SetServing records how many requests the local front has at its vLLM
-// right now. It is cheap: call it on every change.
-func (m *Mesh) SetServing(n int) {
+// right now, and their prompt tokens still to prefill. It is cheap: call
+// it on every change.
+func (m *Mesh) SetServing(n, prefillTokens int) {
 	m.load.mu.Lock()
 	l := m.load.load
-	l.Serving = n
+	l.Serving, l.QueuedPrefillTokens = n, prefillTokens
 	m.setLoadLocked(l)
 	m.load.mu.Unlock()
 }

@@ -7,14 +7,16 @@ import (
 	"github.com/kvroute/kvroute/blockkey"
 )
 
-// Affinity sends a request to the peer that saves the most prefill tokens
-// net of its load, among eligible peers within the load bound. It scores a
+// Affinity sends a request to the peer where it gets its first token
+// soonest, among eligible peers within the load bound: the peer that saves
+// the most prefill tokens net of the work queued ahead of it. It scores a
 // peer by
 //
-//	MatchedTokens - LoadTokens*Load
+//	MatchedTokens - QueuedWeight*Queued - LoadTokens*Load
 //
-// and picks the best score, even a peer that holds less when the holder is
-// that much busier. It declines (no target) when no peer within the bound
+// (the tokens it spares the request and the requests queued behind it,
+// less what it waits for there; see QueuedWeight) and picks the best
+// score, even a peer that holds less when the holder is that much busier. It declines (no target) when no peer within the bound
 // matches MinMatchKeys keys or MinMatchFraction of the prompt: a prefix
 // nobody holds, or one too short to matter (every request of the Mooncake
 // conversation trace shares its first 512 tokens), goes to Rendezvous,
@@ -55,7 +57,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 		}
 		if a.inBound(i) {
 			c.Scored = true
-			c.Score = float64(c.MatchedTokens) - p.Config.LoadTokens*c.Load
+			c.Score = float64(c.MatchedTokens) - wait(p.Config, c, p.Config.LoadTokens)
 			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
 				held = i
 			}

@@ -14,6 +14,8 @@ import (
 type assessment struct {
 	d       Decision
 	allOver bool // every eligible peer is over the bound, so none is passed over
+	cfg     Config
+	prompt  int // Request.PromptTokens
 }
 
 // assess checks eligibility and computes load and the bound for every
@@ -33,13 +35,13 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 			c.Note = addTag(c.Note, "model unlisted, in digest")
 		}
 		var stale bool
-		c.Load, stale = load(cfg, p, now)
+		c.Load, c.Queued, stale = load(cfg, p, now)
 		if stale {
 			c.Note = addTag(c.Note, "stale load")
 		}
 		sum += c.Load
 	}
-	a := assessment{d: Decision{Candidates: cs}}
+	a := assessment{d: Decision{Candidates: cs}, cfg: cfg, prompt: req.PromptTokens}
 	for _, c := range cs {
 		if c.Eligible {
 			a.d.Eligible++
@@ -116,18 +118,22 @@ func holdsModel(cfg Config, p PeerView, keys []blockkey.Key, now time.Time) bool
 	return p.Digest.PrefixLen(keys[:n]) == n
 }
 
-// load returns p's load in requests and whether the report was stale:
+// load returns p's load in requests, the prefill tokens queued ahead of a
+// new request there, and whether the report was stale:
 //
-//	busy + InFlight + kv + QueuedPrefillTokens/PrefillTokensPerLoad
+//	load   = busy + InFlight + kv
+//	queued = QueuedPrefillTokens + InFlightPrefillTokens
 //
 // where busy is Serving for a Fronted peer, else max(Running+Waiting,
 // Serving), and kv rises from 0 at KVKnee usage to KVWeight when full;
-// or InFlight alone when the report is older than LoadTTL (or never came).
-func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
+// or only what this sidecar has in flight there when the report is older
+// than LoadTTL (or never came).
+func load(cfg Config, p PeerView, now time.Time) (float64, int, bool) {
 	l := p.Load
 	inflight := float64(max(l.InFlight, 0))
+	queued := max(l.InFlightPrefillTokens, 0)
 	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && now.Sub(p.LoadAt) > cfg.LoadTTL) {
-		return inflight, true
+		return inflight, queued, true
 	}
 	// InFlight is what the report cannot count yet: each send raises the
 	// target's load at once, which stops a burst from piling onto one pod
@@ -140,11 +146,19 @@ func load(cfg Config, p PeerView, now time.Time) (float64, bool) {
 	if kv := l.KVUsage; kv > cfg.KVKnee && !math.IsNaN(kv) {
 		x += cfg.KVWeight * (min(kv, 1) - cfg.KVKnee) / (1 - min(cfg.KVKnee, 0.999))
 	}
-	if cfg.PrefillTokensPerLoad > 0 && l.QueuedPrefillTokens > 0 {
-		x += float64(l.QueuedPrefillTokens) / float64(cfg.PrefillTokensPerLoad)
-	}
-	return x, false
+	return x, queued + max(l.QueuedPrefillTokens, 0), false
 }
+
+// wait is what a request waits for at candidate c before its own prefill,
+// in prefill tokens: the work queued there (at QueuedWeight) and price
+// tokens for each request of load. It is the one cost that Affinity (at LoadTokens),
+// Rendezvous and LeastLoad (at Config.price) rank by.
+func wait(cfg Config, c *Candidate, price float64) float64 {
+	return max(cfg.QueuedWeight, 0)*float64(c.Queued) + price*c.Load
+}
+
+// price is LoadTokens for ranking by load alone: at least 1 token.
+func (cfg Config) price() float64 { return max(cfg.LoadTokens, 1) }
 
 // rendezvousKey returns the key that stands for the request's first
 // RendezvousKeys routing keys, and false for a prompt with no keys.
@@ -205,6 +219,7 @@ func better(cs []Candidate, k blockkey.Key, i, j int) bool {
 
 // choose marks candidate i chosen and fills the Decision's target.
 func (a *assessment) choose(i int, reason string) Decision {
+	a.estimate()
 	d := a.d
 	d.Candidates[i].Chosen = true
 	d.Target, d.Local, d.Reason = d.Candidates[i].ID, d.Candidates[i].Local, reason
@@ -213,6 +228,7 @@ func (a *assessment) choose(i int, reason string) Decision {
 
 // decline returns the Decision with no target and why.
 func (a *assessment) decline(why string) Decision {
+	a.estimate()
 	d := a.d
 	d.Reason = ReasonNone
 	d.Note = addNote(d.Note, why)
@@ -241,4 +257,24 @@ func addTag(note, s string) string {
 		return s
 	}
 	return note + ", " + s
+}
+
+// estimate fills each eligible candidate's expected time to first token:
+// its wait and the prompt's tokens it does not hold, at the engine's
+// prefill rate. Only Affinity knows the matches; the other policies'
+// candidates are priced as if they held nothing, which for a prefix
+// nobody holds is the truth.
+func (a *assessment) estimate() {
+	rate := a.cfg.PrefillTokensPerSecond
+	if rate <= 0 || a.prompt <= 0 {
+		return
+	}
+	for i := range a.d.Candidates {
+		c := &a.d.Candidates[i]
+		if c.Eligible {
+			uncached := max(a.prompt-c.MatchedTokens, 0)
+			// The queue at its real cost, whatever QueuedWeight ranks by.
+			c.TTFT = (float64(c.Queued) + max(a.cfg.LoadTokens, 0)*c.Load + float64(uncached)) / rate
+		}
+	}
 }

@@ -123,34 +123,36 @@ func TestExcludedTruncatedModels(t *testing.T) {
 func TestLoad(t *testing.T) {
 	cfg := DefaultConfig()
 	tests := []struct {
-		name      string
-		l         Load
-		at        time.Time
-		want      float64
-		wantStale bool
+		name       string
+		l          Load
+		at         time.Time
+		want       float64
+		wantQueued int
+		wantStale  bool
 	}{
-		{"idle", Load{}, t0, 0, false},
-		{"sum of requests", Load{Running: 3, Waiting: 2, InFlight: 1}, t0, 6, false},
-		{"kv usage below the knee", Load{KVUsage: 0.5}, t0, 0, false},
-		{"kv usage above the knee", Load{KVUsage: 0.9}, t0, 2, false},
-		{"kv usage clamped", Load{KVUsage: 7}, t0, 4, false},
-		{"kv usage NaN ignored", Load{KVUsage: math.NaN()}, t0, 0, false},
-		{"queued prefill", Load{QueuedPrefillTokens: 8192}, t0, 2, false},
-		{"serving above the scrape", Load{Running: 1, Serving: 4, InFlight: 1}, t0, 5, false},
-		{"scrape above serving", Load{Running: 3, Waiting: 2, Serving: 4}, t0, 5, false},
-		{"fronted: serving only", Load{Running: 3, Waiting: 2, Serving: 1, Fronted: true, InFlight: 1}, t0, 2, false},
-		{"fronted idle", Load{Running: 3, Fronted: true}, t0, 0, false},
-		{"negative counts ignored", Load{Running: -5, Waiting: -1, Serving: -3, InFlight: -2}, t0, 0, false},
-		{"negative serving fronted", Load{Serving: -3, Fronted: true}, t0, 0, false},
-		{"report at the TTL is fresh", Load{Running: 3, InFlight: 1}, t0.Add(-5 * time.Second), 4, false},
-		{"stale report: in flight only", Load{Running: 3, KVUsage: 1, InFlight: 1}, t0.Add(-6 * time.Second), 1, true},
-		{"no report: in flight only", Load{Running: 3, InFlight: 2}, time.Time{}, 2, true},
+		{"idle", Load{}, t0, 0, 0, false},
+		{"sum of requests", Load{Running: 3, Waiting: 2, InFlight: 1}, t0, 6, 0, false},
+		{"kv usage below the knee", Load{KVUsage: 0.5}, t0, 0, 0, false},
+		{"kv usage above the knee", Load{KVUsage: 0.9}, t0, 2, 0, false},
+		{"kv usage clamped", Load{KVUsage: 7}, t0, 4, 0, false},
+		{"kv usage NaN ignored", Load{KVUsage: math.NaN()}, t0, 0, 0, false},
+		{"queued prefill is work, not requests", Load{QueuedPrefillTokens: 8192, Serving: 1, Fronted: true}, t0, 1, 8192, false},
+		{"queued and sent since", Load{QueuedPrefillTokens: 100, InFlightPrefillTokens: 50}, t0, 0, 150, false},
+		{"serving above the scrape", Load{Running: 1, Serving: 4, InFlight: 1}, t0, 5, 0, false},
+		{"scrape above serving", Load{Running: 3, Waiting: 2, Serving: 4}, t0, 5, 0, false},
+		{"fronted: serving only", Load{Running: 3, Waiting: 2, Serving: 1, Fronted: true, InFlight: 1}, t0, 2, 0, false},
+		{"fronted idle", Load{Running: 3, Fronted: true}, t0, 0, 0, false},
+		{"negative counts ignored", Load{Running: -5, Waiting: -1, Serving: -3, InFlight: -2, QueuedPrefillTokens: -7, InFlightPrefillTokens: -1}, t0, 0, 0, false},
+		{"negative serving fronted", Load{Serving: -3, Fronted: true}, t0, 0, 0, false},
+		{"report at the TTL is fresh", Load{Running: 3, InFlight: 1}, t0.Add(-5 * time.Second), 4, 0, false},
+		{"stale report: in flight only", Load{Running: 3, KVUsage: 1, InFlight: 1, QueuedPrefillTokens: 900, InFlightPrefillTokens: 40}, t0.Add(-6 * time.Second), 1, 40, true},
+		{"no report: in flight only", Load{Running: 3, InFlight: 2}, time.Time{}, 2, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, stale := load(cfg, PeerView{Load: tt.l, LoadAt: tt.at}, t0)
-			if got != tt.want || stale != tt.wantStale {
-				t.Errorf("load(%+v) = %v, %v; want %v, %v", tt.l, got, stale, tt.want, tt.wantStale)
+			got, queued, stale := load(cfg, PeerView{Load: tt.l, LoadAt: tt.at}, t0)
+			if got != tt.want || queued != tt.wantQueued || stale != tt.wantStale {
+				t.Errorf("load(%+v) = %v, %d, %v; want %v, %d, %v", tt.l, got, queued, stale, tt.want, tt.wantQueued, tt.wantStale)
 			}
 		})
 	}

@@ -58,11 +58,15 @@ type Config struct {
 	// front of long unrelated prompts is not worth a queue, so such requests
 	// are balanced by Rendezvous instead. 0 acts on any match.
 	MinMatchFraction float64
-	// LoadTokens is the price of one unit of load in prefill tokens:
-	// Affinity scores a peer by MatchedTokens - LoadTokens*Load, so a peer
-	// with one more request queued must save LoadTokens more tokens to win.
-	// Default 64: affinity dominates within the bound, while near-equal
-	// matches go to the lighter peer. 0 ranks by saved tokens alone.
+	// LoadTokens is the price of one unit of load (a request at the peer,
+	// see Load) in prefill tokens, on top of the queued prefill work the
+	// peer reports: every request the engine runs shares its steps (a
+	// decode token each, and the step's fixed overhead, about 100 tokens'
+	// worth on the simulator's H100 model), so a peer with one more request
+	// must save LoadTokens more tokens to win. Default 64: near-equal
+	// matches go to the lighter peer, while a long match wins over a few
+	// requests of imbalance. 0 ranks Affinity by saved and queued tokens
+	// alone (Rendezvous and LeastLoad then count a request as 1 token).
 	LoadTokens float64
 
 	// RendezvousKeys is how many leading routing keys Rendezvous hashes,
@@ -99,29 +103,46 @@ type Config struct {
 	KVWeight float64
 	KVKnee   float64
 
-	// PrefillTokensPerLoad turns Load.QueuedPrefillTokens into load: one
-	// request's worth per this many queued tokens. Default 4096. 0 ignores
-	// the estimate.
-	PrefillTokensPerLoad int
+	// QueuedWeight is the price of one queued prefill token (Candidate.
+	// Queued) in the wait, in saved tokens. Default 0.5: a token a request
+	// must compute delays it and every request that queues behind it at
+	// that pod, a token it waits for delays it alone, so a saved token
+	// weighs twice a queued one. At 1 (the request's own TTFT alone) a
+	// burst of one new prefix went to every idle pod in turn, each
+	// computing it again, since waiting for the first pod's prefill and
+	// computing it elsewhere tie (e2e TestBurstOfNewPrefixLandsOnOnePod).
+	// 0 ignores the queued work and ranks by requests alone, as kvroute
+	// did before (for side-by-side runs: the sidecar's
+	// --route-load=requests).
+	QueuedWeight float64
+
+	// PrefillTokensPerSecond is the engine's prefill throughput, which
+	// turns a candidate's cost in tokens into the expected time to first
+	// token that /debug/route shows (Candidate.TTFT). The choice itself is
+	// in tokens: the pods of one Deployment share one GPU type, so the
+	// rate scales every candidate alike. Default 16667, the simulator's
+	// Llama-3.1-8B on one H100 (60 µs a token); 0 shows no estimate.
+	PrefillTokensPerSecond float64
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		FailFor:              10 * time.Second,
-		SilentFor:            3 * time.Second,
-		LoadTTL:              5 * time.Second,
-		Slack:                1,
-		MinHeadroom:          4,
-		MinMatchKeys:         2,
-		MinMatchFraction:     0.25,
-		LoadTokens:           64,
-		RendezvousKeys:       4,
-		ColdHeadroom:         0,
-		ClaimTTL:             5 * time.Second,
-		KVWeight:             4,
-		KVKnee:               0.8,
-		PrefillTokensPerLoad: 4096,
+		FailFor:                10 * time.Second,
+		SilentFor:              3 * time.Second,
+		LoadTTL:                5 * time.Second,
+		Slack:                  1,
+		MinHeadroom:            4,
+		MinMatchKeys:           2,
+		MinMatchFraction:       0.25,
+		LoadTokens:             64,
+		RendezvousKeys:         4,
+		ColdHeadroom:           0,
+		ClaimTTL:               5 * time.Second,
+		KVWeight:               4,
+		KVKnee:                 0.8,
+		QueuedWeight:           0.5,
+		PrefillTokensPerSecond: 16667,
 	}
 }
 

@@ -48,15 +48,23 @@
 //
 // Load is one number, in requests:
 //
-//	Running + Waiting + InFlight + KVWeight*KVUsage + QueuedPrefillTokens/PrefillTokensPerLoad
+//	Running + Waiting + InFlight + KVWeight*KVUsage
 //
-// Running, Waiting, KVUsage and QueuedPrefillTokens come from the peer's
-// report and count only while younger than LoadTTL; a stale or missing
-// report leaves InFlight, what this sidecar itself has outstanding there.
-// InFlight is added even though the report may already count some of
-// those requests: the double count errs towards spreading, and it makes
-// every forward raise the target's load at once, which stops the herd of
-// one metrics interval (dynamo#589).
+// and beside it the work a new request would queue behind, in prefill
+// tokens (Candidate.Queued):
+//
+//	QueuedPrefillTokens + InFlightPrefillTokens
+//
+// A peer's sidecar pushes Serving (its requests at vLLM, exact: every one
+// passes it) and QueuedPrefillTokens (their uncached prompt tokens, as
+// predicted, until each one's first answer byte) on every change.
+// Running, Waiting, KVUsage and QueuedPrefillTokens count only while the
+// report is younger than LoadTTL; a stale or missing report leaves
+// InFlight and InFlightPrefillTokens, what this sidecar itself has
+// outstanding there. They are added even though the report may already
+// count some of those requests: the double count errs towards spreading,
+// and it makes every forward raise the target's load at once, which stops
+// the herd of one metrics interval (dynamo#589).
 //
 // # The load bound
 //
@@ -70,17 +78,26 @@
 //
 // # Score
 //
-// Affinity scores a peer in prefill tokens:
+// Affinity scores a peer in prefill tokens, by the time to the request's
+// first token there and the work it adds for the requests behind it
+// (LMetric, OSDI'26, prices the same two terms as a product; a sum is what
+// a first-come-first-served prefill queue costs):
 //
-//	Score = MatchedTokens - LoadTokens*Load
+//	Score = MatchedTokens - QueuedWeight*Queued - LoadTokens*Load
 //
-// MatchedTokens is MatchedKeys*TokensPerKey: the work the peer skips.
-// LoadTokens prices a queued or running request in tokens, so that a
-// near-equal match goes to the lighter peer while a long match wins over
-// a few requests of imbalance; the bound, not the score, is what keeps
-// affinity from piling up. Ties, here and in every policy, go to the
-// higher rendezvous weight and then to the smaller ID, never to the order
-// of peers: sidecars that see the same table agree.
+// MatchedTokens is MatchedKeys*TokensPerKey: the work the peer skips,
+// which spares the request and every request queued behind it there.
+// Queued is the work ahead of the request there, which delays it alone:
+// QueuedWeight 0.5 weighs it half a saved token. LoadTokens prices each
+// request the engine runs alongside (its decode step and overhead), so a
+// near-equal match goes to the lighter peer. A 6,000-token miss queued at
+// the holder weighs 6,000 tokens, a 50-token hit 50: a count of requests
+// cannot tell them apart. Rendezvous and LeastLoad rank by the same wait.
+// The bound, in requests, not the score, is what keeps affinity from
+// piling up. Ties, here and in every policy, go to the higher rendezvous
+// weight and then to the smaller ID, never to the order of peers: sidecars
+// that see the same table agree. Candidate.TTFT shows each cost in seconds
+// at PrefillTokensPerSecond.
 //
 // # Speculation
 //

@@ -29,12 +29,12 @@ func (d Decision) Table() string {
 	for _, c := range d.Candidates {
 		w = max(w, len(c.ID))
 	}
-	row := func(mark, id, keys, tokens, load, score, status string) {
-		line := fmt.Sprintf("%s %-*s %6s %7s %7s %10s  %s", mark, w, id, keys, tokens, load, score, status)
+	row := func(mark, id, keys, tokens, load, queued, ttft, score, status string) {
+		line := fmt.Sprintf("%s %-*s %6s %7s %7s %7s %7s %10s  %s", mark, w, id, keys, tokens, load, queued, ttft, score, status)
 		b.WriteString(strings.TrimRight(line, " "))
 		b.WriteByte('\n')
 	}
-	row(" ", "peer", "keys", "tokens", "load", "score", "status")
+	row(" ", "peer", "keys", "tokens", "load", "queued", "ttft", "score", "status")
 	for _, c := range d.Candidates {
 		mark := " "
 		if c.Chosen {
@@ -46,7 +46,7 @@ func (d Decision) Table() string {
 		}
 		if !c.Eligible {
 			status = append(status, "excluded: "+c.Excluded)
-			row(mark, c.ID, "-", "-", "-", "-", strings.Join(status, ", "))
+			row(mark, c.ID, "-", "-", "-", "-", "-", "-", strings.Join(status, ", "))
 			continue
 		}
 		if c.Over {
@@ -59,8 +59,12 @@ func (d Decision) Table() string {
 		if c.Scored {
 			score = num(c.Score, 3)
 		}
+		ttft := "-"
+		if c.TTFT > 0 {
+			ttft = strconv.FormatFloat(c.TTFT*1000, 'f', 0, 64) + "ms"
+		}
 		row(mark, c.ID, strconv.Itoa(c.MatchedKeys), strconv.Itoa(c.MatchedTokens),
-			num(c.Load, 2), score, strings.Join(status, ", "))
+			num(c.Load, 2), strconv.Itoa(c.Queued), ttft, score, strings.Join(status, ", "))
 	}
 	return b.String()
 }

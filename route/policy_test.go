@@ -211,7 +211,7 @@ func TestSidecarsAgree(t *testing.T) {
 // knobs, NaN usage, empty IDs, duplicate IDs.
 func TestChooseNeverPanics(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	cfgs := []Config{{}, DefaultConfig(), {Slack: -1, MinHeadroom: -5, MinMatchKeys: -3, RendezvousKeys: -2, LoadTokens: -1, PrefillTokensPerLoad: -9}}
+	cfgs := []Config{{}, DefaultConfig(), {Slack: -1, MinHeadroom: -5, MinMatchKeys: -3, RendezvousKeys: -2, LoadTokens: -1, PrefillTokensPerSecond: -9}}
 	for trial := range 300 {
 		prompt := keysN(1, rng.IntN(30))
 		peers := randomCluster(rng, rng.IntN(6), prompt)

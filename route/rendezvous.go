@@ -6,7 +6,8 @@ import (
 )
 
 // Rendezvous places a prefix nobody holds: among eligible peers within the
-// load bound and within ColdHeadroom of the least-loaded one, it picks the
+// load bound and within ColdHeadroom requests of the shortest wait (queued
+// prefill work and requests, see wait), it picks the
 // highest random weight of (peer ID, the request's first RendezvousKeys
 // keys). Independent sidecars that see the same peers
 // therefore send a burst of new same-prefix requests to the same pod
@@ -28,10 +29,11 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 		return a.decline("rendezvous: no keys")
 	}
 	cs := a.d.Candidates
+	price := p.Config.price()
 	least := math.Inf(1)
 	for i := range cs {
 		if a.inBound(i) {
-			least = min(least, cs[i].Load)
+			least = min(least, wait(p.Config, &cs[i], price))
 		}
 	}
 	best := -1
@@ -39,7 +41,7 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 		if !a.inBound(i) {
 			continue
 		}
-		if cs[i].Load > least+max(p.Config.ColdHeadroom, 0) {
+		if wait(p.Config, &cs[i], price) > least+price*max(p.Config.ColdHeadroom, 0) {
 			cs[i].Note = addTag(cs[i].Note, "busier")
 			continue
 		}

@@ -35,9 +35,16 @@ type Load struct {
 	// when the report is stale). It is the only load signal that is never
 	// stale.
 	InFlight int `json:"in_flight"`
-	// QueuedPrefillTokens is an optional estimate of uncached prompt tokens
-	// waiting for prefill on the peer; 0 when unknown.
+	// QueuedPrefillTokens is the prompt tokens the peer's engine must
+	// still compute before the requests it has now get their first token:
+	// each request's uncached tokens, as its front predicted them, until
+	// its first answer byte. The peer's sidecar pushes it with Serving; 0
+	// from a peer that does not (a baseline's pod, an older sidecar).
 	QueuedPrefillTokens int `json:"queued_prefill_tokens"`
+	// InFlightPrefillTokens is QueuedPrefillTokens' InFlight: the uncached
+	// tokens of the requests this sidecar sent to the peer that its report
+	// does not count yet, and whose first byte has not come back.
+	InFlightPrefillTokens int `json:"in_flight_prefill_tokens"`
 }
 
 // Engine is a pod's vLLM as its sidecar sees it (docs/design.md D10). The zero
@@ -145,6 +152,14 @@ type Candidate struct {
 	MatchedTokens int `json:"matched_tokens"`
 	// Load is the peer's load as one number, in requests (see doc.go).
 	Load float64 `json:"load"`
+	// Queued is the prefill work ahead of this request at the peer, in
+	// tokens: its reported QueuedPrefillTokens (while fresh) plus
+	// InFlightPrefillTokens.
+	Queued int `json:"queued_tokens"`
+	// TTFT is the expected time to this request's first token at the
+	// peer, in seconds (Config.PrefillTokensPerSecond): its wait and its
+	// uncached tokens at the engine's prefill rate. 0 when unknown.
+	TTFT float64 `json:"ttft_s"`
 	// Over is set when Load+1 exceeds the Decision's Bound: affinity and
 	// rendezvous pass the peer over unless every eligible peer is over.
 	Over bool `json:"over"`

@@ -135,7 +135,7 @@ func (s *scenario) run(line string) (string, error) {
 			p.Models = strings.Split(v, ",")
 		}
 		for k, dst := range map[string]*int{"scheme": &p.KeyScheme, "running": &p.Load.Running,
-			"waiting": &p.Load.Waiting, "inflight": &p.Load.InFlight, "queued": &p.Load.QueuedPrefillTokens} {
+			"waiting": &p.Load.Waiting, "inflight": &p.Load.InFlight, "queued": &p.Load.QueuedPrefillTokens, "sent-queued": &p.Load.InFlightPrefillTokens} {
 			if _, ok := args[k]; ok {
 				if *dst, err = num(k); err != nil {
 					return "", err
@@ -235,6 +235,8 @@ func (s *scenario) set(k, v string) error {
 		fl(&s.cfg.MinHeadroom)
 	case "load-tokens":
 		fl(&s.cfg.LoadTokens)
+	case "queued-weight":
+		fl(&s.cfg.QueuedWeight)
 	case "kv-weight":
 		fl(&s.cfg.KVWeight)
 	case "min-match":

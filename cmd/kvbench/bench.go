@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/baseline"
@@ -87,8 +88,11 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	cfg.BinDir = o.BinDir
 	cfg.Model = model
 	cfg.Subnet = o.Subnet
-	cfg.Sidecars = policy == policyKVRoute
+	cfg.Sidecars = policy == policyKVRoute || policy == policyKVRouteRequests
 	cfg.SidecarArgs = o.SidecarArgs
+	if policy == policyKVRouteRequests {
+		cfg.SidecarArgs = append(slices.Clip(cfg.SidecarArgs), "--route-load", "requests")
+	}
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.ExtraArgs = simArgs(o.Workload)
@@ -108,7 +112,7 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 		switch policy {
 		case policyService:
 			eps = append(eps, loadgen.Endpoint{URL: p.SimURL, Pod: p.Name})
-		case policyKVRoute:
+		case policyKVRoute, policyKVRouteRequests:
 			eps = append(eps, loadgen.Endpoint{URL: "http://" + p.API})
 		}
 	}

@@ -27,6 +27,10 @@ const (
 	// policyKVRoute: the same Service in front of the kvroute sidecars; the
 	// sidecars' x-kvroute-served-by header names the serving pod.
 	policyKVRoute = "kvroute"
+	// policyKVRouteRequests: kvroute weighing load by request count alone
+	// (sidecar --route-load requests), the choice before load as prefill
+	// work, for side-by-side runs.
+	policyKVRouteRequests = "kvroute-requests"
 )
 
 // options is the parsed command line.
@@ -61,7 +65,7 @@ type options struct {
 }
 
 func allPolicies() []string {
-	return append([]string{policyService, policyKVRoute}, baseline.Names...)
+	return append([]string{policyService, policyKVRoute, policyKVRouteRequests}, baseline.Names...)
 }
 
 // parseFlags parses args; --help and --version print to stdout and return

@@ -32,6 +32,7 @@ func storyAPI(k loadgen.Kind) string {
 	}
 	return "OpenAI chat"
 }
+
 const (
 	storyPods         = 3
 	storyRequests     = 5

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/gossip"
+	"github.com/kvroute/kvroute/route"
 )
 
 // config is everything `sidecar serve` needs, from flags with
@@ -50,6 +51,10 @@ type config struct {
 	DigestInterval    time.Duration
 	LoadPushDelay     time.Duration
 	ModelsInterval    time.Duration
+	// RouteLoad is how peers' load is weighed: "work" (queued prefill
+	// tokens and requests) or "requests" (the count alone).
+	RouteLoad   string
+	PrefillRate float64 // the engine's prefill tokens per second
 
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -105,6 +110,8 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
 	fs.IntVar(&c.HungAfter, "health-hung-after", 2, "probe timeouts in a row after which the engine counts as hung (down)")
 	fs.DurationVar(&c.SilenceWindow, "kv-events-silence-window", 10*time.Second, "warn (log, metric, /readyz body) when vLLM serves this long with no KV event ever arriving")
+	fs.StringVar(&c.RouteLoad, "route-load", "work", "how a peer's load is weighed in the choice: work (the prompt tokens it must still prefill, plus its requests) or requests (the count alone, as kvroute weighed it before; for comparison)")
+	fs.Float64Var(&c.PrefillRate, "prefill-rate", route.DefaultConfig().PrefillTokensPerSecond, "the engine's prefill throughput in tokens per second, which turns /debug/route's costs into expected times to first token (default: the simulator's Llama-3.1-8B on one H100)")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
@@ -152,6 +159,10 @@ func (c config) validate() error {
 		return errors.New("--block-size and --routing-stride must be positive")
 	case c.FPRate <= 0 || c.FPRate >= 1:
 		return errors.New("--digest-fp-rate must be in (0, 1)")
+	case c.RouteLoad != "work" && c.RouteLoad != "requests":
+		return fmt.Errorf("--route-load %q: want work or requests", c.RouteLoad)
+	case c.PrefillRate < 0:
+		return errors.New("--prefill-rate must not be negative")
 	case c.DPRanks < 1:
 		return errors.New("--kv-events-dp-ranks must be at least 1")
 	case c.TextPrefixKeys < 0:

@@ -171,6 +171,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Self, fcfg.VLLM, fcfg.Model, fcfg.Scheme = cfg.NodeName, vllmURL, cfg.Model, scheme
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
+	fcfg.Route.PrefillTokensPerSecond = cfg.PrefillRate
+	if cfg.RouteLoad == "requests" {
+		fcfg.Route.QueuedWeight = 0
+	}
 	tok := adapterFallback{tokenizer{vc}}
 	front := forward.New(fcfg, mesh, tok, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
 	front.SetLocalReady(false) // until the engine is seen healthy

@@ -1,0 +1,123 @@
+package forward
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
+	"github.com/kvroute/kvroute/route"
+)
+
+// TestSentPrefillCounts checks that a request sent to a peer raises the
+// work queued there, as this front sees it, by the tokens the peer must
+// compute, from the send to the answer's first byte, and that the hop
+// tells the peer the same figure.
+func TestSentPrefillCounts(t *testing.T) {
+	firstByte, finish := make(chan struct{}), make(chan struct{})
+	gotPrefill := make(chan string, 1)
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		gotPrefill <- r.Header.Get(PrefillHeader)
+		<-firstByte
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		<-finish
+	}))
+	t.Cleanup(peer.Close)
+	t.Cleanup(func() { close(finish) })
+
+	a := newNode(t, "a")
+	held := keySet{}
+	for _, k := range promptKeys()[:2] { // b holds two of the prompt's four blocks
+		held[k] = true
+	}
+	now := time.Now()
+	a.peers.views = []route.PeerView{
+		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},
+		{ID: "b", Addr: hostOf(peer), KeyScheme: blockkey.Version, Digest: held, LoadAt: now},
+	}
+	body := `{"model":"m","prompt":"` + testPrompt + `","stream":true}`
+	want := len(testPrompt) - 2*16
+	queuedAtB := func() (int, int) {
+		d, _, err := a.h.Explain(t.Context(), []byte(body), prompt.APICompletions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range d.Candidates {
+			if c.ID == "b" {
+				return c.Queued, int(c.Load)
+			}
+		}
+		t.Fatal("no candidate b")
+		return 0, 0
+	}
+	if q, _ := queuedAtB(); q != 0 {
+		t.Fatalf("before any send: %d tokens queued at b; want 0", q)
+	}
+
+	done := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", a.srv.URL+"/v1/completions", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			close(done)
+			return
+		}
+		done <- resp
+	}()
+	select {
+	case v := <-gotPrefill:
+		if v != strconv.Itoa(want) {
+			t.Errorf("hop's %s = %q; want %d", PrefillHeader, v, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request never reached b")
+	}
+	if q, l := queuedAtB(); q != want || l != 1 {
+		t.Errorf("sent, no answer yet: b has %d tokens queued, load %d; want %d and 1", q, l, want)
+	}
+	close(firstByte)
+	resp := <-done
+	if resp == nil {
+		return
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	// The client has the first byte, so the front's tap has seen it.
+	if q, l := queuedAtB(); q != 0 || l != 1 {
+		t.Errorf("first byte back: b has %d tokens queued, load %d; want 0 and 1 (it still decodes)", q, l)
+	}
+}
+
+// TestClientPrefillIgnored checks that a client cannot inflate a pod's
+// queued work: PrefillHeader counts only on a trusted hop, and vLLM never
+// sees it.
+func TestClientPrefillIgnored(t *testing.T) {
+	a := newNode(t, "a") // no peers: served locally
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`,
+		map[string]string{PrefillHeader: "999999"})
+	io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	a.peers.mu.Lock()
+	queued := append([]int(nil), a.peers.queued...)
+	a.peers.mu.Unlock()
+	if len(queued) == 0 || queued[0] != len(testPrompt) {
+		t.Errorf("queued reports %v; want the prompt's %d tokens first (nothing cached, no peer)", queued, len(testPrompt))
+	}
+	if len(*a.seen) != 1 || (*a.seen)[0].Get(PrefillHeader) != "" {
+		t.Errorf("vLLM saw %v; want one request without %s", *a.seen, PrefillHeader)
+	}
+}
