@@ -193,7 +193,7 @@ chaos-deps:
 IMAGE_TAG ?= v0.1.0
 IMAGES    := sidecar=ghcr.io/kvroute/sidecar:$(IMAGE_TAG) vllm-sim=ghcr.io/kvroute/vllm-sim:$(IMAGE_TAG) \
 	pause=kvroute.local/pause:v1
-.PHONY: images k8s-up k8s-down k8s-e2e
+.PHONY: images k8s-up k8s-down k8s-e2e k8s-helm
 images:
 	@[ "$$(id -u)" = 0 ] || { echo "make images needs root (debootstrap, chroot): sudo make images" >&2; exit 2; }
 	@command -v debootstrap >/dev/null || { $(call apt-install,images,debootstrap); }
@@ -210,6 +210,12 @@ k8s-up:
 k8s-down:
 	k8s/down.sh
 
-# Up, the end-to-end checks and faults, down; the result in out/k8s-e2e/result.json.
+# Up, the kustomize phase (checks, hit rates, faults), the Helm phase (install,
+# hit rates, upgrade under load, uninstall), down; the result in out/k8s-e2e/result.json.
 k8s-e2e: images
 	k8s/e2e.sh
+
+# out/bin/helm, built from the Helm module charts/kvroute/test requires (no
+# downloaded binary); k8s-e2e builds it too.
+k8s-helm:
+	@k8s/build-helm.sh
