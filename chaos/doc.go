@@ -41,4 +41,12 @@
 // through it, applies a Scenario's faults on a timeline, polls every
 // sidecar's /debug/peers to time detection, and classifies every failed
 // request (Result). cmd/chaos is its command line.
+//
+// With the agentic workload the simulators keep stored responses
+// (VLLM_ENABLE_RESPONSES_API_STORE=1, --enable-scale-out) and the harness
+// follows them: the clients' transport notes which response each
+// follow-up names and which pod made it (storeTap), a prober reads stored
+// responses through the Service during the run (probeStored), and a
+// follow-up whose response's engine died is counted unservable, not lost
+// (stored.go, followups.go).
 package chaos

@@ -85,14 +85,8 @@ func (c *Cluster) startPod(ctx context.Context, i int) error {
 // RestartSidecar starts pod i's sidecar again (stopping it first if it
 // runs) and waits until every sidecar sees the full mesh.
 func (c *Cluster) RestartSidecar(ctx context.Context, i int) error {
-	if err := c.check(i); err != nil {
-		return err
-	}
-	if !c.cfg.Sidecars {
-		return fmt.Errorf("restart sidecar: %w: cluster runs without sidecars", ErrConfig)
-	}
-	if _, sc := c.procs(i); sc != nil {
-		sc.stop()
+	if err := c.StopSidecar(i); err != nil {
+		return fmt.Errorf("restart: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReadyTimeout)
 	defer cancel()

@@ -28,8 +28,21 @@ import (
 //     holding the client's connection) died while it was in flight. (A
 //     serving pod that dies before answering is the sender sidecar's to
 //     retry elsewhere: that failure is servable.)
+//   - unservable_store_lost: a follow-up of a stored response
+//     (previous_response_id, or the prober's GET /v1/responses/{id}) whose
+//     response went with the engine that stored it (kill-engine, kill-pod,
+//     replace-pod, a rolling restart of its pod after it was made), answered
+//     with the mesh's 404 that says the pod holding it is gone. vLLM keeps
+//     stored responses in the engine's memory: nobody can serve these.
+//     unservable_store_lost_unclear: the same, answered otherwise (a 503,
+//     the restarted engine's own 404): unservable, but the client was not
+//     told why.
 //   - failed_servable: every other failure: a live pod could have served
-//     it, and the mesh did not. The target is 0.
+//     it, and the mesh did not. The target is 0. A follow-up whose
+//     stored response's engine lives (its sidecar killed or restarting, its
+//     pod partitioned, its engine hung) is servable: the 503 with
+//     Retry-After the mesh answers while that pod is unreachable is a
+//     failure when the client's retries (ClientRetry) did not get through.
 type Result struct {
 	Scenario    string  `json:"scenario"`
 	Mode        string  `json:"mode"`
@@ -49,6 +62,32 @@ type Result struct {
 	FailedMidstreamEntry int `json:"failed_midstream_entry"`
 	FailedInflight       int `json:"failed_inflight"`
 	FailedService        int `json:"failed_service"`
+	// ServableLost is FailedServable plus the prober's stored-response
+	// reads that failed servable: what a run must keep at 0.
+	ServableLost int `json:"servable_lost"`
+	// StoreLost and StoreLostUnclear count the unservable follow-ups (the
+	// prober's reads included) by their answer: the mesh's clear 404, or
+	// another.
+	StoreLost        int `json:"unservable_store_lost"`
+	StoreLostUnclear int `json:"unservable_store_lost_unclear"`
+	// FollowUps counts the requests about a stored response (continued
+	// POSTs and the prober's GETs), FollowUpsServed those answered;
+	// FollowUpsUnderFault those sent while a pod fault held the pod
+	// storing their response, and FollowUpsServedUnderFault those of them
+	// answered. FollowUpsUnknown named a response the harness never saw
+	// made (classified as any request); StoreLostServed were answered
+	// although their response's engine had ended before they were sent,
+	// which cannot be (the harness's account would be wrong): both 0.
+	FollowUps                 int `json:"follow_ups"`
+	FollowUpsServed           int `json:"follow_ups_served"`
+	FollowUpsUnderFault       int `json:"follow_ups_under_fault"`
+	FollowUpsServedUnderFault int `json:"follow_ups_served_under_fault"`
+	FollowUpsUnknown          int `json:"follow_ups_unknown"`
+	StoreLostServed           int `json:"store_lost_served"`
+	// APIs is one row per API (the prober's reads and continued requests
+	// on rows of their own); RetryRule says how retryable answers count.
+	APIs      []APIRow `json:"apis,omitempty"`
+	RetryRule string   `json:"retry_rule"`
 	// Retried counts requests a sidecar retried on another pod after the
 	// first target failed before its first byte; ClientRetried those the
 	// client sent more than once.
@@ -129,6 +168,9 @@ type FaultResult struct {
 	// after it was back and that it served (it is routed to again).
 	ServedEnteringDuring int `json:"served_entering_during"`
 	ForwardedToAfter     int `json:"forwarded_to_after"`
+	// FollowUps are the requests about responses this pod stored, sent
+	// while the fault held.
+	FollowUps FollowUpCounts `json:"follow_ups"`
 }
 
 // baselineWindow is how much traffic before a fault sets its recovery
@@ -150,6 +192,15 @@ type RequestRecord struct {
 	Stream   bool    `json:"stream"`
 	Cached   int     `json:"cached_tokens"`
 	Err      string  `json:"error,omitempty"`
+	// API is the request's row in Result.APIs. A follow-up names its
+	// stored response (Response), the pod that made it (Owner) and when
+	// its answer ended (MadeS), and, when that pod's engine ended after,
+	// the fault (Cause).
+	API      string  `json:"api,omitempty"`
+	Response string  `json:"response,omitempty"`
+	Owner    string  `json:"owner,omitempty"`
+	MadeS    float64 `json:"made_s,omitempty"`
+	Cause    string  `json:"cause,omitempty"`
 }
 
 // ForwardRecord is one forward attempt to a broken pod after detection.
@@ -180,10 +231,17 @@ type Second struct {
 const routingKeyTokens = 64
 
 // interval is when a pod was down; end is +Inf while it never came back.
+// sidecar: the fault took the pod's sidecar away (a client connection
+// into the pod had nobody to answer it); without it only the engine went,
+// and the sidecar could still route elsewhere.
 type interval struct {
 	pod        string
 	start, end float64
+	sidecar    bool
 }
+
+// takesSidecar reports whether a fault stops the pod's sidecar.
+func takesSidecar(fault string) bool { return fault != FaultKillEngine }
 
 func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans []Transition, attempts []Attempt, end float64) *Result {
 	cfg := r.cfg
@@ -210,7 +268,7 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		if f.UndoneS > 0 && f.NewPod == "" {
 			e = f.UndoneS // back under the same name
 		}
-		down = append(down, interval{f.Pod, f.AtS, e})
+		down = append(down, interval{f.Pod, f.AtS, e, takesSidecar(f.Fault)})
 	}
 	byClient := map[string][]ConnRecord{}
 	for _, c := range conns {
@@ -227,12 +285,16 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		}
 		return best, found
 	}
+	// The entry pod counts as down only without its sidecar (which holds
+	// the client's connection); a serving pod also when its engine went.
 	downAt := func(pod string, t float64) bool {
-		return slices.ContainsFunc(down, func(iv interval) bool { return iv.pod == pod && iv.start <= t && t < iv.end })
+		return slices.ContainsFunc(down, func(iv interval) bool {
+			return iv.sidecar && iv.pod == pod && iv.start <= t && t < iv.end
+		})
 	}
-	diedDuring := func(pod string, from, to float64) bool {
+	diedDuring := func(pod string, from, to float64, sidecarOnly bool) bool {
 		return pod != "" && slices.ContainsFunc(down, func(iv interval) bool {
-			return iv.pod == pod && iv.start >= from && iv.start <= to
+			return (iv.sidecar || !sidecarOnly) && iv.pod == pod && iv.start >= from && iv.start <= to
 		})
 	}
 
@@ -255,13 +317,45 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		}
 	}
 
+	fu := newFollowUps(r.stored, faults)
+	// classify is a failed request's class (see Result) and its entry pod.
+	classify := func(s loadgen.Sample) (string, string) {
+		sent := s.Sent.Seconds()
+		fin := (s.Sent + s.WallE2E).Seconds()
+		rec, ok := entryOf(s)
+		switch {
+		case !ok || rec.DialErr || downAt(rec.Name, sent):
+			return "failed_service", rec.Name
+		case diedDuring(rec.Name, sent, fin, true) || (s.Status == 200 && diedDuring(s.Pod, sent, fin, false)):
+			// The client's own connection died with its entry pod, or the
+			// answer had begun on a pod that died. A serving pod that died
+			// before answering leaves the request to its sender sidecar,
+			// which may retry it elsewhere: if it did not, it is servable.
+			switch {
+			case s.Status != 200:
+				return "failed_inflight", rec.Name
+			case !diedDuring(s.Pod, sent, fin, false):
+				return "failed_midstream_entry", rec.Name
+			}
+			return "failed_midstream", rec.Name
+		}
+		// A follow-up whose stored response went with its engine: nobody
+		// can serve it (it ought to be the mesh's 404 saying so).
+		if lost, _ := fu.lost(s); lost {
+			if goneAnswer(s) {
+				return ClassStoreLost, rec.Name
+			}
+			return ClassStoreLostUnclear, rec.Name
+		}
+		return "failed_servable", rec.Name
+	}
+
 	secs := make([]Second, int(math.Ceil(end))+1)
 	ttfts := make([][]float64, len(secs))
 	var all []float64
 	var prompt, cached int
 	for _, s := range samples {
 		sent := s.Sent.Seconds()
-		fin := (s.Sent + s.WallE2E).Seconds()
 		k := min(int(sent), len(secs)-1)
 		secs[k].Requests++
 		if s.Attempts > 1 {
@@ -292,36 +386,27 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			}
 			continue
 		}
-		rec, ok := entryOf(s)
-		var class string
-		switch {
-		case !ok || rec.DialErr || downAt(rec.Name, sent):
+		class, entry := classify(s)
+		switch class {
+		case "failed_service":
 			res.FailedService++
-			class = "failed_service"
-		case diedDuring(rec.Name, sent, fin) || (s.Status == 200 && diedDuring(s.Pod, sent, fin)):
-			// The client's own connection died with its entry pod, or the
-			// answer had begun on a pod that died. A serving pod that died
-			// before answering leaves the request to its sender sidecar,
-			// which may retry it elsewhere: if it did not, it is servable.
-			if s.Status == 200 {
-				res.FailedMidstream++
-				class = "failed_midstream"
-				if !diedDuring(s.Pod, sent, fin) {
-					res.FailedMidstreamEntry++
-					class = "failed_midstream_entry"
-				}
-			} else {
-				res.FailedInflight++
-				class = "failed_inflight"
+		case "failed_midstream", "failed_midstream_entry":
+			res.FailedMidstream++
+			if class == "failed_midstream_entry" {
+				res.FailedMidstreamEntry++
 			}
+		case "failed_inflight":
+			res.FailedInflight++
+		case ClassStoreLost, ClassStoreLostUnclear:
+			// Counted by the follow-ups' figures below.
 		default:
 			res.FailedServable++
-			class = "failed_servable"
 		}
 		if len(res.Failures) < maxListed {
-			res.Failures = append(res.Failures, record(class, s, rec.Name))
+			res.Failures = append(res.Failures, fu.record(class, s, entry))
 		}
 	}
+
 	for k := range secs {
 		secs[k].T = k
 		if secs[k].prompt > 0 {
@@ -407,6 +492,8 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		}
 		res.Faults = append(res.Faults, fr)
 	}
+	fu.summarize(res, samples, r.gets, classify, end)
+	res.RetryRule = retryRule(cfg.ClientRetry)
 	return res
 }
 
@@ -561,6 +648,7 @@ func (r *Result) Markdown() string {
 				f.ServedEnteringDuring, f.ForwardedToAfter, orDash(f.Err))
 		}
 	}
+	b.WriteString(r.apiMarkdown())
 	fmt.Fprintf(&b, "\nKV-event batches the simulators dropped: %.0f; replays they served: %.0f; holes replay did not fill (sidecars): %.0f\n",
 		r.KVBatchesDropped, r.KVReplays, r.KVEventGaps)
 	for _, n := range r.Notes {

@@ -89,6 +89,7 @@ func (c RunConfig) withDefaults() RunConfig {
 	if c.Scenario.Name == "" {
 		c.Scenario.Name = "unnamed"
 	}
+	c.ClientRetry = c.ClientRetry || s.ClientRetry
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
@@ -177,6 +178,11 @@ type runState struct {
 	polls  []Poll
 	busy   map[int]bool // slots a pod fault holds
 	locks  []sync.Mutex // serialise faults per slot
+
+	// stored is what the clients saw of stored responses (nil when the
+	// workload stores none); gets are the prober's reads of them.
+	stored *storeLog
+	gets   []loadgen.Sample
 }
 
 func (r *runState) since() float64 { return time.Since(r.start).Seconds() }
@@ -213,6 +219,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 		cc.Subnet = "127.0.95"
 	}
 	cc.Sim.NumGPUBlocks = cfg.BlocksPerPod
+	cc.SimEnv, cc.Sim.ExtraArgs = simSetup(cfg.Workload)
 	cc.Sim.TimeScale = cfg.TimeScale
 	cc.StopGrace = 3 * time.Second
 	cc.ReadyTimeout = 45 * time.Second
@@ -236,7 +243,14 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 
 	r := &runState{cfg: cfg, c: c, svc: svc, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4a05)),
 		busy: map[int]bool{}, locks: make([]sync.Mutex, cfg.Pods)}
-	client := loadgen.NewClient(nil, c.Config().Model)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost, tr.MaxIdleConns = 512, 2048 // as loadgen's own client
+	var rt http.RoundTripper = tr
+	if storesResponses(cfg.Workload) {
+		r.stored = newStoreLog(time.Now())
+		rt = storeTap{base: tr, log: r.stored}
+	}
+	client := loadgen.NewClient(&http.Client{Transport: rt}, c.Config().Model)
 	if cfg.ClientRetry {
 		jr := rand.New(rand.NewPCG(cfg.Seed, 0x5d4))
 		var jmu sync.Mutex
@@ -249,6 +263,12 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	r.start = time.Now()
 	bg.Go(func() { r.observe(faultCtx) })
 	bg.Go(func() { r.inject(faultCtx) })
+	if r.stored != nil {
+		r.stored.start = r.start
+		pc := probeConfig{URL: svc.URL(), Every: probeEvery, Window: probeWindow, Retry: cfg.ClientRetry,
+			Timeout: cfg.RequestTimeout, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e7))}
+		bg.Go(func() { r.gets = probeStored(faultCtx, r.stored, pc) })
+	}
 	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
 		Endpoints: []loadgen.Endpoint{{URL: svc.URL()}}, Client: client, Seed: cfg.Seed,
 		Stop: cfg.Duration, RequestTimeout: cfg.RequestTimeout, PlainEvery: cfg.PlainEvery, RequestIDs: true,
@@ -357,6 +377,31 @@ func schedule(cfg RunConfig) (loadgen.Schedule, error) {
 	lc.DocQA.DocTokens.Mean = min(lc.DocQA.DocTokens.Mean, (lc.DocQA.DocTokens.Min+lc.DocQA.DocTokens.Max)/2)
 	return loadgen.Generate(cfg.Workload, lc, rand.New(rand.NewPCG(cfg.Seed, 0x6b7662)))
 }
+
+// storesResponses reports whether workload continues stored responses
+// (agentic's Responses sessions): then the simulators keep them and the
+// harness follows them (storeTap, probeStored).
+func storesResponses(workload string) bool { return workload == "agentic" }
+
+// simSetup is the simulators' environment and extra flags for workload,
+// as cmd/kvbench and kvcluster start them: agentic continues stored
+// responses, which vLLM keeps only with VLLM_ENABLE_RESPONSES_API_STORE=1,
+// and sends images, whose keys the sidecars take from the render
+// endpoints that vLLM v0.30 serves only with --enable-scale-out.
+func simSetup(workload string) (env, args []string) {
+	if !storesResponses(workload) {
+		return nil, nil
+	}
+	return []string{"VLLM_ENABLE_RESPONSES_API_STORE=1"}, []string{"--enable-scale-out"}
+}
+
+// probeEvery and probeWindow pace the reads of stored responses: four a
+// second, of responses made in the last 20 s (about 40 follow-ups more
+// in a 10 s fault, a quarter of them on the faulted pod's store).
+const (
+	probeEvery  = 250 * time.Millisecond
+	probeWindow = 20.0
+)
 
 // observe reads every pod's /debug/peers each PollEvery until ctx ends.
 func (r *runState) observe(ctx context.Context) {
@@ -514,6 +559,10 @@ func (r *runState) apply(ctx context.Context, f Fault, i int) {
 		rec.down = true
 		do = func() error { return c.KillSidecar(i) }
 		undo = func() error { return c.RestartSidecar(ctx, i) }
+	case FaultRestartSidecar:
+		rec.down = true
+		do = func() error { return c.StopSidecar(i) }
+		undo = func() error { return c.RestartSidecar(ctx, i) }
 	case FaultPartition:
 		do = func() error { return c.Partition(ctx, i, true) }
 		undo = func() error { return c.Partition(ctx, i, false) }
@@ -534,7 +583,7 @@ func (r *runState) apply(ctx context.Context, f Fault, i int) {
 		r.logf("fault %s on %s failed: %v", f.Fault, rec.Pod, err)
 		return
 	}
-	if f.For <= 0 && f.Fault != FaultReplacePod {
+	if f.For <= 0 && f.Fault != FaultReplacePod && f.Fault != FaultRestartSidecar {
 		return
 	}
 	if !sleepUntil(ctx, time.Now().Add(f.For.D())) {

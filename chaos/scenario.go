@@ -25,7 +25,13 @@ type Scenario struct {
 	Duration Duration `json:"duration,omitempty"`
 	Rate     float64  `json:"rate,omitempty"`
 	Workload string   `json:"workload,omitempty"`
-	Faults   []Fault  `json:"faults"`
+	// ClientRetry makes the clients retry as the SDKs do (RunConfig's
+	// ClientRetry, which the command's --client-retry also sets): a
+	// scenario whose answers include a retryable 503 by design (a stored
+	// response's pod briefly unreachable) is measured by whether an SDK
+	// client gets through.
+	ClientRetry bool    `json:"client_retry,omitempty"`
+	Faults      []Fault `json:"faults"`
 }
 
 // Fault is one scheduled fault. For undoes it after that long (restart,
@@ -52,6 +58,7 @@ const (
 	FaultKillEngine     = "kill-engine"     // SIGKILL the sim; For: restart it empty, sequence from 0
 	FaultHangEngine     = "hang-engine"     // SIGSTOP the sim; For: SIGCONT
 	FaultKillSidecar    = "kill-sidecar"    // SIGKILL the sidecar; For: restart it
+	FaultRestartSidecar = "restart-sidecar" // SIGTERM the sidecar (it leaves the mesh), start it again after For
 	FaultPartition      = "partition"       // cut from the other pods, the Service still reaches it; For: heal
 	FaultGossipDelay    = "gossip-delay"    // delay gossip by MS; For: clear
 	FaultGossipLoss     = "gossip-loss"     // drop Percent of gossip packets; For: clear
@@ -61,7 +68,7 @@ const (
 
 // FaultNames lists every fault a scenario may name.
 var FaultNames = []string{FaultKillPod, FaultReplacePod, FaultKillEngine, FaultHangEngine, FaultKillSidecar,
-	FaultPartition, FaultGossipDelay, FaultGossipLoss, FaultDropEvents, FaultRollingRestart}
+	FaultRestartSidecar, FaultPartition, FaultGossipDelay, FaultGossipLoss, FaultDropEvents, FaultRollingRestart}
 
 // needsNetns are the faults only network namespaces can inject.
 func needsNetns(name string) bool {
@@ -71,7 +78,8 @@ func needsNetns(name string) bool {
 // podFault: faults that break one pod (detection is measured for them).
 func podFault(name string) bool {
 	switch name {
-	case FaultKillPod, FaultReplacePod, FaultKillEngine, FaultHangEngine, FaultKillSidecar, FaultPartition:
+	case FaultKillPod, FaultReplacePod, FaultKillEngine, FaultHangEngine, FaultKillSidecar, FaultRestartSidecar,
+		FaultPartition:
 		return true
 	}
 	return false

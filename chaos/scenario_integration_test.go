@@ -4,8 +4,10 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,4 +92,191 @@ func engineDetected(res *Result) bool {
 		}
 	}
 	return true
+}
+
+// The agents' APIs under every fault (scenarios/agentic-faults.json, 4
+// pods, 60 s of the agentic workload with stored Responses continued by
+// previous_response_id, and the harness's GETs of stored responses):
+// no request a live pod could serve is lost; follow-ups of stored
+// responses were sent and served while faults held their pods; the
+// unservable ones are exactly those whose response's engine died. The
+// clients retry as the SDKs do (the scenario's client_retry): a 503 with
+// Retry-After is the mesh's "try again", and a follow-up is lost only if
+// the retries did not get through. Loopback mode: no root needed.
+func TestScenarioAgenticFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a 60 s chaos scenario on 4 pods")
+	}
+	runAgentic(t, "scenarios/agentic-faults.json", false)
+}
+
+// TestScenarioAgenticFaultsNetns is the same with a partition of a pod
+// holding stored responses (netns mode, root).
+func TestScenarioAgenticFaultsNetns(t *testing.T) {
+	needRoot(t)
+	if testing.Short() {
+		t.Skip("runs a 60 s chaos scenario on 4 pods in namespaces")
+	}
+	runAgentic(t, "scenarios/agentic-faults-netns.json", true)
+}
+
+func runAgentic(t *testing.T, path string, netns bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ParseScenario(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The binaries are built first, into the test's own directory, so the
+	// bound below is the run's and no other build can swap them.
+	bin := shortDir(t)
+	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer bcancel()
+	if err := Build(bctx, bin, SimBinary, SidecarBinary); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := RunConfig{Scenario: s, Dir: shortDir(t), BinDir: bin, Progress: progress{t}, Drain: 15 * time.Second}
+	if netns {
+		cfg.Netns, cfg.NetnsPrefix, cfg.Subnet = true, netnsPrefix(), netnsSubnet()
+	} else {
+		cfg.Subnet = testSubnet()
+	}
+	begin := time.Now()
+	res, err := RunScenario(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run took %v\n%s", time.Since(begin).Round(time.Second), res.Markdown())
+	checkAgentic(t, s, res)
+	if netns && !(res.GuardChecked && res.GuardDrops == 0) {
+		t.Errorf("egress guard: checked %v, drops %d; want read and 0", res.GuardChecked, res.GuardDrops)
+	}
+}
+
+// liveEngine are the faults after which a pod's stored responses still
+// exist: their follow-ups are servable.
+var liveEngine = []string{FaultHangEngine, FaultKillSidecar, FaultRestartSidecar, FaultPartition}
+
+// knownStoredBug reports whether a failure is one of the mesh's known
+// failures on stored responses (issue 24's chaos report), which this
+// test marks rather than asserts until forward and gossip fix them:
+//   - a servable follow-up lost while a fault in liveEngine held the
+//     pod storing its response (its sidecar killed or restarting, its
+//     pod partitioned) or within the clients' retries after: a 503
+//     "cannot be reached" the SDK's retries outlast, a 404 "which is
+//     gone" from a sidecar that left the mesh gracefully, vLLM's own 404
+//     from an entry pod whose map did not know a response made during a
+//     partition;
+//   - an unservable follow-up answered otherwise than with the 404 that
+//     says the pod is gone (a killed engine's pod answers 503 and then,
+//     restarted, vLLM's own 404; a replaced pod 503 until memberlist
+//     declares it dead).
+func knownStoredBug(f RequestRecord, faults []FaultResult, end float64) bool {
+	if f.Class == ClassStoreLostUnclear {
+		return true
+	}
+	if f.Class != "failed_servable" || f.Owner == "" {
+		return false
+	}
+	for _, fr := range faults {
+		until := end
+		if fr.UndoneS > 0 {
+			until = fr.UndoneS
+		}
+		if fr.Pod == f.Owner && slices.Contains(liveEngine, fr.Fault) && fr.AtS <= f.SentS && f.SentS <= until+3 {
+			return true
+		}
+	}
+	return false
+}
+
+func checkAgentic(t *testing.T, s Scenario, res *Result) {
+	t.Helper()
+	checks := []struct {
+		name string
+		ok   bool
+	}{
+		{"requests were sent and most succeeded", res.Requests > 200 && res.OK > res.Requests*9/10},
+		{"every fault ran", len(res.Faults) == len(s.Faults)},
+		{"the clients retried as the SDKs do", res.ClientRetry},
+		{"follow-ups of stored responses were sent (> 100) and most served",
+			res.FollowUps > 100 && res.FollowUpsServed > res.FollowUps/2},
+		{"every follow-up named a response the harness saw made", res.FollowUpsUnknown == 0},
+		{"no follow-up served after its response's engine ended", res.StoreLostServed == 0},
+		{"the faulted engines took stored responses with them (unservable > 0)", res.StoreLost+res.StoreLostUnclear > 0},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			t.Errorf("invariant broken: %s", c.name)
+		}
+	}
+	for _, f := range res.Faults {
+		if f.Err != "" {
+			t.Errorf("fault %s on %s: %s", f.Fault, f.Pod, f.Err)
+		}
+	}
+	// Follow-ups were sent, and served, while faults held their pods and
+	// the responses still existed; none the unservable way.
+	served := 0
+	for _, f := range res.Faults {
+		if !slices.Contains(liveEngine, f.Fault) {
+			continue
+		}
+		if f.FollowUps.Sent == 0 {
+			t.Errorf("fault %s on %s: no follow-up of its stored responses was sent during it", f.Fault, f.Pod)
+		}
+		if f.FollowUps.StoreLost != 0 {
+			t.Errorf("fault %s on %s: %d follow-ups counted unservable, but its engine lived", f.Fault, f.Pod, f.FollowUps.StoreLost)
+		}
+		served += f.FollowUps.Served
+	}
+	if served == 0 {
+		t.Error("no follow-up was served while a fault held the pod storing its response")
+	}
+	// The unservable class holds only follow-ups whose response's engine
+	// ended after it was made.
+	ended := map[string]bool{}
+	for _, f := range res.Faults {
+		if engineEnds(f.Fault) {
+			ended[f.Pod] = true
+		}
+	}
+	var listedLost, listedUnclear int
+	var known []string
+	for _, f := range res.Failures {
+		switch f.Class {
+		case ClassStoreLost, ClassStoreLostUnclear:
+			if f.Cause == "" || !ended[f.Owner] || f.MadeS > f.EndS {
+				t.Errorf("unservable %s.%d: owner %q made at %.1f s, cause %q: not a response whose engine ended", f.Session, f.Turn, f.Owner, f.MadeS, f.Cause)
+			}
+			if f.Class == ClassStoreLostUnclear {
+				listedUnclear++
+			}
+		case "failed_servable":
+			listedLost++
+		}
+		if f.Class == "failed_servable" || f.Class == ClassStoreLostUnclear {
+			if !knownStoredBug(f, res.Faults, res.DurationS) {
+				t.Errorf("%s: %+v", f.Class, f)
+				continue
+			}
+			known = append(known, fmt.Sprintf("%s %s %s.%d sent %.1f s (owner %s): %s", f.Class, f.API, f.Session, f.Turn, f.SentS, f.Owner, f.Err))
+		}
+	}
+	if listedLost != res.ServableLost || listedUnclear != res.StoreLostUnclear {
+		t.Errorf("servable lost %d, unclear %d, of which listed %d and %d: the list is cut, so the rest cannot be told known",
+			res.ServableLost, res.StoreLostUnclear, listedLost, listedUnclear)
+	}
+	if t.Failed() || len(known) == 0 {
+		return
+	}
+	for _, k := range known {
+		t.Log("known: " + k)
+	}
+	t.Skipf("KNOWN BUG (issue 24, chaos report): %d servable follow-ups lost and %d unservable ones without the 404 that says the pod is gone; every other invariant holds",
+		res.ServableLost, res.StoreLostUnclear)
 }
