@@ -461,7 +461,9 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 		if i == x {
 			continue
 		}
-		waitFor(t, 20*time.Second, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
+		// memberlist's detection (5-10 s here) and then respown.DefaultGrace
+		// (10 s), which keeps a restarting sidecar's responses from a final 404.
+		waitFor(t, 35*time.Second, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
 			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
 			if err != nil {
 				return false, err.Error()

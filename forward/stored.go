@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/kvroute/kvroute/prompt"
+	"github.com/kvroute/kvroute/respown"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -25,9 +27,14 @@ import (
 type Stored interface {
 	// AnnounceResponses tells every member that this pod holds ids.
 	AnnounceResponses(ids ...string)
-	// ResponseOwner returns the node that created id, whether it is a live
-	// member now, and whether any node is known to hold it.
-	ResponseOwner(id string) (node string, alive, ok bool)
+	// LookupResponse returns the node that created id, whether it is in
+	// the mesh, away (left a moment ago: it may be back with its store)
+	// or gone, and when the entry was recorded; ok is false when no node
+	// is known to hold it.
+	LookupResponse(id string) (l respown.Lookup, ok bool)
+	// AwayNodes returns the nodes that left a moment ago and may be back
+	// with responses this map never heard of.
+	AwayNodes() []string
 }
 
 // SetStored makes the front send requests about stored responses to the
@@ -47,6 +54,23 @@ const PinnedHeader = "X-Kvroute-Pinned"
 // sidecar, or before this sidecar started).
 const probeTimeout = time.Second
 
+// storedWait is how long the entry holds a request about a stored response
+// whose pod cannot serve it now but may soon (its sidecar restarting, its
+// engine hung, the pod unreachable), asking again every storedPoll, before
+// it answers a retryable 503. A restarting sidecar was back ~2 s after it
+// left (chaos restart-sidecar); the SDKs' two retries add 0.5 s and 1 s
+// waits, so three held attempts cover about 10 s. It costs a held
+// connection per such request, and the client's first answer comes up to
+// this late.
+const (
+	storedWait = 3 * time.Second
+	storedPoll = 250 * time.Millisecond
+)
+
+// storedRetryAfter is the Retry-After of a retryable answer about a stored
+// response, in seconds (the SDKs honour it).
+const storedRetryAfter = "1"
+
 // maxResponseID bounds the ids the front looks up (vLLM's are resp_ and 32
 // hex digits).
 const maxResponseID = 128
@@ -54,10 +78,9 @@ const maxResponseID = 128
 // serveContinued serves a Responses request that continues a stored one:
 // on the pod holding it, whichever sidecar the Service picked.
 func (h *Handler) serveContinued(c *gin.Context, body []byte, st *reqState, id string) {
-	tg, status, msg := h.storedTarget(c.Request.Context(), id)
+	tg, status, msg := h.storedTarget(c.Request.Context(), id, storedWait)
 	if status != 0 {
-		h.metrics.badRequests.WithLabelValues("stored_gone", st.api.String()).Inc()
-		writeError(c, status, msg)
+		h.storedError(c, st, status, msg)
 		return
 	}
 	h.routeStored(c, st, tg)
@@ -83,14 +106,25 @@ func (h *Handler) serveStored(c *gin.Context) {
 		h.Passthrough(c)
 		return
 	}
-	tg, status, msg := h.storedTarget(r.Context(), c.Param("id"))
+	tg, status, msg := h.storedTarget(r.Context(), c.Param("id"), storedWait)
 	if status != 0 {
-		h.metrics.badRequests.WithLabelValues("stored_gone", st.api.String()).Inc()
-		writeError(c, status, msg)
+		h.storedError(c, st, status, msg)
 		return
 	}
 	h.routeStored(c, st, tg)
 	h.serveFrom(c, &plan{targets: []target{tg}, served: -1}, st)
+}
+
+// storedError answers a request about a stored response that the front
+// itself answers: a 404 for one that is gone, a retryable 503 otherwise.
+func (h *Handler) storedError(c *gin.Context, st *reqState, status int, msg string) {
+	reason := "stored_gone"
+	if status == http.StatusServiceUnavailable {
+		reason = "stored_unreachable"
+		c.Header("Retry-After", storedRetryAfter)
+	}
+	h.metrics.badRequests.WithLabelValues(reason, st.api.String()).Inc()
+	writeError(c, status, msg)
 }
 
 // routeStored labels and counts a request pinned to tg.
@@ -105,104 +139,218 @@ func (h *Handler) routeStored(c *gin.Context, st *reqState, tg target) {
 	h.metrics.decisions.WithLabelValues(outcome, ReasonStored, st.api.String()).Inc()
 }
 
-// storedTarget is where the response id is stored: the pod the mesh's map
-// names, or, when it names none, the pod that answers a probe; the local
-// vLLM when nobody knows it (it answers vLLM's own 404). A response whose
-// pod has left the mesh gets a 404 that says so, as vLLM would answer for
-// an id it does not hold.
-func (h *Handler) storedTarget(ctx context.Context, id string) (tg target, status int, msg string) {
+// storedTarget is where the response id is stored (locateStored), asked
+// again every storedPoll for up to wait while the answer is a retryable
+// 503: the pod that holds it may be back within it.
+func (h *Handler) storedTarget(ctx context.Context, id string, wait time.Duration) (tg target, status int, msg string) {
+	deadline := h.now().Add(wait)
+	for {
+		tg, status, msg = h.locateStored(ctx, id)
+		left := deadline.Sub(h.now())
+		if status != http.StatusServiceUnavailable || left <= 0 {
+			return tg, status, msg
+		}
+		t := time.NewTimer(min(storedPoll, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return tg, status, msg
+		case <-t.C:
+		}
+	}
+}
+
+// locateStored is where the response id is stored, or the front's own
+// answer (status not 0). The rule: a response is gone (a final 404) only
+// when its engine's memory is known to be gone: its pod left the mesh
+// respown.DefaultGrace ago or more, or its engine began anew after the
+// entry was recorded and no longer holds it. While its pod may still hold
+// it (the pod away, draining, its engine not serving, or not answering
+// since a forward to it failed), the answer is a retryable 503. An id the map does not know goes to the
+// pod that answers a probe; when every pod answered that it does not hold
+// it and none is away, to the local vLLM, whose 404 says so; else a 503.
+func (h *Handler) locateStored(ctx context.Context, id string) (tg target, status int, msg string) {
 	local := target{URL: h.cfg.VLLM}
 	if id == "" || len(id) > maxResponseID {
 		return local, 0, ""
 	}
-	node, alive, ok := h.stored.ResponseOwner(id)
-	if ok && !alive {
+	l, ok := h.stored.LookupResponse(id)
+	if !ok {
+		return h.probeUnknown(ctx, id)
+	}
+	switch l.Status {
+	case respown.Gone:
 		return target{}, http.StatusNotFound,
-			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone", id, node)
+			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone", id, l.Node)
+	case respown.Away:
+		return target{}, http.StatusServiceUnavailable,
+			fmt.Sprintf("the pod that stores response '%s' (%s) left the mesh %s ago and may be back: retry",
+				id, l.Node, h.now().Sub(l.Left).Round(100*time.Millisecond))
 	}
-	if ok {
-		if t, found := h.peerTarget(node); found {
-			return t, 0, ""
+	tg, pv, found := h.peerTarget(l.Node)
+	switch {
+	case !found:
+		return target{}, http.StatusServiceUnavailable,
+			fmt.Sprintf("the pod that stores response '%s' (%s) has no address here yet: retry", id, l.Node)
+	case pv.Draining:
+		return target{}, http.StatusServiceUnavailable,
+			fmt.Sprintf("the pod that stores response '%s' (%s) is draining: retry", id, l.Node)
+	case pv.Engine != route.EngineServing:
+		return target{}, http.StatusServiceUnavailable,
+			fmt.Sprintf("the engine of the pod that stores response '%s' (%s) is %s: retry", id, l.Node, pv.Engine)
+	}
+	// Its cache began anew since the entry (l.At is rounded down, so this
+	// also asks about some made just after): a restarted engine has an
+	// empty store, a resumed hang or a restarted sidecar the old one; only
+	// the engine can tell. A forward to it failed a moment ago: its sidecar
+	// may be dead and not yet out of the mesh (memberlist takes seconds).
+	renewed := !pv.Since.IsZero() && !pv.Since.Before(l.At)
+	failed := tg.Peer != "" && !pv.LastFailure.IsZero() && h.now().Sub(pv.LastFailure) < h.cfg.Route.FailFor
+	if !renewed && !failed {
+		return tg, 0, ""
+	}
+	switch h.holds(ctx, tg, id) {
+	case held:
+		return tg, 0, ""
+	case absent:
+		if !renewed {
+			return tg, 0, "" // its own 404 is the answer
 		}
+		return target{}, http.StatusNotFound,
+			fmt.Sprintf("Response with id '%s' not found: it was stored in the engine of pod %s, which is gone (it restarted)", id, l.Node)
 	}
-	if t, found := h.probe(ctx, id); found {
-		return t, 0, ""
-	}
-	return local, 0, ""
+	return target{}, http.StatusServiceUnavailable,
+		fmt.Sprintf("the pod that stores response '%s' (%s) did not answer: retry", id, l.Node)
 }
 
 // peerTarget is where to send a request for node (this node: the local
-// vLLM); found is false when the peer table has no address for it.
-func (h *Handler) peerTarget(node string) (target, bool) {
-	if node == h.cfg.Self {
-		return target{URL: h.cfg.VLLM}, true
-	}
+// vLLM) and its view; found is false when the peer table has no address
+// for it. This node without a peer table is taken as serving.
+func (h *Handler) peerTarget(node string) (target, route.PeerView, bool) {
+	self := node == h.cfg.Self
 	if h.peers == nil {
-		return target{}, false
+		return target{URL: h.cfg.VLLM}, route.PeerView{ID: node, Local: true, Engine: route.EngineServing}, self
 	}
 	for _, pv := range h.peers.Snapshot(h.now()) {
-		if pv.ID == node && pv.Addr != "" {
-			return target{Peer: node, URL: &url.URL{Scheme: "http", Host: pv.Addr}}, true
+		switch {
+		case pv.ID != node:
+		case self || pv.Local:
+			return target{URL: h.cfg.VLLM}, pv, true
+		case pv.Addr != "":
+			return target{Peer: node, URL: &url.URL{Scheme: "http", Host: pv.Addr}}, pv, true
 		}
 	}
-	return target{}, false
+	if self {
+		return target{URL: h.cfg.VLLM}, route.PeerView{ID: node, Local: true, Engine: route.EngineServing}, true
+	}
+	return target{}, route.PeerView{}, false
 }
 
-// probe asks the local vLLM and every live peer, at once, whether it holds
-// id (GET /v1/responses/{id}); the first to answer 200 is the target.
-func (h *Handler) probe(ctx context.Context, id string) (target, bool) {
+// probeUnknown locates a response the map does not know (locateStored).
+func (h *Handler) probeUnknown(ctx context.Context, id string) (target, int, string) {
+	tg, found, complete := h.probe(ctx, id)
+	switch {
+	case found:
+		return tg, 0, ""
+	case !complete:
+		return target{}, http.StatusServiceUnavailable,
+			fmt.Sprintf("response '%s' is not known to the mesh, and not every pod could be asked: retry", id)
+	}
+	if away := h.stored.AwayNodes(); len(away) > 0 {
+		return target{}, http.StatusServiceUnavailable,
+			fmt.Sprintf("response '%s' is not known to the mesh, and pods that left a moment ago may hold it (%s): retry",
+				id, strings.Join(away, ", "))
+	}
+	return target{URL: h.cfg.VLLM}, 0, ""
+}
+
+// probe asks the local vLLM and every peer with an address, at once,
+// whether it holds id (GET /v1/responses/{id}); the first to answer 200 is
+// the target. complete is true when every one answered that it does not
+// (404).
+func (h *Handler) probe(ctx context.Context, id string) (tg target, found, complete bool) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	tgs := []target{{URL: h.cfg.VLLM}}
 	if h.peers != nil {
 		for _, pv := range h.peers.Snapshot(h.now()) {
-			if !pv.Local && pv.Addr != "" && pv.Engine == route.EngineServing {
+			// Whatever its engine's state: a sidecar restarting serves a
+			// read of its store before it is ready, and one that cannot
+			// answer makes the probe incomplete.
+			if !pv.Local && pv.Addr != "" {
 				tgs = append(tgs, target{Peer: pv.ID, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
 			}
 		}
 	}
-	found := make(chan target, len(tgs))
+	type answer struct {
+		tg target
+		h  holding
+	}
+	answers := make(chan answer, len(tgs))
 	for _, tg := range tgs {
 		go func() { // ends within probeTimeout
-			if h.holds(ctx, tg, id) {
-				found <- tg
-			} else {
-				found <- target{}
-			}
+			answers <- answer{tg, h.holds(ctx, tg, id)}
 		}()
 	}
+	complete = true
 	for range tgs {
-		if t := <-found; t.URL != nil {
+		a := <-answers
+		switch a.h {
+		case held:
 			h.metrics.storedProbes.WithLabelValues("found").Inc()
-			return t, true
+			return a.tg, true, false
+		case unknown:
+			complete = false
 		}
 	}
-	h.metrics.storedProbes.WithLabelValues("not_found").Inc()
-	return target{}, false
+	if complete {
+		h.metrics.storedProbes.WithLabelValues("not_found").Inc()
+	} else {
+		h.metrics.storedProbes.WithLabelValues("incomplete").Inc()
+	}
+	return target{}, false, complete
 }
 
-func (h *Handler) holds(ctx context.Context, tg target, id string) bool {
+// holding is what a pod answered about a stored response.
+type holding uint8
+
+const (
+	unknown holding = iota // no answer, or one that does not tell
+	held                   // 200
+	absent                 // 404: its vLLM does not hold it
+)
+
+// holds asks tg whether it holds id. A peer is asked through its sidecar
+// with a pinned hop, so that vLLM's 404 comes back as it is.
+func (h *Handler) holds(ctx context.Context, tg target, id string) holding {
 	u := *tg.URL
 	u.Path = "/v1/responses/" + url.PathEscape(id)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return false
+		return unknown
 	}
 	if tg.Peer != "" {
 		req.Header.Set(HopHeader, h.hop.Sign(h.cfg.Self, tg.Peer, h.now()))
+		req.Header.Set(PinnedHeader, "1")
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return false
+		return unknown
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return held
+	case http.StatusNotFound:
+		return absent
+	}
+	return unknown
 }
 
 // explainStored is the decision for a request about a stored response.
 func (h *Handler) explainStored(ctx context.Context, id string) route.Decision {
-	tg, status, msg := h.storedTarget(ctx, id)
+	tg, status, msg := h.storedTarget(ctx, id, 0)
 	if status != 0 {
 		return route.Decision{Reason: ReasonStored, Note: msg}
 	}

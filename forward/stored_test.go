@@ -11,12 +11,14 @@ import (
 	"sync"
 	"testing"
 	"testing/iotest"
+	"testing/synctest"
 	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/respown"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -25,12 +27,18 @@ import (
 type fakeStored struct {
 	mu    sync.Mutex
 	owner map[string]string
-	gone  map[string]bool
-	by    string // the node this view announces for
+	gone  map[string]bool      // owner → left long ago
+	away  map[string]time.Time // owner → left at, within the grace
+	at    map[string]time.Time // id → recorded; zero: the zero time
+	by    string               // the node this view announces for
+}
+
+func newFakeStored() *fakeStored {
+	return &fakeStored{owner: map[string]string{}, gone: map[string]bool{}, away: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
 func (f *fakeStored) view(node string) *fakeStored {
-	return &fakeStored{owner: f.owner, gone: f.gone, by: node}
+	return &fakeStored{owner: f.owner, gone: f.gone, away: f.away, at: f.at, by: node}
 }
 
 func (f *fakeStored) AnnounceResponses(ids ...string) {
@@ -41,11 +49,31 @@ func (f *fakeStored) AnnounceResponses(ids ...string) {
 	}
 }
 
-func (f *fakeStored) ResponseOwner(id string) (string, bool, bool) {
+func (f *fakeStored) LookupResponse(id string) (respown.Lookup, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n, ok := f.owner[id]
-	return n, !f.gone[n], ok
+	if !ok {
+		return respown.Lookup{}, false
+	}
+	l := respown.Lookup{Node: n, Status: respown.Live, At: f.at[id]}
+	if left, ok := f.away[n]; ok {
+		l.Status, l.Left = respown.Away, left
+	}
+	if f.gone[n] {
+		l.Status = respown.Gone
+	}
+	return l, true
+}
+
+func (f *fakeStored) AwayNodes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for n := range f.away {
+		out = append(out, n)
+	}
+	return out
 }
 
 // storeEngine is a vLLM with its Responses store on: POST /v1/responses
@@ -87,7 +115,7 @@ type storeNode struct {
 // storeMesh starts n fronts, each with a store engine, every front's peer
 // table listing all of them and one shared fakeStored map.
 func storeMesh(t *testing.T, n int) ([]*storeNode, *fakeStored) {
-	shared := &fakeStored{owner: map[string]string{}, gone: map[string]bool{}}
+	shared := newFakeStored()
 	nodes := make([]*storeNode, n)
 	for i := range nodes {
 		name := fmt.Sprintf("p%d", i)
@@ -142,8 +170,8 @@ func TestStoredResponseFromEveryFront(t *testing.T) {
 	var created struct{ ID string }
 	json.Unmarshal([]byte(body), &created)
 	owner := resp.Header.Get("X-Pod")
-	if n, _, ok := shared.ResponseOwner(created.ID); !ok || n != owner {
-		t.Fatalf("the mesh has %q for %s, want %q", n, created.ID, owner)
+	if l, ok := shared.LookupResponse(created.ID); !ok || l.Node != owner {
+		t.Fatalf("the mesh has %q for %s, want %q", l.Node, created.ID, owner)
 	}
 	for _, n := range nodes {
 		for _, c := range []struct{ method, path, body string }{
@@ -292,4 +320,141 @@ func TestStoredResponseOnUnreachablePod(t *testing.T) {
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "cannot be reached") {
 		t.Fatalf("%d (Retry-After %q): %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
+}
+
+// locateStored's rule: a final 404 only when the response's engine memory
+// is known gone (its pod gone past the grace, or its engine restarted and
+// no longer holding it); a retryable 503 while it may still hold it, or
+// while an unknown id could be on a pod nobody could ask.
+func TestLocateStored(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name  string
+		setup func(nodes []*storeNode, s *fakeStored, p1 *route.PeerView)
+		id    string
+		// want: the target's pod ("" for none), or the status and a piece
+		// of the message.
+		pod    string
+		status int
+		msg    string
+	}{
+		{name: "live owner", pod: "p1"},
+		{name: "owner away: may be back", status: 503, msg: "(p1) left the mesh 2s ago and may be back",
+			setup: func(_ []*storeNode, s *fakeStored, _ *route.PeerView) {
+				s.away["p1"] = time.Now().Add(-2 * time.Second)
+			}},
+		{name: "owner gone past the grace", status: 404, msg: "stored on pod p1, which is gone",
+			setup: func(_ []*storeNode, s *fakeStored, _ *route.PeerView) { s.gone["p1"] = true }},
+		{name: "owner draining", status: 503, msg: "(p1) is draining",
+			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Draining = true }},
+		{name: "owner's engine down (dead or hung)", status: 503, msg: "(p1) is down",
+			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Engine = route.EngineDown }},
+		{name: "owner's engine restarted empty", status: 404, msg: "engine of pod p1, which is gone",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				delete(n[1].eng.ids, "resp_a")
+				p1.Since = t0.Add(time.Second)
+			}},
+		{name: "owner's cache began anew, its store alive (a hang resumed, a sidecar restarted)", pod: "p1",
+			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Since = t0.Add(time.Second) }},
+		{name: "owner's cache began before the entry: not asked", pod: "p1",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				delete(n[1].eng.ids, "resp_a")
+				p1.Since = t0.Add(-time.Second)
+			}},
+		{name: "owner's cache began anew, it does not answer", status: 503, msg: "(p1) did not answer",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				n[1].srv.Close()
+				p1.Since = t0.Add(time.Second)
+			}},
+		{name: "a forward to the owner failed a moment ago, it answers again", pod: "p1",
+			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.LastFailure = time.Now() }},
+		{name: "a forward to the owner failed a moment ago, it does not answer (its sidecar dead, still a member)",
+			status: 503, msg: "(p1) did not answer",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				n[1].srv.Close()
+				p1.LastFailure = time.Now()
+			}},
+		{name: "a forward to the owner failed long ago: not asked", pod: "p1",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				n[1].srv.Close()
+				p1.LastFailure = time.Now().Add(-time.Hour)
+			}},
+		{name: "unknown id, held by a pod whose engine is starting", id: "resp_b", pod: "p2",
+			setup: func(n []*storeNode, _ *fakeStored, _ *route.PeerView) {
+				n[2].eng.ids["resp_b"] = true
+				n[0].h.peers.(*fakePeers).views[2].Engine = route.EngineStarting
+			}},
+		{name: "unknown id, nobody holds it, every pod asked: vLLM's 404", id: "resp_b", pod: "local"},
+		{name: "unknown id, a pod away (partitioned, restarting)", id: "resp_b", status: 503, msg: "may hold it (p9)",
+			setup: func(_ []*storeNode, s *fakeStored, _ *route.PeerView) { s.away["p9"] = time.Now() }},
+		{name: "unknown id, a pod that cannot be asked", id: "resp_b", status: 503, msg: "not every pod could be asked",
+			setup: func(n []*storeNode, _ *fakeStored, _ *route.PeerView) { n[2].srv.Close() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nodes, shared := storeMesh(t, 3)
+			nodes[1].eng.ids["resp_a"] = true
+			shared.owner["resp_a"], shared.at["resp_a"] = "p1", t0
+			fp := nodes[0].h.peers.(*fakePeers)
+			if tt.setup != nil {
+				tt.setup(nodes, shared, &fp.views[1])
+			}
+			id := tt.id
+			if id == "" {
+				id = "resp_a"
+			}
+			tg, status, msg := nodes[0].h.storedTarget(t.Context(), id, 0)
+			pod := tg.Peer
+			if tg.URL != nil && pod == "" {
+				pod = "local"
+			}
+			if status != tt.status || !strings.Contains(msg, tt.msg) || pod != tt.pod {
+				t.Errorf("storedTarget(%s) = pod %q, %d %q; want pod %q, %d containing %q", id, pod, status, msg, tt.pod, tt.status, tt.msg)
+			}
+		})
+	}
+}
+
+// While the pod that stores a response may be back in a moment, the entry
+// holds the request, asking again, for up to storedWait; then it answers a
+// retryable 503 with Retry-After, in the API's error shape.
+func TestStoredWaitsForTheOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.Self, cfg.VLLM, cfg.Model, cfg.HopKey = "p0", &url.URL{Scheme: "http", Host: "p0.invalid"}, "m", []byte("k")
+		h := New(cfg, &fakePeers{views: []route.PeerView{{ID: "p0", Local: true}, {ID: "p1", Addr: "p1.invalid:80"}}},
+			byteTokenizer{}, nil, zerolog.Nop())
+		s := newFakeStored()
+		h.SetStored(s)
+		s.owner["resp_a"], s.away["p1"] = "p1", time.Now()
+
+		// Its sidecar is back a second later.
+		start := time.Now()
+		go func() {
+			time.Sleep(time.Second)
+			s.mu.Lock()
+			delete(s.away, "p1")
+			s.mu.Unlock()
+		}()
+		tg, status, msg := h.storedTarget(t.Context(), "resp_a", storedWait)
+		if took := time.Since(start); status != 0 || tg.Peer != "p1" || took < time.Second || took > time.Second+storedPoll {
+			t.Errorf("storedTarget with p1 back after 1s = %q, %d %q after %v; want p1 within a poll of 1s", tg.Peer, status, msg, took)
+		}
+
+		// It is not back: a 503 with Retry-After once storedWait is over.
+		s.away["p1"] = time.Now()
+		start = time.Now()
+		w := httptest.NewRecorder()
+		c, _ := gin.CreateTestContext(w)
+		c.Request = httptest.NewRequest(http.MethodGet, "/v1/responses/resp_a", nil)
+		c.Params = gin.Params{{Key: "id", Value: "resp_a"}}
+		h.serveStored(c)
+		var e apiError
+		json.Unmarshal(w.Body.Bytes(), &e)
+		if took := time.Since(start); w.Code != 503 || w.Header().Get("Retry-After") != storedRetryAfter ||
+			e.Error.Code != 503 || !strings.Contains(e.Error.Message, "may be back") || took != storedWait {
+			t.Errorf("GET of p1's response, p1 away throughout: %d (Retry-After %q) after %v: %s; want 503, Retry-After %s, after %v",
+				w.Code, w.Header().Get("Retry-After"), took, w.Body, storedRetryAfter, storedWait)
+		}
+	})
 }

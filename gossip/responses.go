@@ -237,7 +237,7 @@ type responses struct {
 }
 
 func (r *responses) init() {
-	r.table = respown.New(respown.DefaultMaxEntries, respown.DefaultGoneFor)
+	r.table = respown.New(respown.DefaultMaxEntries, respown.DefaultGoneFor, respown.DefaultGrace)
 	r.kick = make(chan struct{}, 1)
 }
 
@@ -290,6 +290,34 @@ func (m *Mesh) ResponseOwner(id string) (node string, alive, ok bool) {
 		return "", false, false
 	}
 	return node, m.isMember(node), true
+}
+
+// LookupResponse returns what this node knows of response id's owner: who,
+// whether it is a member now (respown.Live), left a moment ago and may be
+// back with its store (respown.Away, for respown.DefaultGrace) or left
+// long enough ago to be taken as gone (respown.Gone), and when the entry
+// was recorded here. ok is false as for ResponseOwner.
+func (m *Mesh) LookupResponse(id string) (l respown.Lookup, ok bool) {
+	r := &m.responses
+	now := m.now()
+	r.mu.Lock()
+	l, ok = r.table.Lookup(id, now)
+	r.mu.Unlock()
+	if ok && l.Status == respown.Live && !m.isMember(l.Node) {
+		// It left and NotifyLeave has not reached the table yet.
+		l.Status, l.Left = respown.Away, now
+	}
+	return l, ok
+}
+
+// AwayNodes returns the nodes that left the mesh less than
+// respown.DefaultGrace ago: any may come back holding responses this node
+// never heard of (made while a partition hid it).
+func (m *Mesh) AwayNodes() []string {
+	r := &m.responses
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.table.Away(m.now())
 }
 
 // isMember reports whether node is this one or a live peer.

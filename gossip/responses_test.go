@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -203,6 +204,36 @@ func TestMeshResponsesOfALeaver(t *testing.T) {
 			t.Errorf("%s's table: n2 not marked gone, so its entries would never age out", m.cfg.NodeName)
 		}
 	}
+	// Leaving is not proof its store went (a sidecar restart leaves too):
+	// Away for the grace (Gone after it: respown's TestLookupGrace).
+	l, ok := ms[0].LookupResponse(vid(1))
+	if !ok || l.Node != "n2" || l.Status != respown.Away || l.Left.IsZero() {
+		t.Errorf("LookupResponse(n2's) just after it left = %+v, %v; want n2, away, with the time it left", l, ok)
+	}
+	if got := ms[0].AwayNodes(); !slices.Equal(got, []string{"n2"}) {
+		t.Errorf("AwayNodes() just after n2 left = %v; want [n2]", got)
+	}
+	if l, _ := ms[1].LookupResponse(vid(1)); l.Status != respown.Away {
+		t.Errorf("n1's LookupResponse(n2's) = %+v; want away too", l)
+	}
+}
+
+// A member's entry is Live, recorded when it was announced; one whose owner
+// is no member is Away even before the table heard it leave.
+func TestMeshLookupResponse(t *testing.T) {
+	m := start(t, testConfig("solo"))
+	before := time.Now().Truncate(time.Second)
+	m.AnnounceResponses(vid(1))
+	l, ok := m.LookupResponse(vid(1))
+	if !ok || l.Node != "solo" || l.Status != respown.Live || l.At.Before(before) || l.At.After(time.Now()) {
+		t.Errorf("LookupResponse(own) = %+v, %v; want solo, live, recorded now to the second", l, ok)
+	}
+	m.responses.mu.Lock()
+	m.responses.table.Add("stranger", []string{vid(2)}, time.Now())
+	m.responses.mu.Unlock()
+	if l, _ := m.LookupResponse(vid(2)); l.Status != respown.Away || l.Left.IsZero() {
+		t.Errorf("LookupResponse(a non-member's) = %+v; want away", l)
+	}
 }
 
 func TestMeshRestartLearnsResponses(t *testing.T) {
@@ -262,7 +293,7 @@ func TestMeshReplaysToNewcomer(t *testing.T) {
 	// n1 lost them (its push/pull came before the announcement reached
 	// anyone it asked); n0 seeing it join sends its latest again.
 	ms[1].responses.mu.Lock()
-	ms[1].responses.table = respown.New(16, time.Minute)
+	ms[1].responses.table = respown.New(16, time.Minute, 0)
 	ms[1].responses.mu.Unlock()
 	ms[0].responsesJoined("n1")
 	waitFor(t, 2*time.Second, "the replay on n1", func() bool {

@@ -8,10 +8,17 @@
 // whichever sidecar a request enters can send it on to the owner.
 //
 // The table is bounded by entry count and forgets the oldest first. A node
-// that leaves the mesh keeps its entries for GoneFor, marked gone (Gone),
-// so a follow-up can be told that the pod holding its response is gone
-// rather than that the response never existed; a node that comes back
-// (Back) has them again. The table is plain data, with time passed in: it
+// that leaves the mesh keeps its entries for GoneFor, marked gone (Gone);
+// a node that comes back (Back) has them again. Leaving is not proof that
+// the pod's store is gone: a sidecar that restarts, or is killed and
+// restarted, leaves and comes back with its vLLM, and so its store, alive.
+// So Lookup calls an owner Away for Grace after it left (its responses may
+// be back: answer retryably) and Gone only after that (answer that the pod
+// holding it is gone, rather than that it never existed); Away lists the
+// nodes that may still come back, of which any may hold a response the
+// table never heard of. Each entry keeps when it was recorded, so a caller
+// that sees the owner's engine begin anew after it can tell the response
+// went with the old one. The table is plain data, with time passed in: it
 // starts no goroutine, and the caller serialises its use.
 package respown
 
@@ -22,18 +29,64 @@ import (
 
 // Defaults for New.
 const (
-	// DefaultMaxEntries bounds the table at about 18 MB of vLLM-made ids:
-	// BenchmarkAdd measures 70 bytes per entry of an id Key packs (the
-	// ring's 24 and the map's), 166 for other ids (which the table keeps
+	// DefaultMaxEntries bounds the table at about 19 MB of vLLM-made ids:
+	// BenchmarkAdd measures 75 bytes per entry of an id Key packs (the
+	// ring's 28 and the map's), 171 for other ids (which the table keeps
 	// as strings). At 20 new responses a second across the mesh that is
 	// 3.6 hours of them.
 	DefaultMaxEntries = 1 << 18
 	// DefaultGoneFor is how long a gone node's entries are kept.
 	DefaultGoneFor = 30 * time.Minute
+	// DefaultGrace is how long a node that left is Away rather than Gone.
+	// It covers a sidecar restarting with its pod's vLLM alive: a graceful
+	// restart was back in the mesh ~2 s after it left, a SIGKILLed one
+	// ~2 s after memberlist declared it dead (chaos restart-sidecar and
+	// kill-sidecar). The price is on pods that really went (a replaced or
+	// deleted pod): their responses' follow-ups get a retryable 503 for
+	// this long before the final 404. A sidecar whose restart takes longer
+	// (a crash-loop backoff) gets 404s for its responses until it is back;
+	// then they are served again.
+	DefaultGrace = 10 * time.Second
 )
 
 // Entry is one response and the node that owns it.
 type Entry struct{ ID, Node string }
+
+// Status is what the table knows of an entry's owner.
+type Status uint8
+
+const (
+	// Live: the owner is in the mesh.
+	Live Status = iota + 1
+	// Away: the owner left less than Grace ago; it may come back with its
+	// store.
+	Away
+	// Gone: the owner left Grace ago or more; its store is taken as gone.
+	Gone
+)
+
+func (s Status) String() string {
+	switch s {
+	case Live:
+		return "live"
+	case Away:
+		return "away"
+	case Gone:
+		return "gone"
+	}
+	return "unknown"
+}
+
+// Lookup is what the table holds about one response.
+type Lookup struct {
+	Node   string
+	Status Status
+	// At is when the entry was recorded here, to the second (rounded
+	// down): the response was made no later than At+1s.
+	At time.Time
+	// Left is when the owner left the mesh; zero while it is Live.
+	Left time.Time
+}
 
 // Table maps response ids to their owning node. Its zero value is not
 // usable; call New. It is not safe for concurrent use.
@@ -46,6 +99,7 @@ type Entry struct{ ID, Node string }
 type Table struct {
 	max     int
 	goneFor time.Duration
+	grace   time.Duration
 	ring    []slot // grows to max, then wraps at next
 	next    int
 	live    int               // entries held
@@ -63,6 +117,7 @@ type Table struct {
 type slot struct {
 	key   Key    // the packed id; zero for a raw one
 	owner uint32 // 1 + index in owners; 0: empty
+	at    uint32 // when recorded, in Unix seconds (4 bytes, not a time.Time's 24)
 	raw   bool   // the id is in rawAt
 }
 
@@ -74,11 +129,13 @@ type owner struct {
 }
 
 // New returns an empty table of at most maxEntries entries (at least 1),
-// whose gone nodes' entries are kept for goneFor.
-func New(maxEntries int, goneFor time.Duration) *Table {
+// whose gone nodes' entries are kept for goneFor, Away for the first grace
+// of it.
+func New(maxEntries int, goneFor, grace time.Duration) *Table {
 	return &Table{
 		max:     max(maxEntries, 1),
 		goneFor: goneFor,
+		grace:   grace,
 		packed:  map[Key]uint32{},
 		raw:     map[string]uint32{},
 		rawAt:   map[uint32]string{},
@@ -124,7 +181,7 @@ func (t *Table) add(node string, ids []string, now time.Time, move bool) (refuse
 		if o == 0 {
 			o = t.ownerOf(node)
 		}
-		t.insert(id, o)
+		t.insert(id, o, now)
 	}
 	return refused
 }
@@ -137,6 +194,43 @@ func (t *Table) Owner(id string) (node string, ok bool) {
 		return "", false
 	}
 	return t.owners[t.ring[i].owner-1].name, true
+}
+
+// Lookup returns what the table holds about id at now: its owner, whether
+// the owner is Live, Away or Gone, and when the entry was recorded.
+func (t *Table) Lookup(id string, now time.Time) (Lookup, bool) {
+	i, ok := t.find(id)
+	if !ok {
+		return Lookup{}, false
+	}
+	s := t.ring[i]
+	o := t.owners[s.owner-1]
+	l := Lookup{Node: o.name, Status: Live, At: time.Unix(int64(s.at), 0)}
+	if o.gone {
+		l.Left, l.Status = o.goneAt, t.status(o, now)
+	}
+	return l, true
+}
+
+// status is a gone owner's status at now.
+func (t *Table) status(o owner, now time.Time) Status {
+	if now.Sub(o.goneAt) < t.grace {
+		return Away
+	}
+	return Gone
+}
+
+// Away returns the nodes that left less than Grace ago, in no order: any
+// of them may be back with responses this table never heard of (made
+// while it was out of reach, or announced to a table that has restarted).
+func (t *Table) Away(now time.Time) []string {
+	var out []string
+	for _, o := range t.owners {
+		if o.name != "" && o.gone && t.status(o, now) == Away {
+			out = append(out, o.name)
+		}
+	}
+	return out
 }
 
 // Gone marks node as having left the mesh at now: its entries, and any
@@ -281,9 +375,9 @@ func (t *Table) ownerOf(node string) uint32 {
 	return i + 1
 }
 
-// insert puts id, owned by o, in the next slot, replacing the oldest entry
-// when the ring is full.
-func (t *Table) insert(id string, o uint32) {
+// insert puts id, owned by o and recorded at now, in the next slot,
+// replacing the oldest entry when the ring is full.
+func (t *Table) insert(id string, o uint32, now time.Time) {
 	var i uint32
 	if len(t.ring) < t.max {
 		i = uint32(len(t.ring))
@@ -295,7 +389,7 @@ func (t *Table) insert(id string, o uint32) {
 			t.remove(i)
 		}
 	}
-	s := slot{owner: o}
+	s := slot{owner: o, at: uint32(max(now.Unix(), 0))}
 	if k, ok := KeyOf(id); ok {
 		s.key = k
 		t.packed[k] = i

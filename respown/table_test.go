@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func ownerOf(tb *Table, id string) string {
 }
 
 func TestAddOwner(t *testing.T) {
-	tb := New(16, time.Minute)
+	tb := New(16, time.Minute, 0)
 	raw := "client-chosen id"
 	if got := tb.Add("a", []string{vid(1), raw, "", strings.Repeat("x", MaxIDBytes+1)}, t0); got != 2 {
 		t.Errorf("Add refused %d; want 2 (empty, too long)", got)
@@ -95,7 +96,7 @@ func TestAddOwner(t *testing.T) {
 }
 
 func TestBoundOldestFirst(t *testing.T) {
-	tb := New(4, time.Minute)
+	tb := New(4, time.Minute, 0)
 	tb.Add("a", []string{vid(1), vid(2), vid(3), vid(4)}, t0)
 	tb.Add("a", []string{vid(2)}, t0) // known, same owner: stays where it is
 	tb.Add("a", []string{vid(5)}, t0) // replaces 1, the oldest
@@ -123,7 +124,7 @@ func TestBoundOldestFirst(t *testing.T) {
 }
 
 func TestRawIDsFreed(t *testing.T) {
-	tb := New(8, time.Minute)
+	tb := New(8, time.Minute, 0)
 	for i := range 100 {
 		tb.Add("a", []string{fmt.Sprintf("custom-%d", i), vid(i)}, t0)
 	}
@@ -140,7 +141,7 @@ func TestRawIDsFreed(t *testing.T) {
 
 func TestGoneAndBack(t *testing.T) {
 	const goneFor = 10 * time.Minute
-	tb := New(16, goneFor)
+	tb := New(16, goneFor, 0)
 	tb.Add("a", []string{vid(1), vid(2)}, t0)
 	tb.Add("b", []string{vid(3)}, t0)
 	tb.Add("c", []string{vid(4)}, t0)
@@ -185,7 +186,7 @@ func TestGoneAndBack(t *testing.T) {
 }
 
 func TestExpireFreesOwners(t *testing.T) {
-	tb := New(2, time.Minute)
+	tb := New(2, time.Minute, 0)
 	for i := range 50 {
 		node := fmt.Sprintf("pod-%d", i)
 		tb.Add(node, []string{vid(i)}, t0)
@@ -257,7 +258,7 @@ func TestTableMatchesModel(t *testing.T) {
 	for seed := range uint64(8) {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		const max, goneFor = 16, time.Minute
-		tb := New(max, goneFor)
+		tb := New(max, goneFor, 0)
 		m := &model{max: max, goneFor: goneFor, ids: map[string]modelEntry{}, gone: map[string]time.Time{}}
 		now := t0
 		nodes := []string{"a", "b", "c"}
@@ -335,7 +336,7 @@ func BenchmarkAdd(b *testing.B) {
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			tb := New(DefaultMaxEntries, DefaultGoneFor)
+			tb := New(DefaultMaxEntries, DefaultGoneFor, DefaultGrace)
 			for i, id := range ids {
 				tb.Add(fmt.Sprintf("pod-%d", i%16), []string{id}, t0)
 			}
@@ -351,5 +352,58 @@ func BenchmarkAdd(b *testing.B) {
 			b.ReportMetric(perEntry, "B/entry") // after ResetTimer, which deletes metrics
 			runtime.KeepAlive(tb)
 		})
+	}
+}
+
+// An owner that left is Away for Grace (its sidecar may be restarting with
+// its vLLM alive), Gone after, and Live again when it comes back; each
+// entry keeps when it was recorded.
+func TestLookupGrace(t *testing.T) {
+	const grace = 10 * time.Second
+	tb := New(16, time.Hour, grace)
+	tb.Add("a", []string{vid(1), "client-chosen"}, t0.Add(1500*time.Millisecond))
+	tb.Fill("b", []string{vid(2)}, t0.Add(3*time.Second))
+	tb.Gone("a", t0.Add(5*time.Second))
+	tb.Gone("quiet", t0.Add(6*time.Second)) // left with no entries: still away
+
+	left := t0.Add(5 * time.Second)
+	tests := []struct {
+		name string
+		id   string
+		now  time.Time
+		want Lookup
+		ok   bool
+	}{
+		{"live, recorded to the second", vid(2), t0.Add(time.Hour), Lookup{Node: "b", Status: Live, At: t0.Add(3 * time.Second)}, true},
+		{"just left", vid(1), left, Lookup{Node: "a", Status: Away, At: t0.Add(time.Second), Left: left}, true},
+		{"within grace", "client-chosen", left.Add(grace - time.Nanosecond), Lookup{Node: "a", Status: Away, At: t0.Add(time.Second), Left: left}, true},
+		{"grace over", vid(1), left.Add(grace), Lookup{Node: "a", Status: Gone, At: t0.Add(time.Second), Left: left}, true},
+		{"unknown", vid(9), left, Lookup{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := tb.Lookup(tt.id, tt.now)
+		if ok != tt.ok || !got.At.Equal(tt.want.At) || !got.Left.Equal(tt.want.Left) {
+			t.Errorf("%s: Lookup = %+v, %v; want %+v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+		got.At, got.Left, tt.want.At, tt.want.Left = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		if got != tt.want {
+			t.Errorf("%s: Lookup = %+v; want %+v", tt.name, got, tt.want)
+		}
+	}
+
+	away := tb.Away(left.Add(grace - time.Nanosecond))
+	slices.Sort(away)
+	if diff := cmp.Diff([]string{"a", "quiet"}, away); diff != "" {
+		t.Errorf("Away within grace (-want +got):\n%s", diff)
+	}
+	if got := tb.Away(t0.Add(6*time.Second + grace)); len(got) != 0 {
+		t.Errorf("Away after every grace = %v; want none", got)
+	}
+	tb.Back("a")
+	if got, _ := tb.Lookup(vid(1), left.Add(grace)); got.Status != Live || !got.Left.IsZero() {
+		t.Errorf("Lookup after Back = %+v; want live, no Left", got)
+	}
+	if got := tb.Away(left); slices.Contains(got, "a") {
+		t.Errorf("Away after a came back = %v; want no a", got)
 	}
 }
