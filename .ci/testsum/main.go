@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -215,14 +216,19 @@ func failFirst(lines []string, test string) []string {
 	return lines
 }
 
-// reason is a skipped test's output without its "--- SKIP" line, on one
-// line: the file:line and message of its t.Skip.
+// reason is a skipped test's t.Skip message on one line: its last logged
+// entry (file.go:NN: and what follows, continuation lines included), not
+// the progress it logged before; the whole output when no line looks like
+// a log entry.
 func reason(lines []string) string {
 	var parts []string
 	for _, l := range lines {
 		t := strings.TrimSpace(l)
 		if t == "" || strings.HasPrefix(t, "--- SKIP: ") {
 			continue
+		}
+		if logEntry.MatchString(t) {
+			parts = parts[:0]
 		}
 		parts = append(parts, t)
 	}
@@ -231,3 +237,6 @@ func reason(lines []string) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// logEntry is how go test starts a t.Log or t.Skip line.
+var logEntry = regexp.MustCompile(`^[\w.-]+\.go:\d+: `)

@@ -195,3 +195,22 @@ func FuzzSummary(f *testing.F) {
 		}
 	})
 }
+
+// The reason of a skip is its t.Skip message, not the progress the test
+// logged before it.
+func TestReasonIsTheSkipMessage(t *testing.T) {
+	lines := []string{
+		"=== RUN   TestLong\n",
+		"    cluster_test.go:42: started 4 pods\n",
+		"    cluster_test.go:42:   [ 5.0s] sent 21\n",
+		"    run_test.go:99: KNOWN BUG: 12 unclear\n",
+		"        and a second line\n",
+		"--- SKIP: TestLong (61.00s)\n",
+	}
+	if got, want := reason(lines), "run_test.go:99: KNOWN BUG: 12 unclear and a second line"; got != want {
+		t.Errorf("reason = %q; want %q", got, want)
+	}
+	if got := reason([]string{"--- SKIP: TestX (0.00s)\n"}); got != "(no reason given)" {
+		t.Errorf("reason of a bare skip = %q", got)
+	}
+}
