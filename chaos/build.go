@@ -65,7 +65,8 @@ func Build(ctx context.Context, dir string, names ...string) error {
 // ensureBinaries returns dir with the named binaries present. In
 // DefaultBinDir they are rebuilt once per process; in a caller's dir only
 // missing ones are built.
-func ensureBinaries(ctx context.Context, dir string, names ...string) (string, error) {
+// building, if set, is told what is about to be built.
+func ensureBinaries(ctx context.Context, dir string, names []string, building func([]string)) (string, error) {
 	always := dir == ""
 	if always {
 		dir = DefaultBinDir()
@@ -81,6 +82,9 @@ func ensureBinaries(ctx context.Context, dir string, names ...string) (string, e
 	}
 	if len(need) == 0 {
 		return dir, nil
+	}
+	if building != nil {
+		building(need)
 	}
 	if err := Build(ctx, dir, need...); err != nil {
 		return dir, err

@@ -57,8 +57,9 @@ func Start(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Sidecars {
 		names = append(names, SidecarBinary)
 	}
-	fmt.Fprintf(cfg.Progress, "chaos: building %v\n", names)
-	bin, err := ensureBinaries(ctx, cfg.BinDir, names...)
+	bin, err := ensureBinaries(ctx, cfg.BinDir, names, func(need []string) {
+		fmt.Fprintf(cfg.Progress, "chaos: building %v\n", need)
+	})
 	if err != nil {
 		return nil, err
 	}

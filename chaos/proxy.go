@@ -29,7 +29,7 @@ func (p *Proxy) Stop() { p.proc.stop() }
 // is Dir/logs/kvproxy-<policy>.log. Stop it before starting another proxy on
 // the same address; Cluster.Stop does not know about it.
 func (c *Cluster) StartProxy(ctx context.Context, policy, addr string, seed uint64) (*Proxy, error) {
-	bin, err := ensureBinaries(ctx, c.cfg.BinDir, ProxyBinary)
+	bin, err := ensureBinaries(ctx, c.cfg.BinDir, []string{ProxyBinary}, nil)
 	if err != nil {
 		return nil, err
 	}
