@@ -23,7 +23,8 @@ type UncoordinatedConfig struct {
 	// max > BalanceRel×min, it sends to its least loaded pod whatever the
 	// match. Defaults 64 and 1.5. Each front counts only what it sent,
 	// about 1/N of the true load, so the gate rarely opens (SMG PR #2150,
-	// docs/anchors-refresh.md §2); that is the setup being measured.
+	// the independent-gateways measurement); that is the setup being
+	// measured.
 	BalanceAbs int
 	BalanceRel float64
 	// MemoryKeys bounds a front's memory of what it sent to each peer, in

@@ -633,13 +633,16 @@ func (h *Handler) track(change func(), peer string) {
 // non-streamed request's prefill should be done: nothing else happens then
 // that would push it. Called with mu held; a zero t disarms it.
 func (h *Handler) repushAt(t, now time.Time) {
-	if h.repush != nil {
-		h.repush.Stop()
+	switch {
+	case t.IsZero():
+		if h.repush != nil {
+			h.repush.Stop()
+		}
+	case h.repush == nil:
+		h.repush = time.AfterFunc(t.Sub(now), func() { h.track(func() {}, "") })
+	default:
+		h.repush.Reset(t.Sub(now)) // one timer, not one per request
 	}
-	if t.IsZero() {
-		return
-	}
-	h.repush = time.AfterFunc(t.Sub(now), func() { h.track(func() {}, "") })
 }
 
 // modifyResponse labels the response and taps its usage for the
