@@ -121,3 +121,23 @@ func TestClientPrefillIgnored(t *testing.T) {
 		t.Errorf("vLLM saw %v; want one request without %s", *a.seen, PrefillHeader)
 	}
 }
+
+// FuzzHopPrefill: a peer's X-Kvroute-Prefill never panics, never yields
+// negative or capped-over figures, and what prefillValue writes reads back.
+func FuzzHopPrefill(f *testing.F) {
+	for _, s := range []string{"", "1048", "24; for=63", "-1", "5;for=", "9999999999999999999999", "1; for=3600000"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		r, _ := http.NewRequest("POST", "/", nil)
+		r.Header.Set(PrefillHeader, v)
+		n, d := hopPrefill(r)
+		if n < 0 || n > maxPrefill || d < 0 || d >= time.Hour {
+			t.Fatalf("%q: %d tokens, %v", v, n, d)
+		}
+		r.Header.Set(PrefillHeader, prefillValue(target{Prefill: n, PrefillFor: d}))
+		if n2, d2 := hopPrefill(r); n2 != n || d2 != d.Truncate(time.Millisecond) {
+			t.Fatalf("%q: %d, %v wrote and read back as %d, %v", v, n, d, n2, d2)
+		}
+	})
+}
