@@ -291,14 +291,17 @@ func (s *Service) probeLoop() {
 			return
 		case <-t.C:
 		}
+		// Which endpoints to probe is read under mu: Terminate marks them.
 		s.mu.Lock()
-		eps := slices.Clone(s.eps)
+		var eps []*endpoint
+		for _, e := range s.eps {
+			if e.ReadyURL != "" && !e.terminating {
+				eps = append(eps, e)
+			}
+		}
 		s.mu.Unlock()
 		var wg sync.WaitGroup
 		for _, e := range eps {
-			if e.ReadyURL == "" || e.terminating {
-				continue
-			}
 			wg.Go(func() {
 				ok, why := s.probe(e.ReadyURL)
 				s.record(e, ok, why)
