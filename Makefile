@@ -132,8 +132,9 @@ WARM_DEPS := {{$$z := eq .ImportPath "github.com/pebbe/zmq4"}}{{range .Deps}}{{i
 demo:
 	@mkdir -p out; warm=; if ! pkg-config --exists libzmq 2>/dev/null; then \
 	  echo "== warm: go build of what needs no libzmq, beside apt (log: out/warm.log)"; \
-	  { $(GO) list -deps -f '$(WARM_DEPS)' $(DEMO_CMDS) | xargs $(GO) build; } >out/warm.log 2>&1 & warm=$$!; fi; \
-	  $(MAKE) --no-print-directory deps || exit 1; [ -z "$$warm" ] || wait $$warm; true
+	  { $(GO) list -deps -f '$(WARM_DEPS)' $(DEMO_CMDS) | xargs $(GO) build -v; } >out/warm.log 2>&1 & warm=$$!; fi; \
+	  $(MAKE) --no-print-directory deps || exit 1; [ -z "$$warm" ] || { wait $$warm; \
+	  echo "   warm: compiled $$(grep -c '^[^ :#]*$$' out/warm.log) packages, downloaded $$(grep -c '^go: downloading' out/warm.log) modules"; }
 	@echo "== build: go build -o $(BIN)/ $(DEMO_CMDS)"
 	@$(call go-build,$(DEMO_CMDS))
 	@echo "== demo: $(BIN)/kvbench --build=false --story $(DEMO_FLAGS)"
