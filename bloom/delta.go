@@ -140,5 +140,6 @@ func (d *Digest) Apply(x Delta) (*Digest, error) {
 	for _, k := range x.Keys {
 		n.add(k)
 	}
+	n.scan()
 	return n, nil
 }

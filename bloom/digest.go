@@ -46,6 +46,9 @@ type Header struct {
 type Digest struct {
 	h    Header
 	bits *bitset.BitSet // the bbloom filter's bit set, read and written only through here
+	// tierStride and ranks are read from the markers once the bits are
+	// final (tier.go): 0 and 1 for a pod with one rank and no lower tier.
+	tierStride, ranks int
 }
 
 // Build returns the digest of keys. It keeps h.HashScheme when it is a
@@ -67,13 +70,16 @@ func Build(h Header, keys []blockkey.Key) *Digest {
 	for _, k := range keys {
 		d.add(k)
 	}
+	d.scan()
 	return d
 }
 
 // newDigest wraps words (len M/64, owned by the digest from now on).
 func newDigest(h Header, words []uint64) *Digest {
 	f := bbloom.From(words, uint(h.K))
-	return &Digest{h: h, bits: f.BitSet()}
+	d := &Digest{h: h, bits: f.BitSet()}
+	d.scan()
+	return d
 }
 
 // Header returns the digest's header.

@@ -16,7 +16,14 @@ import (
 const (
 	digestMagic = "KVRD"
 	// FormatVersion is the wire format version written by MarshalBinary and
-	// MarshalDelta; decoders refuse others.
+	// MarshalDelta; decoders refuse others (ErrUnsupported) and any byte
+	// past the bits. v0.1.0 writes and reads 1 alone, so a digest's frame
+	// cannot grow while v0.1.0 peers may be in the mesh: a longer frame or a
+	// format 2 is refused whole. A new format therefore takes a new
+	// number, and its sender writes it only to peers whose gossip wire
+	// version says they read it, format 1 to the others
+	// (docs/compat.md). The hash scheme byte is versioned the same way
+	// (HashScheme).
 	FormatVersion uint8 = 1
 	// MaxNodeBytes bounds the node name (a Kubernetes pod name is at most 253).
 	MaxNodeBytes = 255

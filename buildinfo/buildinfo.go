@@ -1,10 +1,14 @@
 // Package buildinfo is the version every kvroute binary prints for
-// --version: a release sets it at link time,
+// --version and the sidecar exports as kvroute_build_info. The version is
+// Release, the constant this source tree carries, unless the link
+// overrides it:
 //
-//	go build -ldflags "-X github.com/kvroute/kvroute/buildinfo.version=v0.4.0" ./cmd/...
+//	go build -ldflags "-X github.com/kvroute/kvroute/buildinfo.version=v0.2.0" ./cmd/...
 //
-// and a build from a checkout reports the module version and the VCS
-// revision the go tool stamped into the binary.
+// The commit the go tool stamped into the binary (vcs.revision) is printed
+// beside it, so a build between releases says both what it will be and
+// where it came from. CHANGELOG.md lists the releases; docs/compat.md says
+// which of them share a mesh.
 package buildinfo
 
 import (
@@ -12,24 +16,30 @@ import (
 	"runtime/debug"
 )
 
-// version is the -ldflags -X override; empty in a development build.
+// Release is this tree's version: the release it is, or between releases
+// the next one with a "-dev" suffix (semver's pre-release, which sorts
+// before the release itself). Cutting a release sets it without the
+// suffix in the commit that is tagged, and the next commit moves it on.
+const Release = "v0.2.0-dev"
+
+// version is the -ldflags -X override; empty unless the link set it.
 var version string
 
-// Version returns the release version, else the main module's version as
-// the go tool recorded it ("(devel)" when it recorded none).
+// Version returns the -X override if the link set one, else Release.
+// The go tool's own module version is not used: built from a checkout it
+// is a pseudo-version of the commit (or "(devel)"), which String already
+// names, and inside an image built with -trimpath and no VCS it is
+// nothing.
 func Version() string {
 	if version != "" {
 		return version
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
+	return Release
 }
 
 // String is the --version line of program: its version, the commit it was
 // built from (with "+modified" when the tree had local changes) and the Go
-// toolchain, e.g. "sidecar v0.4.0 (commit b485253, go1.26.8)".
+// toolchain, e.g. "sidecar v0.2.0 (commit b485253, go1.26.8)".
 func String(program string) string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {

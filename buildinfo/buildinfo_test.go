@@ -1,6 +1,8 @@
 package buildinfo
 
 import (
+	"os"
+	"regexp"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -15,6 +17,34 @@ func TestVersionOverride(t *testing.T) {
 	}
 	if got := String("sidecar"); !strings.HasPrefix(got, "sidecar v9.8.7 (") || !strings.Contains(got, "go1.") {
 		t.Errorf("String(sidecar) = %q; want program, version and toolchain", got)
+	}
+	version = ""
+	if got := Version(); got != Release {
+		t.Errorf("Version() without -X = %q; want Release %q", got, Release)
+	}
+}
+
+// semver is a version tag as semver.org and the go tool read it.
+var semver = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`)
+
+// TestRelease: Release is a semver tag, and CHANGELOG.md has a section for
+// it (the release itself, or "Unreleased" naming it while it is -dev), so
+// a bump of one without the other fails here.
+func TestRelease(t *testing.T) {
+	if !semver.MatchString(Release) {
+		t.Fatalf("Release = %q; want vMAJOR.MINOR.PATCH[-pre]", Release)
+	}
+	log, err := os.ReadFile("../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, dev := strings.CutSuffix(Release, "-dev")
+	head := "## [" + rel + "]"
+	if dev {
+		head = "## [Unreleased] (" + rel + ")"
+	}
+	if !strings.Contains(string(log), "\n"+head) {
+		t.Errorf("CHANGELOG.md has no section %q for Release %s", head, Release)
 	}
 }
 

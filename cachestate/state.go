@@ -247,6 +247,19 @@ func (s *State) apply(it vllmclient.Item) {
 	}
 	s.pending = append(s.pending, ch.Added...)
 	s.removed += len(ch.Removed)
+	// The digest is the pod's GPU keys over all its data-parallel ranks
+	// (Index.Keys), so another rank's GPU blocks travel as rank 0's do.
+	// Lower tiers are not advertised yet: a peer's choice cannot weigh them.
+	for _, e := range ch.TierAdded {
+		if e.Tier == kvindex.GPU {
+			s.pending = append(s.pending, e.Key)
+		}
+	}
+	for _, e := range ch.TierRemoved {
+		if e.Tier == kvindex.GPU {
+			s.removed++
+		}
+	}
 }
 
 // publish sends what changed since the last tick, while the engine serves:

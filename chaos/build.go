@@ -117,3 +117,91 @@ func moduleRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// PreviousRelease is the commit of kvroute v0.1.0, the release before this
+// tree's (CHANGELOG.md): the sidecar a rolling upgrade starts from, and the
+// one the mixed-version tests run beside this tree's (docs/compat.md).
+const PreviousRelease = "a2f31aa72cc06f3ba15c4ad9402ffbb0887fb807"
+
+// PreviousVersion is PreviousRelease's release name, stamped into its
+// build (its source says "(devel)": it predates the version constant).
+const PreviousVersion = "v0.1.0"
+
+// ErrNoCommit reports a commit BuildSidecarAt cannot find in the clone (a
+// shallow clone, or an archive without .git).
+var ErrNoCommit = errors.New("commit not in this clone")
+
+// BuildSidecarAt returns the path of the sidecar built from commit, building
+// it on first use into out/sidecar-<commit> under the module root, where it
+// stays: a commit's source never changes, so the build is done once per
+// clone. The source is `git archive` of the commit in a temporary
+// directory, built with this machine's go tool, module and build caches
+// (the pinned dependencies of that commit must be in the module cache or
+// reachable through GOPROXY). version, if set, is stamped with -ldflags -X
+// as a release build would be. building, if set, is told before a build.
+func BuildSidecarAt(ctx context.Context, commit, version string, building func(string)) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(root, "out", "sidecar-"+commit)
+	bin := filepath.Join(dir, SidecarBinary)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	git := func(args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Dir = root
+		return cmd
+	}
+	if out, err := git("cat-file", "-e", commit+"^{commit}").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build sidecar at %s: %w (git: %v %s); fetch it or use a full clone", commit, ErrNoCommit, err, bytes.TrimSpace(out))
+	}
+	if building != nil {
+		building(commit)
+	}
+	src, err := os.MkdirTemp("", "kvroute-src-")
+	if err != nil {
+		return "", fmt.Errorf("build sidecar at %s: %w", commit, err)
+	}
+	defer os.RemoveAll(src)
+	archive := git("archive", "--format=tar", commit)
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
+	var errs bytes.Buffer
+	untar.Stdin, err = archive.StdoutPipe()
+	if err != nil {
+		return "", fmt.Errorf("build sidecar at %s: %w", commit, err)
+	}
+	archive.Stderr, untar.Stderr = &errs, &errs
+	if err := untar.Start(); err != nil {
+		return "", fmt.Errorf("build sidecar at %s: tar: %w", commit, err)
+	}
+	if err := archive.Run(); err != nil {
+		_ = untar.Wait()
+		return "", fmt.Errorf("build sidecar at %s: git archive: %w\n%s", commit, err, errs.Bytes())
+	}
+	if err := untar.Wait(); err != nil {
+		return "", fmt.Errorf("build sidecar at %s: tar: %w\n%s", commit, err, errs.Bytes())
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("build sidecar at %s: %w", commit, err)
+	}
+	// Into a temporary name first, so a build cut short leaves no binary
+	// that a later run would take for finished.
+	tmp := bin + ".tmp"
+	args := []string{"build", "-o", tmp}
+	if version != "" {
+		args = append(args, "-ldflags", "-X "+modulePath+"/buildinfo.version="+version)
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/"+SidecarBinary)...)
+	cmd.Dir = src
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("build sidecar at %s: go build: %w\n%s", commit, err, out.Bytes())
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", fmt.Errorf("build sidecar at %s: %w", commit, err)
+	}
+	return bin, nil
+}

@@ -27,6 +27,7 @@ type Cluster struct {
 	pods    []*podProcs
 	info    []PodInfo // current addresses; a replaced pod gets new ones
 	gen     []int     // replacements per pod
+	sidecar []string  // per pod: the sidecar binary (SidecarBins; UpgradeSidecar)
 	next    int       // host number of the next replacement pod
 	stopped bool
 
@@ -69,16 +70,21 @@ func Start(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		}
 	}
 	c := &Cluster{
-		cfg:    cfg,
-		bin:    bin,
-		env:    childEnv(os.Environ()),
-		client: &http.Client{Timeout: 2 * time.Second},
-		pods:   make([]*podProcs, cfg.Pods),
-		gen:    make([]int, cfg.Pods),
-		next:   cfg.Pods + 2,
+		cfg:     cfg,
+		bin:     bin,
+		env:     childEnv(os.Environ()),
+		client:  &http.Client{Timeout: 2 * time.Second},
+		pods:    make([]*podProcs, cfg.Pods),
+		gen:     make([]int, cfg.Pods),
+		sidecar: make([]string, cfg.Pods),
+		next:    cfg.Pods + 2,
 	}
 	for i := range cfg.Pods {
 		c.info = append(c.info, cfg.pod(i))
+		c.sidecar[i] = filepath.Join(bin, SidecarBinary)
+		if n := len(cfg.SidecarBins); n > 0 && cfg.SidecarBins[i%n] != "" {
+			c.sidecar[i] = cfg.SidecarBins[i%n]
+		}
 	}
 	if cfg.Netns {
 		n, err := SetupNetns(ctx, cfg.NetnsPrefix, cfg.Subnet)
@@ -260,7 +266,10 @@ func (c *Cluster) startSidecar(i int) error {
 	for j := 0; j < c.cfg.Pods && j < 2; j++ {
 		seeds = append(seeds, c.Pod(j).Gossip)
 	}
-	bin, args := Pinned(c.cfg.SidecarCPUsOf(i), filepath.Join(c.bin, SidecarBinary), c.cfg.sidecarArgsJoin(p, seeds))
+	c.mu.Lock()
+	sidecar := c.sidecar[i]
+	c.mu.Unlock()
+	bin, args := Pinned(c.cfg.SidecarCPUsOf(i), sidecar, c.cfg.sidecarArgsJoin(p, seeds))
 	bin, args, err := c.command(p, bin, args)
 	if err != nil {
 		return err

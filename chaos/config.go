@@ -42,6 +42,11 @@ type ClusterConfig struct {
 	Sidecars bool
 	// SidecarArgs are appended to every sidecar's command line.
 	SidecarArgs []string
+	// SidecarBins, when set, names pod i's sidecar binary as
+	// SidecarBins[i % len] ("" there: BinDir's), for a mesh of mixed
+	// versions (BuildSidecarAt builds an earlier one); UpgradeSidecar
+	// moves a pod to BinDir's. Empty: every pod runs BinDir's.
+	SidecarBins []string
 	// SidecarCPUs, when set, pins every sidecar to these CPUs (a taskset
 	// list such as "1"), as a pod's own CPU request would keep it off the
 	// cores vLLM and the clients use. Empty: no pinning.

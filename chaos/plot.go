@@ -5,9 +5,11 @@ import (
 	"image/color"
 	"math"
 	"os"
+	"path/filepath"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -129,4 +131,75 @@ func marker(p *plot.Plot, x, ymax float64, c color.Color) error {
 	l.Dashes = []vg.Length{vg.Points(3), vg.Points(2)}
 	p.Add(l)
 	return nil
+}
+
+// resourcePlots are the measures' plots: file, axis label, unit.
+var resourcePlots = []struct {
+	measure, file, ylabel string
+	scale                 float64
+}{
+	{MeasureRSS, "resources-rss.png", "sidecar RSS (MiB)", 1 << 20},
+	{MeasureGoroutines, "resources-goroutines.png", "sidecar goroutines", 1},
+	{MeasureFDs, "resources-fds.png", "sidecar open file descriptors", 1},
+}
+
+// PlotResources writes one PNG per measure of the sidecars' resource
+// series into dir (resources-rss.png, resources-goroutines.png,
+// resources-fds.png), one line per sidecar process, with the fault and
+// undo markers of the timeline. It returns the files written; none
+// without series.
+func (r *Result) PlotResources(dir string) ([]string, error) {
+	if len(r.Resources) == 0 {
+		return nil, nil
+	}
+	var files []string
+	for _, rp := range resourcePlots {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("chaos %s: %s per sidecar process (%d pods, %.1f req/s %s)", r.Scenario, rp.ylabel, r.Pods, r.Rate, r.Workload)
+		p.X.Label.Text = "time since the load started (min)"
+		p.Y.Label.Text = rp.ylabel
+		p.Add(plotter.NewGrid())
+		p.Legend.Top, p.Legend.Left = true, true
+		p.Legend.TextStyle.Font.Size = vg.Points(8)
+		top := 0.0
+		for k, s := range r.Resources {
+			var xy plotter.XYs
+			for _, x := range s.Samples {
+				if v, ok := x.value(rp.measure); ok {
+					xy = append(xy, plotter.XY{X: x.AtS / 60, Y: v / rp.scale})
+					top = math.Max(top, v/rp.scale)
+				}
+			}
+			if len(xy) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(xy)
+			if err != nil {
+				return files, fmt.Errorf("plot resources: %w", err)
+			}
+			l.Color, l.Width = plotutil.Color(k), vg.Points(1)
+			l.Dashes = plotutil.Dashes(k / 7) // seven colours, then dashed
+			p.Add(l)
+			p.Legend.Add(fmt.Sprintf("%s (pid %d)", s.Pod, s.PID), l)
+		}
+		ymax := math.Max(top*1.15, 1)
+		p.X.Min, p.X.Max = 0, math.Max(r.DurationS, float64(len(r.Timeline)))/60
+		p.Y.Min, p.Y.Max = 0, ymax
+		for _, f := range r.Faults {
+			if err := marker(p, f.AtS/60, ymax, faultColor); err != nil {
+				return files, err
+			}
+			if f.UndoneS > 0 {
+				if err := marker(p, f.UndoneS/60, ymax, undoColor); err != nil {
+					return files, err
+				}
+			}
+		}
+		path := filepath.Join(dir, rp.file)
+		if err := p.Save(vg.Points(1000), vg.Points(420), path); err != nil {
+			return files, fmt.Errorf("plot resources: %w", err)
+		}
+		files = append(files, path)
+	}
+	return files, nil
 }

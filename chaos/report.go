@@ -109,6 +109,11 @@ type Result struct {
 	// the first fault up to the first fault; HitRate is the whole run's.
 	HitRateSteady float64 `json:"hit_rate_steady"`
 	HitRate       float64 `json:"hit_rate"`
+	// HitRateWindows are the hit rates of hitWindow-second windows from
+	// the first fault to the end of the load, and HitRateLowRatio the
+	// lowest of them over HitRateSteady (upgrade.go).
+	HitRateWindows  []WindowHit `json:"hit_rate_windows,omitempty"`
+	HitRateLowRatio float64     `json:"hit_rate_low_ratio"`
 	// RecoverySMax is the longest time from a fault's undo (a replacement
 	// ready, an engine back) until the hit rate of the next 10 s is back to
 	// 90% of the 20 s before the fault; NotRecovered counts undos after
@@ -149,6 +154,13 @@ type Result struct {
 	// counts.
 	ForwardsAfterDetection []ForwardRecord `json:"forwards_after_detection,omitempty"`
 	Notes                  []string        `json:"notes,omitempty"`
+	// Resources is every sidecar process's memory, goroutines and open
+	// descriptors through the run (Sampler), ResourcePeak their peaks,
+	// and Flat each series judged (CheckFlat) by FlatRule.
+	Resources    []ResourceSeries `json:"resources,omitempty"`
+	ResourcePeak ResourcePeak     `json:"resource_peak"`
+	Flat         []FlatCheck      `json:"flat,omitempty"`
+	FlatRule     string           `json:"flat_rule,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
 }
@@ -427,6 +439,7 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 		first = faults[0].AtS
 	}
 	res.HitRateSteady = windowHit(secs, first/2, first)
+	res.HitRateWindows, res.HitRateLowRatio = hitWindows(secs, first, cfg.Duration.Seconds(), hitWindow, res.HitRateSteady)
 
 	for _, f := range faults {
 		fr := FaultResult{FaultRecord: f}
@@ -649,6 +662,8 @@ func (r *Result) Markdown() string {
 		}
 	}
 	b.WriteString(r.apiMarkdown())
+	b.WriteString(r.windowMarkdown())
+	b.WriteString(r.resourceMarkdown())
 	fmt.Fprintf(&b, "\nKV-event batches the simulators dropped: %.0f; replays they served: %.0f; holes replay did not fill (sidecars): %.0f\n",
 		r.KVBatchesDropped, r.KVReplays, r.KVEventGaps)
 	for _, n := range r.Notes {

@@ -56,7 +56,12 @@ type RunConfig struct {
 	// RequestTimeout bounds one request (default 60s; a hung engine holds
 	// requests until it resumes).
 	RequestTimeout time.Duration
-	Progress       io.Writer
+	// ResourceEvery is how often every sidecar's memory, goroutines and
+	// descriptors are read (Sampler; default 5s), and Flat how the report
+	// judges them (CheckFlat).
+	ResourceEvery time.Duration
+	Flat          FlatConfig
+	Progress      io.Writer
 }
 
 func (c RunConfig) withDefaults() RunConfig {
@@ -106,6 +111,9 @@ func (c RunConfig) withDefaults() RunConfig {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 60 * time.Second
+	}
+	if c.ResourceEvery <= 0 {
+		c.ResourceEvery = 5 * time.Second
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -218,6 +226,15 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if cc.Subnet == "" && !cc.Netns {
 		cc.Subnet = "127.0.95"
 	}
+	if from := cfg.Scenario.SidecarFrom; from != "" {
+		old, err := BuildSidecarAt(ctx, from, versionOf(from), func(string) {
+			fmt.Fprintf(cfg.Progress, "chaos: building the sidecar of %s\n", from)
+		})
+		if err != nil {
+			return nil, err
+		}
+		cc.SidecarBins = []string{old}
+	}
 	cc.Sim.NumGPUBlocks = cfg.BlocksPerPod
 	cc.SimEnv, cc.Sim.ExtraArgs = simSetup(cfg.Workload)
 	cc.Sim.TimeScale = cfg.TimeScale
@@ -261,6 +278,8 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	faultCtx, stopFaults := context.WithCancel(runCtx)
 	var bg sync.WaitGroup
 	r.start = time.Now()
+	smp := startSampler(c.sidecarTargets, cfg.ResourceEvery, r.start)
+	defer smp.Stop()
 	bg.Go(func() { r.observe(faultCtx) })
 	bg.Go(func() { r.inject(faultCtx) })
 	if r.stored != nil {
@@ -277,6 +296,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	end := r.since()
 	stopFaults()
 	bg.Wait()
+	smp.Stop()
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return nil, err
 	}
@@ -294,6 +314,8 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	c.Stop()
 	attempts, aerr := readAttempts(filepath.Join(cfg.Dir, "logs"))
 	res := summarize(r, samples, conns, trans, attempts, end)
+	res.Resources, res.ResourcePeak = smp.Series(), smp.Peak()
+	res.Flat, res.FlatRule = CheckFlat(res.Resources, cfg.Flat), flatRule(cfg.Flat)
 	res.KVEventGaps, res.KVBatchesDropped, res.KVReplays = gaps, dropped, replays
 	if aerr != nil || len(attempts) == 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("no forward attempts in the sidecars' debug logs (%v): forwards_to_dead_after_detection is 0 for want of evidence", aerr))
@@ -576,6 +598,9 @@ func (r *runState) apply(ctx context.Context, f Fault, i int) {
 	case FaultDropEvents:
 		do = func() error { return c.SetDropRate(ctx, i, f.Rate) }
 		undo = func() error { return c.SetDropRate(ctx, i, 0) }
+	case FaultUpgradeSidecar:
+		rec.down = true
+		do = func() error { return r.upgrade(ctx, i, rec) } // undone when it returns
 	}
 	r.logf("fault %s on %s%s", f.Fault, rec.Pod, forText(f))
 	if err := do(); err != nil {

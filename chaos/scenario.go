@@ -30,7 +30,12 @@ type Scenario struct {
 	// scenario whose answers include a retryable 503 by design (a stored
 	// response's pod briefly unreachable) is measured by whether an SDK
 	// client gets through.
-	ClientRetry bool    `json:"client_retry,omitempty"`
+	ClientRetry bool `json:"client_retry,omitempty"`
+	// SidecarFrom is a commit (PreviousRelease for the release before
+	// this tree's) whose sidecar every pod starts with, built once and
+	// kept under out/ (BuildSidecarAt); upgrade-sidecar moves a pod to
+	// this tree's. Empty: every pod runs this tree's.
+	SidecarFrom string  `json:"sidecar_from,omitempty"`
 	Faults      []Fault `json:"faults"`
 }
 
@@ -64,11 +69,13 @@ const (
 	FaultGossipLoss     = "gossip-loss"     // drop Percent of gossip packets; For: clear
 	FaultDropEvents     = "drop-events"     // the sim drops Rate of its live KV-event batches; For: clear
 	FaultRollingRestart = "rolling-restart" // every pod in turn: unready, /drain, stop, new pod, ready
+	FaultUpgradeSidecar = "upgrade-sidecar" // unready, /drain, stop the sidecar, start this tree's beside the same engine, ready
 )
 
 // FaultNames lists every fault a scenario may name.
 var FaultNames = []string{FaultKillPod, FaultReplacePod, FaultKillEngine, FaultHangEngine, FaultKillSidecar,
-	FaultRestartSidecar, FaultPartition, FaultGossipDelay, FaultGossipLoss, FaultDropEvents, FaultRollingRestart}
+	FaultRestartSidecar, FaultPartition, FaultGossipDelay, FaultGossipLoss, FaultDropEvents, FaultRollingRestart,
+	FaultUpgradeSidecar}
 
 // needsNetns are the faults only network namespaces can inject.
 func needsNetns(name string) bool {
@@ -79,7 +86,7 @@ func needsNetns(name string) bool {
 func podFault(name string) bool {
 	switch name {
 	case FaultKillPod, FaultReplacePod, FaultKillEngine, FaultHangEngine, FaultKillSidecar, FaultRestartSidecar,
-		FaultPartition:
+		FaultPartition, FaultUpgradeSidecar:
 		return true
 	}
 	return false
@@ -194,6 +201,9 @@ func (s Scenario) Validate(pods int, d time.Duration) error {
 	}
 	if s.Rate < 0 {
 		return fmt.Errorf("scenario: rate %v is negative", s.Rate)
+	}
+	if s.SidecarFrom != "" && !commitRef.MatchString(s.SidecarFrom) {
+		return fmt.Errorf("scenario: sidecar_from %q is not a commit hash (7 to 40 lower-case hex digits)", s.SidecarFrom)
 	}
 	for k, f := range s.Faults {
 		where := fmt.Sprintf("scenario: fault %d (%s at %v)", k+1, f.Fault, f.At.D())

@@ -180,7 +180,10 @@ func knownStoredBug(f RequestRecord, faults []FaultResult, end float64) bool {
 		}
 		switch {
 		case f.Class == ClassStoreLostUnclear && (fr.Fault == FaultReplacePod || fr.Fault == FaultKillPod):
-			if fr.AtS <= f.SentS && f.SentS <= fr.AtS+detect+grace+retries &&
+			// From a second before the fault: a request sent in the same
+			// instant the fault starts (its AtS is stamped after it acts)
+			// meets the pod going.
+			if fr.AtS-1 <= f.SentS && f.SentS <= fr.AtS+detect+grace+retries &&
 				(f.Status == 503 || strings.Contains(f.Err, "context canceled")) {
 				return true
 			}

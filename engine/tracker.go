@@ -17,8 +17,11 @@ const (
 	// is proof enough.
 	ProbeFailed
 	// ProbeTimeout: no answer within the probe timeout. A hung engine looks
-	// like this, and so does a busy one for a moment: HungAfter of them in a
-	// row are needed.
+	// like this, and so does a busy one: vLLM's API server answers /health
+	// late when it is saturated (over 1 s, and 2 s, have been reported in
+	// deployments that probe it). HungAfter of them in a row are needed,
+	// and the engine must also have shown no progress (Progress) for
+	// QuietFor: a busy engine keeps computing, a hung one does not.
 	ProbeTimeout
 )
 
@@ -36,16 +39,30 @@ type Transition struct {
 // Tracker is the engine state machine. It starts in route.EngineStarting.
 // It is not safe for concurrent use; Watcher owns one.
 type Tracker struct {
-	hungAfter int
-	state     route.Engine
-	timeouts  int       // consecutive probe timeouts
-	okAt      time.Time // last healthy probe
+	hungAfter  int
+	quietFor   time.Duration
+	state      route.Engine
+	timeouts   int       // consecutive probe timeouts
+	okAt       time.Time // last healthy probe
+	progressAt time.Time // last sign of work (Progress); zero: none seen
 }
 
 // NewTracker returns a tracker in route.EngineStarting. hungAfter is how
-// many probe timeouts in a row make the engine down (at least 1).
-func NewTracker(hungAfter int) *Tracker {
-	return &Tracker{hungAfter: max(hungAfter, 1), state: route.EngineStarting}
+// many probe timeouts in a row make the engine down (at least 1), and
+// quietFor how long it must also have shown no progress (0: progress is
+// not considered).
+func NewTracker(hungAfter int, quietFor time.Duration) *Tracker {
+	return &Tracker{hungAfter: max(hungAfter, 1), quietFor: max(quietFor, 0), state: route.EngineStarting}
+}
+
+// Progress records that the engine did work at at: a KV event arrived,
+// which the engine publishes as it computes blocks, in prefill and in
+// decode alike. A saturated engine that answers /health late still does
+// this; a hung one cannot.
+func (t *Tracker) Progress(at time.Time) {
+	if at.After(t.progressAt) {
+		t.progressAt = at
+	}
 }
 
 // State returns the current state.
@@ -60,7 +77,7 @@ func (t *Tracker) Observe(p Probe, reason string, now time.Time) (Transition, bo
 		return t.move(route.EngineServing, "healthy", now)
 	case ProbeTimeout:
 		t.timeouts++
-		if t.timeouts < t.hungAfter {
+		if t.timeouts < t.hungAfter || t.busy(now) {
 			return Transition{}, false
 		}
 		return t.move(route.EngineDown, "hung: "+reason, now)
@@ -82,6 +99,11 @@ func (t *Tracker) Failed(reason string, at time.Time) (Transition, bool) {
 		return Transition{}, false
 	}
 	return t.move(route.EngineDown, reason, at)
+}
+
+// busy reports whether the engine did work within quietFor of now.
+func (t *Tracker) busy(now time.Time) bool {
+	return t.quietFor > 0 && !t.progressAt.IsZero() && now.Sub(t.progressAt) < t.quietFor
 }
 
 func (t *Tracker) move(to route.Engine, reason string, now time.Time) (Transition, bool) {

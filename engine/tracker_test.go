@@ -57,7 +57,7 @@ func TestTracker(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tk := NewTracker(2)
+			tk := NewTracker(2, 0)
 			for i, s := range tt.steps {
 				var tr Transition
 				var moved bool
@@ -75,6 +75,88 @@ func TestTracker(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTrackerBusyIsNotHung: timeouts make the engine down only once it
+// has also shown no progress for quietFor. Times are ms from t0.
+func TestTrackerBusyIsNotHung(t *testing.T) {
+	const quiet = 750 * time.Millisecond
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	type step struct {
+		progress bool // Progress at at, instead of a probe
+		probe    Probe
+		at       int
+		want     route.Engine
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"a saturated engine: late answers, work going on", []step{
+			{probe: ProbeOK, at: 0, want: route.EngineServing},
+			{progress: true, at: 400},
+			{probe: ProbeTimeout, at: 750, want: route.EngineServing},
+			{progress: true, at: 900},
+			{probe: ProbeTimeout, at: 1250, want: route.EngineServing},
+			{progress: true, at: 1600},
+			{probe: ProbeTimeout, at: 1750, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 2250, want: route.EngineServing}, // 650 ms quiet
+		}},
+		{"work stops: hung at the next timeout past quietFor", []step{
+			{probe: ProbeOK, at: 0, want: route.EngineServing},
+			{progress: true, at: 400},
+			{probe: ProbeTimeout, at: 750, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 1100, want: route.EngineServing}, // 700 ms quiet
+			{probe: ProbeTimeout, at: 1150, want: route.EngineDown},    // 750 ms
+		}},
+		{"events in flight as it froze do not delay the hang", []step{
+			{probe: ProbeOK, at: 0, want: route.EngineServing},
+			{progress: true, at: 105}, // froze at 100
+			{probe: ProbeTimeout, at: 600, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 1100, want: route.EngineDown},
+		}},
+		{"an idle engine never showed progress: timeouts alone", []step{
+			{probe: ProbeOK, at: 0, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 500, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 1000, want: route.EngineDown},
+		}},
+		{"progress out of order counts its newest", []step{
+			{probe: ProbeOK, at: 0, want: route.EngineServing},
+			{progress: true, at: 900},
+			{progress: true, at: 100},
+			{probe: ProbeTimeout, at: 1000, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 1500, want: route.EngineServing},
+			{probe: ProbeTimeout, at: 1700, want: route.EngineDown},
+		}},
+		{"progress does not hold off a refused probe", []step{
+			{probe: ProbeOK, at: 0, want: route.EngineServing},
+			{progress: true, at: 100},
+			{probe: ProbeFailed, at: 200, want: route.EngineDown},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := NewTracker(2, quiet)
+			for i, s := range tt.steps {
+				if s.progress {
+					tk.Progress(ms(s.at))
+					continue
+				}
+				tk.Observe(s.probe, "x", ms(s.at))
+				if got := tk.State(); got != s.want {
+					t.Fatalf("step %d (probe %d at %d ms): state %v; want %v", i, s.probe, s.at, got, s.want)
+				}
+			}
+		})
+	}
+	// Without quietFor, progress is not considered.
+	tk := NewTracker(2, 0)
+	tk.Observe(ProbeOK, "", ms(0))
+	tk.Progress(ms(900))
+	tk.Observe(ProbeTimeout, "x", ms(950))
+	if tk.Observe(ProbeTimeout, "x", ms(1000)); tk.State() != route.EngineDown {
+		t.Errorf("quietFor 0: state %v after two timeouts; want down", tk.State())
 	}
 }
 

@@ -12,23 +12,44 @@ import (
 
 // Config of a Watcher. DefaultConfig documents the defaults; they detect a
 // dead engine within ProbeInterval (a refused probe, or at once from a
-// refused request) and a hung one within HungAfter × ProbeTimeout plus an
-// interval: about 2.25 s.
+// refused request) and a hung one within ProbeInterval plus HungAfter ×
+// ProbeTimeout: 1.0-1.25 s, which leaves the push to peers and their next
+// choice well inside the 2 s the mesh promises for every fault.
 type Config struct {
 	// ProbeInterval is how often /health is asked. Default 250 ms.
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds one probe; past it the probe counts as a timeout.
-	// Default 1 s: vLLM answers /health from its API process in
-	// milliseconds even under full load.
+	// Default 500 ms. An idle vLLM answers /health from its API process in
+	// milliseconds; a saturated one can take over a second, which is why a
+	// timeout alone never proves a hang (QuietFor).
 	ProbeTimeout time.Duration
-	// HungAfter is how many timeouts in a row make the engine down.
-	// Default 2, so one slow answer does not clear the cache's index.
+	// HungAfter is how many timeouts in a row make the engine down, with
+	// no progress for QuietFor. Default 2, so one slow answer does not
+	// clear the cache's index.
 	HungAfter int
+	// Progress, when set, counts the engine's work as the sidecar sees it
+	// (the KV-event messages received: vLLM publishes them as it computes
+	// blocks, in prefill and decode). It is read every progressEvery and
+	// must not block. Nil: timeouts alone decide, and a saturated engine
+	// whose /health answers late HungAfter times is taken for hung.
+	Progress func() uint64
+	// QuietFor is how long the engine must have shown no progress for
+	// timeouts to make it hung. Default 750 ms: events an engine published
+	// just before it froze arrive within milliseconds, so a hang is still
+	// seen at the HungAfter-th timeout, while a busy engine (an event every
+	// step; a step takes tens of milliseconds, a long prefill chunk a few
+	// hundred) never goes that long without one.
+	QuietFor time.Duration
 }
+
+// progressEvery is how often Config.Progress is read: fine enough that
+// QuietFor is measured to a few percent.
+const progressEvery = 50 * time.Millisecond
 
 // DefaultConfig returns the defaults described on Config.
 func DefaultConfig() Config {
-	return Config{ProbeInterval: 250 * time.Millisecond, ProbeTimeout: time.Second, HungAfter: 2}
+	return Config{ProbeInterval: 250 * time.Millisecond, ProbeTimeout: 500 * time.Millisecond, HungAfter: 2,
+		QuietFor: 750 * time.Millisecond}
 }
 
 // Prober asks the engine whether it is healthy; *vllmclient.Client fits.
@@ -60,6 +81,9 @@ func NewWatcher(cfg Config, p Prober, now func() time.Time) *Watcher {
 	if cfg.HungAfter <= 0 {
 		cfg.HungAfter = d.HungAfter
 	}
+	if cfg.QuietFor <= 0 {
+		cfg.QuietFor = d.QuietFor
+	}
 	if now == nil {
 		now = time.Now
 	}
@@ -86,47 +110,86 @@ func (w *Watcher) Report(err error) {
 	}
 }
 
-// Run probes until ctx is done, then closes Transitions.
+// Run probes until ctx is done, then closes Transitions. One probe runs
+// at a time, in a goroutine of its own that ends with the probe (ctx
+// bounds it), so Progress is read while a probe waits; a tick that comes
+// during a probe starts the next one as soon as it ends.
 func (w *Watcher) Run(ctx context.Context) {
 	defer close(w.out)
-	tk := NewTracker(w.cfg.HungAfter)
-	t := time.NewTicker(w.cfg.ProbeInterval)
-	defer t.Stop()
+	tk := NewTracker(w.cfg.HungAfter, w.cfg.QuietFor)
+	tick := time.NewTicker(w.cfg.ProbeInterval)
+	defer tick.Stop()
+	var progress <-chan time.Time
+	var seen uint64
+	if w.cfg.Progress != nil {
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		progress, seen = t.C, w.cfg.Progress()
+	}
+	results := make(chan probeResult, 1)
+	probing, due := false, false
+	probe := func() {
+		probing, due = true, false
+		go func() { results <- w.probe(ctx) }() // buffered: never blocks
+	}
+	probe()
 	for {
-		tr, ok := w.probe(ctx, tk)
-		w.emit(ctx, tr, ok)
 		select {
 		case <-ctx.Done():
+			if probing {
+				<-results // ctx ends the probe
+			}
 			return
-		case <-t.C:
+		case r := <-results:
+			probing = false
+			if ctx.Err() != nil {
+				continue
+			}
+			tr, ok := tk.Observe(r.probe, r.reason, w.now())
+			w.emit(ctx, tr, ok)
+			if due {
+				probe()
+			}
+		case <-tick.C:
+			if probing {
+				due = true
+			} else {
+				probe()
+			}
+		case <-progress:
+			if n := w.cfg.Progress(); n != seen {
+				seen = n
+				tk.Progress(w.now())
+			}
 		case r := <-w.reports:
 			if refused(r.err) {
+				// The next tick probes; a restarted engine answers it.
 				tr, ok := tk.Failed("request refused: "+r.err.Error(), r.at)
 				w.emit(ctx, tr, ok)
-				// The next tick probes; a restarted engine answers it.
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
+			} else if !probing {
+				probe()
 			}
 		}
 	}
 }
 
-func (w *Watcher) probe(ctx context.Context, tr *Tracker) (Transition, bool) {
+// probeResult is one probe's outcome, for the Tracker.
+type probeResult struct {
+	probe  Probe
+	reason string
+}
+
+func (w *Watcher) probe(ctx context.Context) probeResult {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.ProbeTimeout)
 	err := w.prober.Health(pctx)
 	cancel()
 	switch {
-	case ctx.Err() != nil:
-		return Transition{}, false
 	case err == nil:
-		return tr.Observe(ProbeOK, "", w.now())
+		return probeResult{probe: ProbeOK}
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return tr.Observe(ProbeTimeout, err.Error(), w.now())
+		return probeResult{probe: ProbeTimeout, reason: err.Error()}
 	}
-	return tr.Observe(ProbeFailed, err.Error(), w.now())
+	return probeResult{probe: ProbeFailed, reason: err.Error()}
 }
 
 func (w *Watcher) emit(ctx context.Context, t Transition, ok bool) {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/kvroute/kvroute/route"
@@ -89,4 +91,66 @@ func TestWatcherAgainstAFakeEngine(t *testing.T) {
 	if w.State() != route.EngineServing {
 		t.Errorf("State() = %v; want serving", w.State())
 	}
+}
+
+// TestWatcherTiming runs the defaults on synctest's clock: a hang is seen
+// within ProbeInterval + HungAfter × ProbeTimeout (1.25 s), and an engine
+// whose /health stops answering while it keeps publishing events (a
+// saturated vLLM) is never taken for hung, until its events stop too.
+func TestWatcherTiming(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeEngine{}
+		var events atomic.Uint64
+		cfg := DefaultConfig()
+		cfg.Progress = events.Load
+		w := NewWatcher(cfg, f, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go w.Run(ctx)
+		if tr := <-w.Transitions(); tr.To != route.EngineServing {
+			t.Fatalf("first transition %+v; want serving", tr)
+		}
+
+		time.Sleep(10*time.Second + 130*time.Millisecond) // an arbitrary phase against the probe ticks
+		f.set(nil, true)
+		hungAt := time.Now()
+		tr := <-w.Transitions()
+		if d := time.Since(hungAt); tr.To != route.EngineDown || d < time.Second || d > 1250*time.Millisecond {
+			t.Fatalf("hang: %+v after %v; want down within 1.0-1.25 s", tr, d)
+		}
+		f.set(nil, false)
+		if tr := <-w.Transitions(); tr.To != route.EngineServing || !tr.Restarted {
+			t.Fatalf("resumed: %+v; want serving, restarted", tr)
+		}
+
+		// Saturated: /health hangs, an event every 300 ms, for a minute.
+		f.set(nil, true)
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(300 * time.Millisecond):
+					events.Add(1)
+				}
+			}
+		}()
+		select {
+		case tr := <-w.Transitions():
+			t.Fatalf("a busy engine moved: %+v", tr)
+		case <-time.After(time.Minute):
+		}
+		close(stop)
+		quietAt := time.Now()
+		tr = <-w.Transitions()
+		// The last event came within 300 ms before; quiet for 750 ms, then
+		// the next timeout (every 500 ms back to back) says so.
+		if d := time.Since(quietAt); tr.To != route.EngineDown || d > 750*time.Millisecond+500*time.Millisecond+progressEvery {
+			t.Fatalf("events stopped: %+v after %v; want down within 1.3 s", tr, d)
+		}
+		cancel()
+		for range w.Transitions() { // closed once Run returns
+		}
+	})
 }

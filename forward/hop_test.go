@@ -12,6 +12,9 @@ func TestHop(t *testing.T) {
 	h := NewHop([]byte("secret"), 30*time.Second)
 	other := NewHop([]byte("other"), 30*time.Second)
 	good := h.Sign("a", "b", t0)
+	// A later version's header: a field appended after the time, signed.
+	body := good[:strings.LastIndexByte(good, ';')] + ";x=1"
+	appended := body + ";" + h.mac(body)
 	tests := []struct {
 		name  string
 		value string
@@ -31,6 +34,8 @@ func TestHop(t *testing.T) {
 		{"no mac", "v1;a;b;1", "b", t0, "", ErrHopMalformed},
 		{"bad time", "v1;a;b;zz;mac", "b", t0, "", ErrHopMalformed},
 		{"wrong version", "v2;a;b;1;mac", "b", t0, "", ErrHopMalformed},
+		{"appended field", appended, "b", t0, "a", nil},
+		{"appended field unsigned", body + good[strings.LastIndexByte(good, ';'):], "b", t0, "", ErrHopBadMAC},
 		{"client junk", "1", "b", t0, "", ErrHopMalformed},
 	}
 	for _, tt := range tests {
@@ -48,6 +53,7 @@ func FuzzHopVerify(f *testing.F) {
 	h := NewHop([]byte("k"), time.Minute)
 	f.Add(h.Sign("a", "b", t0))
 	f.Add("v1;;;;")
+	f.Add("v1;a;b;1800000000000;later;field;mac")
 	f.Fuzz(func(t *testing.T, v string) {
 		from, err := h.Verify(v, "b", t0)
 		if err == nil && !strings.HasPrefix(v, "v1;"+from+";b;") {

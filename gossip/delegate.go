@@ -91,5 +91,8 @@ func (d delegate) meta(n *memberlist.Node) (Meta, bool) {
 		d.m.stats.metaErrors.Add(1)
 		return Meta{}, false
 	}
+	if m.Wire > WireVersion {
+		d.m.stats.newerRead.Add(1)
+	}
 	return m, true
 }

@@ -18,12 +18,14 @@ import (
 //	waiting uvarint | kv usage milli uvarint | serving uvarint |
 //	queued prefill uvarint | claim count uvarint |
 //	(peer len u8 | peer | key u64 LE | keys uvarint)* |
-//	engine u8 | digest epoch uvarint
+//	engine u8 | digest epoch uvarint | wire version u8
 //
-// Decoders ignore bytes after the last field, so a later version may
-// append fields; a report without the claims part has none. A pushed load
-// is Fronted: only sidecars push, and they count every request their pod
-// serves.
+// Decoders ignore bytes after the last field they know, so a later version
+// may append fields: v0.1.0 reads up to the digest epoch and ignores the
+// wire version after it, which v0.2.0 appended. A report without the
+// claims part has none; one that ends at the epoch is v0.1.0's (Wire 1).
+// A pushed load is Fronted: only sidecars push, and they count every
+// request their pod serves.
 type loadReport struct {
 	Node   string
 	Seq    uint64
@@ -36,6 +38,11 @@ type loadReport struct {
 	Engine   route.Engine
 	Epoch    uint64
 	HasState bool
+	// Wire is the sender's WireVersion, carried after the state: 1 for a
+	// report without it (v0.1.0's, or one without state). encodeLoad
+	// writes 0 as this build's WireVersion and 1 as nothing, as v0.1.0
+	// wrote it.
+	Wire uint8
 }
 
 // peerClaim is a route.Claim about Peer, as it travels (no time).
@@ -78,14 +85,22 @@ func encodeLoad(r loadReport) ([]byte, error) {
 		return b, nil // as an earlier version sent it: engine and epoch unknown
 	}
 	b = append(b, byte(r.Engine))
-	return binary.AppendUvarint(b, r.Epoch), nil
+	b = binary.AppendUvarint(b, r.Epoch)
+	switch r.Wire {
+	case 0:
+		b = append(b, WireVersion)
+	case 1:
+	default:
+		b = append(b, r.Wire)
+	}
+	return b, nil
 }
 
 func decodeLoad(b []byte) (loadReport, error) {
 	if len(b) < 1 || int(b[0]) == 0 || len(b) < 1+int(b[0]) {
 		return loadReport{}, fmt.Errorf("truncated or empty node name")
 	}
-	r := loadReport{Node: string(b[1 : 1+int(b[0])])}
+	r := loadReport{Node: string(b[1 : 1+int(b[0])]), Wire: 1}
 	b = b[1+int(b[0]):]
 	var f [6]uint64
 	for i := range f {
@@ -136,7 +151,14 @@ func decodeLoad(b []byte) (loadReport, error) {
 	if k <= 0 {
 		return loadReport{}, fmt.Errorf("digest epoch: truncated or over 64 bits")
 	}
-	r.Epoch, r.HasState = v, true
+	r.Epoch, r.HasState, b = v, true, b[k:]
+	if len(b) == 0 {
+		return r, nil // v0.1.0's: no wire version
+	}
+	if b[0] < 2 {
+		return loadReport{}, fmt.Errorf("wire version %d after the state", b[0])
+	}
+	r.Wire = b[0] // bytes after it are a newer version's fields
 	return r, nil
 }
 
@@ -159,8 +181,13 @@ func decodeLoadMsg(b []byte) (payload, error) {
 func (r loadReport) encode() ([]byte, error) { return encodeLoad(r) }
 
 // apply records the sender's load and state, then the claims it carries.
-// Claims hold whatever the report's order: each is a fact of its own.
+// Claims hold whatever the report's order: each is a fact of its own. A
+// report of a newer wire version was read as far as this build knows it,
+// and is counted (Stats.NewerRead).
 func (r loadReport) apply(m *Mesh, now time.Time) {
+	if r.Wire > WireVersion {
+		m.stats.newerRead.Add(1)
+	}
 	m.tableMu.Lock()
 	o := m.table.applyLoad(r, now)
 	m.tableMu.Unlock()

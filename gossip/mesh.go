@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -178,6 +179,11 @@ func (m *Mesh) handle(b []byte) {
 		m.stats.recv.count(b)
 	}
 	msg, err := decodeMsg(b)
+	if errors.Is(err, ErrNewer) {
+		m.stats.newerDropped.Add(1)
+		m.log.Debug().Err(err).Int("bytes", len(b)).Msg("dropped gossip message of a newer version")
+		return
+	}
 	if err != nil {
 		m.stats.decodeErrors.Add(1)
 		m.log.Debug().Err(err).Int("bytes", len(b)).Msg("dropped gossip message")

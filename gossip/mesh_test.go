@@ -314,8 +314,8 @@ func TestMeshDelaysLoadPush(t *testing.T) {
 		c.LoadPushInterval = 5 * time.Millisecond
 		c.LoadPushDelay = delay
 	})
-	// Right after a push the next refresh is a second away, so the next
-	// report n1 gets is the change's.
+	// Right after a push the next refresh is half a second away, more
+	// than the delay, so the next report n1 gets is the change's.
 	sent := ms[0].Stats().Sent.Load.Msgs
 	waitFor(t, 5*time.Second, "a refresh push from n0", func() bool { return ms[0].Stats().Sent.Load.Msgs > sent })
 	t0 := time.Now()

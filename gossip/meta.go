@@ -27,19 +27,27 @@ type Meta struct {
 	KVUsageMilli    int // KV cache usage × 1000
 	Serving         int // requests this sidecar has at its vLLM (route.Load.Serving)
 	QueuedPrefill   int // prompt tokens queued for prefill
+	// Wire is the sender's gossip wire version (WireVersion), the meta's
+	// first byte: 1 for v0.1.0, which wrote the byte as the meta's own
+	// version. EncodeMeta writes 0 as this build's WireVersion.
+	Wire uint8
 }
 
-// Wire format of the meta, version 1:
+// Wire format of the meta:
 //
-//	version u8 | flags u8 | key scheme u8 | api len u8 | api |
+//	wire version u8 | flags u8 | key scheme u8 | api len u8 | api |
 //	epoch uvarint | version uvarint | running uvarint | waiting uvarint |
 //	kv usage milli uvarint | serving uvarint | queued prefill uvarint |
 //	model count u8 | (len u8 | name)*
 //
-// Decoders ignore bytes after the models, so a later version may append
-// fields and still be read by this one.
+// The first byte is the sender's WireVersion: v0.1.0 wrote 1 there as the
+// meta's version and reads any version of 1 or more with this layout,
+// ignoring bytes after the models. So the layout is fixed for as long as a
+// v0.1.0 peer may read it: a later version may only append fields after
+// the models (and set flags v0.1.0 ignores), and a byte of 2 or more
+// tells a reader that it may look for them. A version 0 is malformed.
 const (
-	metaVersion     = 1
+	metaVersion     = 1   // the oldest first byte decoders accept: v0.1.0's
 	maxMetaBytes    = 512 // memberlist.MetaMaxSize; memberlist panics above it
 	maxAPIAddrBytes = 255
 	maxModelBytes   = 255
@@ -77,8 +85,12 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	case route.EngineDown:
 		flags |= flagEngineDown
 	}
+	wire := m.Wire
+	if wire == 0 {
+		wire = WireVersion
+	}
 	b := make([]byte, 0, limit)
-	b = append(b, metaVersion, 0, m.KeyScheme, byte(len(m.APIAddr)))
+	b = append(b, wire, 0, m.KeyScheme, byte(len(m.APIAddr)))
 	b = append(b, m.APIAddr...)
 	for _, v := range []uint64{m.DigestEpoch, m.DigestVersion} {
 		b = binary.AppendUvarint(b, v)
@@ -110,8 +122,10 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	return b, nil
 }
 
-// DecodeMeta parses a node meta written by EncodeMeta. Integers that do not
-// fit an int are an error; so is any truncation.
+// DecodeMeta parses a node meta written by EncodeMeta, by this version or
+// any other: Wire is the first byte, and bytes after the models (fields a
+// newer version appended) are ignored. Integers that do not fit an int
+// are an error; so is any truncation.
 func DecodeMeta(b []byte) (Meta, error) {
 	if len(b) > maxMetaBytes {
 		return Meta{}, fmt.Errorf("%d bytes: %w", len(b), ErrMeta)
@@ -125,6 +139,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 		return Meta{}, fmt.Errorf("version %d: %w", version, ErrMeta)
 	}
 	m := Meta{
+		Wire:            version,
 		KeyScheme:       scheme,
 		Draining:        flags&flagDraining != 0,
 		HasDigest:       flags&flagHasDigest != 0,
@@ -209,4 +224,41 @@ func (r *metaReader) int() int {
 		return 0
 	}
 	return int(v)
+}
+
+// PeerWire returns peer id's wire version as its meta says it, false for
+// a peer not in the table or whose meta never decoded. A sender asks it
+// before it writes a message kind or format newer than MinWireVersion
+// (docs/compat.md).
+func (m *Mesh) PeerWire(id string) (uint8, bool) {
+	m.tableMu.Lock()
+	defer m.tableMu.Unlock()
+	return m.table.wire(id)
+}
+
+// OldestWire returns the lowest wire version in the mesh as this node sees
+// it: its own WireVersion and every peer's whose meta decoded. While it is
+// 1 a v0.1.0 sidecar is a member, and everything goes in 1's forms.
+func (m *Mesh) OldestWire() uint8 {
+	m.tableMu.Lock()
+	defer m.tableMu.Unlock()
+	return m.table.oldestWire()
+}
+
+func (t *table) wire(id string) (uint8, bool) {
+	p := t.peers[id]
+	if p == nil || !p.metaOK {
+		return 0, false
+	}
+	return p.meta.Wire, true
+}
+
+func (t *table) oldestWire() uint8 {
+	v := WireVersion
+	for _, p := range t.peers {
+		if p.metaOK {
+			v = min(v, p.meta.Wire)
+		}
+	}
+	return v
 }

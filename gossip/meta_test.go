@@ -1,9 +1,11 @@
 package gossip
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -38,7 +40,9 @@ func TestMetaRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("DecodeMeta(%x) error %v", b, err)
 			}
-			if diff := cmp.Diff(tt.in, got); diff != "" {
+			want := tt.in
+			want.Wire = WireVersion // 0 is written as this build's
+			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("DecodeMeta(EncodeMeta(x)) mismatch (-want +got):\n%s", diff)
 			}
 		})
@@ -125,15 +129,69 @@ func TestDecodeMetaErrors(t *testing.T) {
 }
 
 func TestDecodeMetaIgnoresAppendedFields(t *testing.T) {
-	in := Meta{APIAddr: "a:1", Models: []string{"m"}}
+	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1} // a later version that appends fields
 	b, _ := EncodeMeta(in, 512)
-	b[0] = 2 // a later version that appends fields
 	got, err := DecodeMeta(append(b, 1, 2, 3))
 	if err != nil {
-		t.Fatalf("DecodeMeta(v2) error %v", err)
+		t.Fatalf("DecodeMeta(v%d) error %v", in.Wire, err)
 	}
 	if diff := cmp.Diff(in, got); diff != "" {
-		t.Errorf("DecodeMeta(v2) mismatch (-want +got):\n%s", diff)
+		t.Errorf("DecodeMeta(v%d) mismatch (-want +got):\n%s", in.Wire, diff)
+	}
+}
+
+// metaV010 is a node meta as v0.1.0 (a2f31aa) encodes Meta{APIAddr:
+// "10.0.0.7:8000", Models: {"m"}, KeyScheme: 1, HasDigest: true,
+// DigestEpoch: 3, DigestVersion: 300, Running: 2, Serving: 5}: version 1,
+// flags, key scheme, address, seven uvarints, one model.
+var metaV010 = append(append([]byte{1, flagHasDigest, 1, 13}, "10.0.0.7:8000"...),
+	3, 0xac, 0x02, 2, 0, 0, 5, 0, 1, 1, 'm')
+
+// TestMetaWireV010: this build reads v0.1.0's meta as wire 1 and writes
+// the same bytes but for the first, which v0.1.0 reads as a version of 1
+// or more: the layout is unchanged.
+func TestMetaWireV010(t *testing.T) {
+	want := Meta{APIAddr: "10.0.0.7:8000", Models: []string{"m"}, KeyScheme: 1, HasDigest: true,
+		DigestEpoch: 3, DigestVersion: 300, Running: 2, Serving: 5, Wire: 1}
+	got, err := DecodeMeta(metaV010)
+	if err != nil {
+		t.Fatalf("DecodeMeta(v0.1.0's) error %v", err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DecodeMeta(v0.1.0's) mismatch (-want +got):\n%s", diff)
+	}
+	again, err := EncodeMeta(got, 512)
+	if err != nil || !bytes.Equal(again, metaV010) {
+		t.Errorf("EncodeMeta(Wire 1) = %x, %v; want v0.1.0's bytes %x", again, err, metaV010)
+	}
+	want.Wire = 0
+	ours, _ := EncodeMeta(want, 512)
+	if ours[0] != WireVersion || !bytes.Equal(ours[1:], metaV010[1:]) {
+		t.Errorf("EncodeMeta = %x; want %d then v0.1.0's bytes %x", ours, WireVersion, metaV010[1:])
+	}
+}
+
+func TestOldestWire(t *testing.T) {
+	tb := newTable()
+	if got := tb.oldestWire(); got != WireVersion {
+		t.Errorf("oldestWire(no peers) = %d; want ours, %d", got, WireVersion)
+	}
+	now := time.Unix(1000, 0)
+	tb.upsert("new", Meta{Wire: WireVersion}, true, now)
+	tb.upsert("unread", Meta{}, false, now)
+	if w, ok := tb.wire("unread"); ok {
+		t.Errorf("wire(peer without a meta) = %d, true; want false", w)
+	}
+	tb.upsert("old", Meta{Wire: 1}, true, now)
+	if got := tb.oldestWire(); got != 1 {
+		t.Errorf("oldestWire(with a v0.1.0 peer) = %d; want 1", got)
+	}
+	if w, ok := tb.wire("old"); !ok || w != 1 {
+		t.Errorf("wire(old) = %d, %v; want 1, true", w, ok)
+	}
+	tb.remove("old")
+	if got := tb.oldestWire(); got != WireVersion {
+		t.Errorf("oldestWire(v0.1.0 peer gone) = %d; want %d", got, WireVersion)
 	}
 }
 
@@ -143,6 +201,9 @@ func FuzzMeta(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{1, 0xff, 0xff, 0xff})
+	f.Add(metaV010)
+	newer, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1}, 512)
+	f.Add(append(newer, 7, 7, 7)) // a newer version's appended fields
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMeta(b)
 		if err != nil {

@@ -1,7 +1,9 @@
 package gossip
 
 import (
+	"bytes"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -56,7 +58,7 @@ func TestMsgRoundTrip(t *testing.T) {
 	}
 	lr := loadReport{Node: "a", Seq: 1 << 62, Load: route.Load{Running: 3, Waiting: 2, KVUsage: 0.875, Serving: 7, Fronted: true, QueuedPrefillTokens: 9000},
 		Claims: []peerClaim{{Peer: "b", Key: 1<<64 - 1, Keys: 512}, {Peer: "a", Key: 7, Keys: 1}},
-		Engine: route.EngineDown, Epoch: 1 << 60, HasState: true}
+		Engine: route.EngineDown, Epoch: 1 << 60, HasState: true, Wire: WireVersion}
 	lb, err := encodeLoad(lr)
 	if err != nil {
 		t.Fatal(err)
@@ -89,6 +91,68 @@ func TestMsgRoundTrip(t *testing.T) {
 	}
 }
 
+// loadV010 is a load report as v0.1.0 (a2f31aa) encodes loadReport{Node:
+// "p", Seq: 9, Load: {Running: 1, Serving: 2}, Claims: {{Peer: "q", Key:
+// 5, Keys: 3}}, Engine: serving, Epoch: 4, HasState: true}: it ends at the
+// epoch.
+var loadV010 = []byte{kindLoad, 1, 'p', 9, 1, 0, 0, 2, 0, 1, 1, 'q', 5, 0, 0, 0, 0, 0, 0, 0, 3, 0, 4}
+
+// TestLoadWireV010: this build reads v0.1.0's report as wire 1, and what it
+// writes is v0.1.0's bytes and then the wire version, which v0.1.0's
+// decoder, reading up to the epoch, ignores.
+func TestLoadWireV010(t *testing.T) {
+	want := loadReport{Node: "p", Seq: 9, Load: route.Load{Running: 1, Serving: 2, Fronted: true},
+		Claims: []peerClaim{{Peer: "q", Key: 5, Keys: 3}}, Engine: route.EngineServing, Epoch: 4, HasState: true, Wire: 1}
+	got, err := decodeMsg(loadV010)
+	if err != nil {
+		t.Fatalf("decodeMsg(v0.1.0's load) error %v", err)
+	}
+	if diff := cmp.Diff(want, reportOf(got)); diff != "" {
+		t.Errorf("decodeMsg(v0.1.0's load) mismatch (-want +got):\n%s", diff)
+	}
+	if b, err := encodeLoad(want); err != nil || !bytes.Equal(b, loadV010) {
+		t.Errorf("encodeLoad(Wire 1) = %x, %v; want v0.1.0's bytes %x", b, err, loadV010)
+	}
+	want.Wire = 0 // as load.go builds it: this build's
+	b, err := encodeLoad(want)
+	if err != nil || !bytes.Equal(b, append(slices.Clip(loadV010), WireVersion)) {
+		t.Errorf("encodeLoad = %x, %v; want v0.1.0's bytes then %d", b, err, WireVersion)
+	}
+	// A newer version's report: its wire version, then fields this build
+	// does not know, read as far as it knows them.
+	newer := append(slices.Clip(loadV010), WireVersion+1, 0xff, 0x01, 'x')
+	got, err = decodeMsg(newer)
+	want.Wire = WireVersion + 1
+	if err != nil || !cmp.Equal(want, reportOf(got)) {
+		t.Errorf("decodeMsg(newer load) = %+v, %v; want %+v", reportOf(got), err, want)
+	}
+}
+
+// TestDecodeMsgNewer: what a newer version may send that this one cannot
+// read is ErrNewer, not malformed.
+func TestDecodeMsgNewer(t *testing.T) {
+	db, _ := encodeDigest(testDigest("a", 1, 1, 1))
+	format2 := slices.Clone(db)
+	format2[1+4] = bloom.FormatVersion + 1
+	rb, _ := encodeResponses(responsesMsg{Entries: []respown.Entry{{ID: "own", Node: "a"}}})
+	resp2 := slices.Clone(rb)
+	resp2[1]++
+	for _, tt := range []struct {
+		name string
+		in   []byte
+	}{
+		{"unknown kind in kvroute's range", []byte{kindResponses + 1, 1, 2}},
+		{"last kind byte", []byte{kindLast}},
+		{"digest format 2", format2},
+		{"responses version 2", resp2},
+	} {
+		m, err := decodeMsg(tt.in)
+		if !errors.Is(err, ErrNewer) || errors.Is(err, ErrMsg) {
+			t.Errorf("%s: decodeMsg(%x) = %+v, %v; want ErrNewer and not ErrMsg", tt.name, tt.in, m, err)
+		}
+	}
+}
+
 func TestDecodeMsgErrors(t *testing.T) {
 	xb, _ := encodeDelta(bloom.Delta{Node: "a", Epoch: 1, From: 1, To: 2, Keys: []blockkey.Key{1}})
 	tests := []struct {
@@ -111,6 +175,10 @@ func TestDecodeMsgErrors(t *testing.T) {
 		{"load bad engine state", []byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 3, 0}},
 		{"load epoch truncated", []byte{kindLoad, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 1, 0x80}},
 		{"load field too big", []byte{kindLoad, 1, 'a', 1, 0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0, 0, 0}},
+		{"load wire version 1 written", append(slices.Clip(loadV010), 1)},
+		{"load wire version 0", append(slices.Clip(loadV010), 0)},
+		{"kind past kvroute's range", []byte{kindLast + 1}},
+		{"kind before it", []byte{kindFirst - 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -131,9 +199,10 @@ func FuzzDigestMsg(f *testing.F) {
 	// A report of the version before claims and state: it must re-encode as
 	// it came (the fuzzer's first find after the state was added).
 	pre := []byte("\xd4\x010000000")
+	newer := append(slices.Clip(loadV010), WireVersion+1, 9)
 	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
 	rb, _ := encodeResponses(responsesMsg{State: true, Entries: []respown.Entry{{ID: "resp_0123456789abcdef0123456789abcdef", Node: "n"}, {ID: "own", Node: "p"}}})
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, tb, rb, {kindDigest}, {}} {
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, tb, rb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -130,6 +130,9 @@ func decodeResponses(b []byte) (responsesMsg, error) {
 	if len(b) < 2 {
 		return responsesMsg{}, errors.New("responses: truncated header")
 	}
+	if b[0] > respVersion {
+		return responsesMsg{}, fmt.Errorf("responses: version %d: %w", b[0], ErrNewer)
+	}
 	if b[0] != respVersion {
 		return responsesMsg{}, fmt.Errorf("responses: version %d", b[0])
 	}

@@ -70,7 +70,7 @@ func TestDecodeResponsesErrors(t *testing.T) {
 	}{
 		{"kind only", []byte{kindResponses}},
 		{"no flags", []byte{kindResponses, respVersion}},
-		{"version 2", []byte{kindResponses, 2, 0, 0, 0}},
+		{"version 0", []byte{kindResponses, 0, 0, 0, 0}}, // a newer version's 2 is ErrNewer (TestDecodeMsgNewer)
 		{"unknown flag", []byte{kindResponses, respVersion, 2, 0, 0}},
 		{"owner count over the bytes", []byte{kindResponses, respVersion, 0, 5, 1, 'a', 0}},
 		{"empty owner", []byte{kindResponses, respVersion, 0, 1, 0, 0}},

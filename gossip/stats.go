@@ -34,11 +34,20 @@ type Stats struct {
 	JoinAttempts   uint64 // memberlist.Join calls
 	JoinFailures   uint64 // calls that reached no one
 	MetaUpdates    uint64 // node-meta broadcasts (memberlist UpdateNode calls)
+
+	// NewerDropped counts user messages of a newer wire version this
+	// build cannot read (ErrNewer: an unknown kind, a format or version
+	// byte past its own); dropped, not malformed. NewerRead counts
+	// messages and metas of a newer wire version read in part: the fields
+	// this build knows, the rest ignored. Both are expected while a mesh
+	// upgrades (docs/compat.md).
+	NewerDropped, NewerRead uint64
 }
 
 type counters struct {
 	sent, recv                             kindTraffic
 	sendErrors, decodeErrors, metaErrors   atomic.Uint64
+	newerDropped, newerRead                atomic.Uint64
 	inboxDrops, outboxDrops, unknownOrigin atomic.Uint64
 	held, gaps, stale, epochDrops          atomic.Uint64
 	fullRequests, fullServed               atomic.Uint64
@@ -74,6 +83,8 @@ func (c *counters) snapshot() Stats {
 		SendErrors:    c.sendErrors.Load(),
 		DecodeErrors:  c.decodeErrors.Load(),
 		MetaErrors:    c.metaErrors.Load(),
+		NewerDropped:  c.newerDropped.Load(),
+		NewerRead:     c.newerRead.Load(),
 		InboxDrops:    c.inboxDrops.Load(),
 		OutboxDrops:   c.outboxDrops.Load(),
 		UnknownOrigin: c.unknownOrigin.Load(),

@@ -77,12 +77,12 @@ func TestApply(t *testing.T) {
 			keys:    k[:1], refs: map[uint64]int{1: 1},
 		},
 		{
-			name: "not GPU ignored",
+			name: "a lower tier is not the GPU; hash-only stores of unknown hashes are unresolved",
 			batches: [][]kvevent.Event{{
 				{Kind: kvevent.BlockStored, BlockHashes: []uint64{1}, TokenIDs: abc[:4], BlockSize: 4, Medium: ptr("CPU")},
 				{Kind: kvevent.BlockStored, BlockHashes: []uint64{2, 3}, BlockSize: 4},
 			}},
-			want: Change{Ignored: 3},
+			want: Change{Unresolved: 2}, // block 1 on the CPU at pos 0: no lower-tier entry (TierStride 4)
 			refs: map[uint64]int{},
 		},
 		{

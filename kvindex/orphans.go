@@ -22,6 +22,8 @@ type group struct {
 	tokens []uint32
 	extras [][]string // per block, nil when no block has any
 	bs     int
+	tier   Tier    // where the blocks were stored
+	at     float64 // when (Index.clock seconds)
 	gone   []bool // removed while held: keyed for descendants, never stored
 	live   int
 	done   bool
@@ -43,7 +45,7 @@ func (o *orphans) waiting(h uint64) bool {
 // hold adds a group within limit blocks, expiring the oldest groups to make
 // room. It returns the blocks held and the blocks expired (a group larger
 // than limit is expired at once).
-func (o *orphans) hold(parent uint64, hashes []uint64, tokens []uint32, extras [][]string, bs, limit int) (held, expired int) {
+func (o *orphans) hold(parent uint64, hashes []uint64, tokens []uint32, extras [][]string, bs int, tier Tier, at float64, limit int) (held, expired int) {
 	n := len(hashes)
 	if n > limit {
 		return 0, n
@@ -57,6 +59,8 @@ func (o *orphans) hold(parent uint64, hashes []uint64, tokens []uint32, extras [
 		tokens: append([]uint32(nil), tokens...),
 		extras: extras,
 		bs:     bs,
+		tier:   tier,
+		at:     at,
 		gone:   make([]bool, n),
 		live:   n,
 	}
@@ -80,21 +84,24 @@ func (o *orphans) take(h uint64) []*group {
 	return gs
 }
 
-// cancel marks one held copy of h removed. It reports false if h is not
-// held.
-func (o *orphans) cancel(h uint64) bool {
+// cancel marks one copy of h held on tier removed, the newest. It
+// reports false if no copy of h is held on that tier.
+func (o *orphans) cancel(h uint64, tier Tier) bool {
 	ss := o.held[h]
-	if len(ss) == 0 {
+	i := len(ss) - 1
+	for ; i >= 0 && ss[i].g.tier != tier; i-- {
+	}
+	if i < 0 {
 		return false
 	}
-	s := ss[len(ss)-1]
+	s := ss[i]
 	s.g.gone[s.i] = true
 	s.g.live--
 	o.blocks--
 	if len(ss) == 1 {
 		delete(o.held, h)
 	} else {
-		o.held[h] = ss[:len(ss)-1]
+		o.held[h] = append(ss[:i], ss[i+1:]...)
 	}
 	if s.g.live == 0 {
 		// Nothing left to store; vLLM evicts tails first, so its

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/kvevent"
@@ -23,17 +24,21 @@ var update = flag.Bool("update", false, "rewrite testdata/*.txt with the actual 
 // TestScenarios runs testdata/*.txt: blocks of commands, "----", and the
 // expected output up to a blank line (etcd-io/raft's interaction tests).
 //
-//	config model=M bs=4 stride=1 capacity=0 orphans=0
-//	apply|replay|lose seq=N [topic=T] [dp=R]   then event lines:
-//	  stored hashes=1,2 blocks=ab [parent=H] [bs=N] [lora=L] [medium=M] [short=N]
+//	config model=M bs=4 stride=1 capacity=0 orphans=0 [ttl=S] [tierstride=N] [recall=N]
+//	apply|replay|lose seq=N [topic=T] [dp=R] [ts=S]   then event lines:
+//	  stored hashes=1,2 [blocks=ab] [parent=H] [bs=N] [lora=L] [medium=M] [short=N]
 //	  removed hashes=1,2 [medium=M]
 //	  cleared | unknown
 //	fixture file=F name=P seq=N
-//	expire | uncertain true|false | state
+//	expire | uncertain true|false | state | entries
+//	age now=S                      Expire at S seconds
+//	prefix chain=abcd [rank=R]     TierPrefix and PrefixLen of the chain's routing keys
 //
 // blocks=ab stores two blocks whose tokens are all 'a' and all 'b'; keys
 // print as their token prefix ("ab" is the key of block b after a), or
-// "Alice:ab" under a LoRA, so expectations are readable.
+// "Alice:ab" under a LoRA, so expectations are readable. A store without
+// blocks= is hash-only, as a KV connector's offload events are. Entries
+// other than rank 0's GPU print as key/TIER@RANK ("ab/CPU", "ab@1").
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -141,6 +146,9 @@ func (s *scenario) configure(a map[string]string) {
 		Scheme:         blockkey.Scheme{BlockSize: s.atoi(a, "bs", 4), Stride: s.atoi(a, "stride", 1)},
 		CapacityBlocks: s.atoi(a, "capacity", 0),
 		OrphanLimit:    s.atoi(a, "orphans", 0),
+		StoreOnlyTTL:   time.Duration(s.atoi(a, "ttl", 0)) * time.Second,
+		TierStride:     s.atoi(a, "tierstride", 0),
+		RecallLimit:    s.atoi(a, "recall", 0),
 	}
 	s.ix = New(s.cfg)
 }
@@ -170,13 +178,26 @@ func (s *scenario) run(cmd []string) string {
 		return s.summary()
 	case "state":
 		return s.state()
+	case "entries":
+		var ns []string
+		for _, e := range s.ix.Entries() {
+			ns = append(ns, s.entry(e))
+		}
+		return "entries: " + strings.Join(ns, " ")
+	case "age":
+		ch := s.ix.Expire(time.Unix(int64(s.atoi(a, "now", 0)), 0))
+		return s.change(ch)
+	case "prefix":
+		keys := s.chainKeys(a["chain"])
+		g, c, d := s.ix.TierPrefix(keys, s.atoi(a, "rank", 0))
+		return fmt.Sprintf("gpu=%d cpu=%d disk=%d prefixlen=%d of %d", g, c, d, s.ix.PrefixLen(keys), len(keys))
 	}
 	s.t.Fatalf("unknown command %q", cmd[0])
 	return ""
 }
 
 func (s *scenario) batch(a map[string]string, evs []string) kvevent.Batch {
-	b := kvevent.Batch{Topic: a["topic"], Seq: uint64(s.atoi(a, "seq", 0))}
+	b := kvevent.Batch{Topic: a["topic"], Seq: uint64(s.atoi(a, "seq", 0)), TS: float64(s.atoi(a, "ts", 0))}
 	if _, ok := a["dp"]; ok {
 		r := int64(s.atoi(a, "dp", 0))
 		b.DPRank = &r
@@ -303,6 +324,12 @@ func (s *scenario) change(ch Change) string {
 	if len(ch.Removed) > 0 {
 		fmt.Fprintf(&b, "removed: %s\n", s.keys(ch.Removed))
 	}
+	if len(ch.TierAdded) > 0 {
+		fmt.Fprintf(&b, "tier-added: %s\n", s.entries(ch.TierAdded))
+	}
+	if len(ch.TierRemoved) > 0 {
+		fmt.Fprintf(&b, "tier-removed: %s\n", s.entries(ch.TierRemoved))
+	}
 	var flags []string
 	for _, f := range []struct {
 		on   bool
@@ -319,7 +346,7 @@ func (s *scenario) change(ch Change) string {
 	for _, c := range []struct {
 		n    int
 		name string
-	}{{ch.Orphaned, "orphaned"}, {ch.Resolved, "resolved"}, {ch.Expired, "expired"}, {ch.Ignored, "ignored"}, {ch.UnknownRemoved, "unknown-removed"}} {
+	}{{ch.Orphaned, "orphaned"}, {ch.Resolved, "resolved"}, {ch.Expired, "expired"}, {ch.Ignored, "ignored"}, {ch.Unresolved, "unresolved"}, {ch.Aged, "aged"}, {ch.UnknownRemoved, "unknown-removed"}} {
 		if c.n != 0 {
 			counts = append(counts, fmt.Sprintf("%s=%d", c.name, c.n))
 		}
@@ -337,7 +364,51 @@ func (s *scenario) summary() string {
 	if st.Uncertain {
 		u = " uncertain"
 	}
-	return fmt.Sprintf("epoch=%d version=%d keys=%d blocks=%d orphans=%d%s", st.Epoch, st.Version, st.Keys, st.Blocks, st.Orphans, u)
+	tiers := ""
+	if st.TierBlocks[CPU]+st.TierBlocks[Disk] > 0 || st.Entries != st.Keys {
+		tiers = fmt.Sprintf(" cpu=%d disk=%d entries=%d", st.TierBlocks[CPU], st.TierBlocks[Disk], st.Entries)
+	}
+	if st.Ranks > 1 {
+		tiers += fmt.Sprintf(" ranks=%d", st.Ranks)
+	}
+	return fmt.Sprintf("epoch=%d version=%d keys=%d blocks=%d orphans=%d%s%s", st.Epoch, st.Version, st.Keys, st.Blocks, st.Orphans, tiers, u)
+}
+
+func (s *scenario) entry(e Entry) string {
+	n := s.name(e.Key)
+	if e.Tier != GPU {
+		n += "/" + e.Tier.String()
+	}
+	if e.Rank != 0 {
+		n += fmt.Sprintf("@%d", e.Rank)
+	}
+	return n
+}
+
+func (s *scenario) entries(es []Entry) string {
+	ns := make([]string, len(es))
+	for i, e := range es {
+		ns[i] = s.entry(e)
+	}
+	return strings.Join(ns, " ")
+}
+
+// chainKeys returns the routing keys of a chain of blocks named by
+// letters, as the script's stores build them.
+func (s *scenario) chainKeys(letters string) []blockkey.Key {
+	var toks []uint32
+	for _, c := range letters {
+		for j := range s.cfg.Scheme.BlockSize {
+			toks = append(toks, uint32(c)*1000+uint32(j))
+		}
+	}
+	var keys []blockkey.Key
+	for pos, k := range blockkey.Chain(blockkey.Root(s.cfg.Model, "", ""), toks, s.cfg.Scheme.BlockSize) {
+		if s.cfg.Scheme.Routed(pos) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 func (s *scenario) state() string {
@@ -348,8 +419,17 @@ func (s *scenario) state() string {
 	slices.Sort(ns)
 	var b strings.Builder
 	fmt.Fprintf(&b, "keys: %s\n", strings.Join(ns, " "))
-	for _, r := range s.ix.Resident() {
-		fmt.Fprintf(&b, "hash=%d key=%s pos=%d refs=%d\n", r.Hash, s.name(r.Key), r.Pos, r.Refs)
+	for _, t := range []Tier{GPU, CPU, Disk} {
+		for _, r := range s.ix.Held(t) {
+			fmt.Fprintf(&b, "hash=%d key=%s pos=%d refs=%d", r.Hash, s.name(r.Key), r.Pos, r.Refs)
+			if t != GPU {
+				fmt.Fprintf(&b, " tier=%s", t)
+			}
+			if r.Rank != 0 {
+				fmt.Fprintf(&b, " rank=%d", r.Rank)
+			}
+			b.WriteByte('\n')
+		}
 	}
 	b.WriteString(s.summary())
 	return b.String()

@@ -87,6 +87,13 @@ func (m *Metrics) registerRank(model, engine string, stats func() vllmsim.Stats,
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(s vllmsim.Stats) float64 { return s.KVUsage })
 	counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func(s vllmsim.Stats) uint64 { return s.PrefixQueriesTokens })
 	counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func(s vllmsim.Stats) uint64 { return s.PrefixHitsTokens })
+	// vLLM's KV-connector hit counters (vllm/v1/metrics/loggers.py): the
+	// offload tier's lookups past the GPU hit and its loads; 0 without it.
+	counter("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", func(s vllmsim.Stats) uint64 { return s.ExternalQueriesTokens })
+	counter("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", func(s vllmsim.Stats) uint64 { return s.ExternalHitsTokens })
+	// vLLM exports no CPU-tier occupancy (llm-d's tiered guide sizes its
+	// CPU index by hand for that reason); this one is the simulator's.
+	gauge("vllm_sim:cpu_cache_blocks", "Blocks held by the simulated CPU offload tier.", func(s vllmsim.Stats) float64 { return float64(s.CPUBlocks) })
 	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", func(s vllmsim.Stats) uint64 { return s.PromptTokensTotal })
 	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func(s vllmsim.Stats) uint64 { return s.GenerationTokensTotal })
 	counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", func(s vllmsim.Stats) uint64 { return s.Preemptions })

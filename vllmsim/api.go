@@ -85,6 +85,12 @@ type Stats struct {
 	GenerationTokensTotal uint64
 	RequestsFinishedTotal uint64
 	Preemptions           uint64
+	// ExternalQueriesTokens and ExternalHitsTokens are the CPU tier's
+	// lookups past the GPU hit and its loads, in tokens
+	// (vllm:external_prefix_cache_queries and _hits); 0 without a tier.
+	ExternalQueriesTokens uint64
+	ExternalHitsTokens    uint64
+	CPUBlocks             int // blocks held by the CPU tier
 }
 
 // CachedBlock is one physical cached block (ground truth for tests).
@@ -104,6 +110,9 @@ type Timing struct {
 	StepOverhead    time.Duration // fixed cost of one scheduler step
 	PrefillPerToken time.Duration // per uncached prompt token computed in a step
 	DecodePerSeq    time.Duration // per running sequence decoding one token in a step
+	// LoadPerToken is the host-to-device copy of one token's KV from the
+	// CPU tier, charged to the step that admits the request.
+	LoadPerToken time.Duration
 }
 
 // Config of the engine. DefaultConfig documents the defaults.
@@ -132,6 +141,8 @@ type Config struct {
 	// EventSink receives each step's KV events, in order, from the step
 	// loop. It must not block for long (the publisher queues).
 	EventSink func(ts float64, events []kvevent.Event)
+	// Offload is the CPU tier (none by default).
+	Offload Offload
 }
 
 // Message is one chat message as /v1/chat/completions and /tokenize take it.

@@ -36,12 +36,14 @@ type pool struct {
 	cached     map[digest][]*kvBlock
 	blockSize  int
 	events     []kvevent.Event
+	// tier holds what GPU evictions offload (nil: no offloading).
+	tier *tier
 }
 
 var gpu = "GPU"
 
-func newPool(numBlocks, blockSize int) *pool {
-	p := &pool{blockSize: blockSize}
+func newPool(numBlocks, blockSize int, o Offload) *pool {
+	p := &pool{blockSize: blockSize, tier: newTier(o)}
 	p.reset(numBlocks)
 	return p
 }
@@ -99,6 +101,29 @@ func (p *pool) lookup(hashes []digest, max int) []*kvBlock {
 	return hit
 }
 
+// offloaded counts the hashes[from:max] the tier holds in a row from from,
+// without refreshing them (0 without a tier).
+func (p *pool) offloaded(hashes []digest, from, max int) int {
+	if p.tier == nil {
+		return 0
+	}
+	n := 0
+	for i := from; i < max && i < len(hashes); i++ {
+		if _, ok := p.tier.at[hashes[i]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// load marks hashes as read from the tier (most recently used).
+func (p *pool) load(hashes []digest) {
+	for _, h := range hashes {
+		p.tier.has(h)
+	}
+}
+
 // canAllocate reports whether n new blocks fit after touching hit (hit
 // blocks that sit in the free queue stop being available).
 func (p *pool) canAllocate(n int, hit []*kvBlock) bool {
@@ -149,6 +174,12 @@ func (p *pool) evict(b *kvBlock) {
 		delete(p.cached, b.hash)
 	} else {
 		p.cached[b.hash] = copies
+	}
+	// The CPU copy is announced before the GPU removal, as vLLM's offload
+	// finishes storing before the GPU block can be reused: a consumer
+	// resolving the hash-only store still knows the hash.
+	if p.tier != nil {
+		p.events = p.tier.put(b.hash, p.events)
 	}
 	p.events = append(p.events, kvevent.Event{
 		Kind:        kvevent.BlockRemoved,
@@ -253,6 +284,9 @@ func (p *pool) clear() bool {
 		b.cached, b.parent, b.tokens, b.lora, b.extra = false, nil, nil, "", nil
 	}
 	p.cached = make(map[digest][]*kvBlock)
+	if p.tier != nil {
+		p.tier.clear()
+	}
 	p.events = append(p.events, kvevent.Event{
 		Kind: kvevent.AllBlocksCleared,
 		Tag:  kvevent.AllBlocksCleared.String(),

@@ -53,6 +53,7 @@ func (q *seq) decoding() bool { return q.generated() > 0 && len(q.tokens)-q.comp
 type batch struct {
 	seqs          []*seq
 	prefillTokens int // uncached tokens computed (prefill chunks, recomputes)
+	loadTokens    int // tokens loaded from the CPU tier
 	decodeSeqs    int
 	dur           time.Duration
 }
@@ -68,6 +69,9 @@ type outcome struct {
 // counters are the monotonic figures of Stats.
 type counters struct {
 	queries, hits, prompt, gen, finished, preemptions uint64
+	// extQueries and extHits are the tier's share: tokens looked up past
+	// the GPU hit, and tokens loaded.
+	extQueries, extHits uint64
 }
 
 // core is the scheduler and KV cache: a state machine with no clock and no
@@ -85,7 +89,7 @@ type core struct {
 }
 
 func newCore(cfg Config, h hasher) *core {
-	return &core{cfg: cfg, pool: newPool(cfg.NumGPUBlocks, cfg.BlockSize), h: h}
+	return &core{cfg: cfg, pool: newPool(cfg.NumGPUBlocks, cfg.BlockSize, cfg.Offload), h: h}
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
@@ -139,7 +143,7 @@ func (c *core) schedule() *batch {
 	// vLLM admits nobody in a step that had to preempt.
 	for !preempted && len(c.waiting) > 0 && len(c.running) < c.cfg.MaxNumSeqs && budget > 0 {
 		q := c.waiting[0]
-		n, ok := c.admit(q, budget)
+		n, ok := c.admit(b, q, budget)
 		if !ok {
 			break // FCFS: the head waits for blocks, the rest wait behind it
 		}
@@ -151,7 +155,8 @@ func (c *core) schedule() *batch {
 	if len(b.seqs) == 0 {
 		return nil
 	}
-	b.dur = c.cfg.Timing.Duration(b.prefillTokens, b.decodeSeqs)
+	b.dur = c.cfg.Timing.Duration(b.prefillTokens, b.decodeSeqs) +
+		time.Duration(b.loadTokens)*c.cfg.Timing.LoadPerToken
 	return b
 }
 
@@ -168,26 +173,43 @@ func (c *core) plan(b *batch, q *seq, n int, decode bool) {
 // admit looks up q's prefix hit and allocates blocks for its first n tokens
 // past the hit (n ≤ budget: chunked prefill). It changes nothing when the
 // blocks do not fit.
-func (c *core) admit(q *seq, budget int) (int, bool) {
+func (c *core) admit(b *batch, q *seq, budget int) (int, bool) {
 	bs := c.cfg.BlockSize
 	q.hashes = c.h.chain(q.hashes, q.tokens, bs, q.keys)
 	// The last token is always recomputed to get logits: (n-1)//bs.
-	hit := c.pool.lookup(q.hashes, (len(q.tokens)-1)/bs)
+	max := (len(q.tokens) - 1) / bs
+	hit := c.pool.lookup(q.hashes, max)
 	hitTokens := len(hit) * bs
-	n := min(len(q.tokens)-hitTokens, budget)
-	need := ceilDiv(hitTokens+n, bs) - len(hit)
+	// The tier extends the GPU hit (vLLM asks the connector for tokens
+	// past the local hit); loaded blocks need GPU blocks like computed
+	// ones but cost no token budget.
+	loaded := c.pool.offloaded(q.hashes, len(hit), max)
+	loadTokens := loaded * bs
+	n := min(len(q.tokens)-hitTokens-loadTokens, budget)
+	need := ceilDiv(hitTokens+loadTokens+n, bs) - len(hit)
 	if !c.pool.canAllocate(need, hit) {
 		return 0, false
 	}
 	c.pool.touch(hit)
+	if loaded > 0 {
+		// Refreshed before take: the evictions take offloads must not push
+		// out what this request is loading.
+		c.pool.load(q.hashes[len(hit) : len(hit)+loaded])
+		b.loadTokens += loadTokens
+	}
 	q.blocks = append(slices.Clip(hit), c.pool.take(need)...)
-	q.cachedBlocks, q.computed = len(hit), hitTokens
-	c.cacheFull(q, hitTokens+n)
+	q.cachedBlocks, q.computed = len(hit), hitTokens+loadTokens
+	c.cacheFull(q, hitTokens+loadTokens+n)
 	q.state = running
 	c.n.queries += uint64(len(q.tokens))
 	c.n.hits += uint64(hitTokens)
+	if c.pool.tier != nil {
+		c.n.extQueries += uint64(len(q.tokens) - hitTokens)
+		c.n.extHits += uint64(loadTokens)
+	}
 	if q.cachedTokens < 0 {
-		q.cachedTokens = hitTokens
+		// vLLM's num_cached_tokens counts local and external hits.
+		q.cachedTokens = hitTokens + loadTokens
 	}
 	return n, true
 }
@@ -310,5 +332,16 @@ func (c *core) stats() Stats {
 		GenerationTokensTotal: c.n.gen,
 		RequestsFinishedTotal: c.n.finished,
 		Preemptions:           c.n.preemptions,
+		ExternalQueriesTokens: c.n.extQueries,
+		ExternalHitsTokens:    c.n.extHits,
+		CPUBlocks:             c.cpuBlocks(),
 	}
+}
+
+// cpuBlocks is the tier's occupancy in blocks (0 without a tier).
+func (c *core) cpuBlocks() int {
+	if c.pool.tier == nil {
+		return 0
+	}
+	return c.pool.tier.len()
 }

@@ -60,7 +60,28 @@ func DefaultTiming() Timing {
 		StepOverhead:    6 * time.Millisecond,
 		PrefillPerToken: 60 * time.Microsecond,
 		DecodePerSeq:    60 * time.Microsecond,
+		LoadPerToken:    LoadPerToken(KVBytesPerToken),
 	}
+}
+
+// KVBytesPerToken is DefaultConfig's model's KV per token: Llama-3.1-8B,
+// 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes (bf16).
+const KVBytesPerToken = 32 * 8 * 128 * 2 * 2
+
+// HostToDeviceBytesPerSec is the effective host-to-device copy rate of the
+// CPU tier: PCIe Gen5 x16 (an H100 SXM's link) is 64 GB/s per direction
+// raw (PCI-SIG, PCIe 5.0 specification: 32 GT/s × 16 lanes, 128b/130b);
+// pinned-memory cudaMemcpy reaches ~80% of it, ~50 GB/s (NVIDIA's
+// bandwidthTest on H100 reports 50–55 GB/s host to device).
+const HostToDeviceBytesPerSec = 50e9
+
+// LoadPerToken is the time to copy one token's KV of bytesPerToken from
+// host memory at HostToDeviceBytesPerSec: ~2.6 µs for DefaultConfig's
+// model, ~23× cheaper than computing it (PrefillPerToken 60 µs), inside
+// the 2–22× TTFT gain vLLM's offloading blog reports for reloads once
+// fixed costs are counted.
+func LoadPerToken(bytesPerToken int) time.Duration {
+	return time.Duration(float64(bytesPerToken) / HostToDeviceBytesPerSec * float64(time.Second))
 }
 
 // Duration is the simulated time of one step that computes prefillTokens
@@ -83,12 +104,15 @@ func (c *Config) validate() error {
 		return fmt.Errorf("config: max num batched tokens %d < 1", c.MaxNumBatchedTokens)
 	case c.MaxModelLen < 2:
 		return fmt.Errorf("config: max model len %d < 2", c.MaxModelLen)
-	case c.Timing.StepOverhead < 0 || c.Timing.PrefillPerToken < 0 || c.Timing.DecodePerSeq < 0:
+	case c.Timing.StepOverhead < 0 || c.Timing.PrefillPerToken < 0 || c.Timing.DecodePerSeq < 0 || c.Timing.LoadPerToken < 0:
 		return fmt.Errorf("config: negative timing %+v", c.Timing)
 	case c.TimeScale < 0 || c.TimeScale != c.TimeScale:
 		return fmt.Errorf("config: time scale %v", c.TimeScale)
 	case c.ImageTokens < 0:
 		return fmt.Errorf("config: image tokens %d < 0", c.ImageTokens)
+	}
+	if err := c.Offload.validate(); err != nil {
+		return err
 	}
 	if c.TimeScale == 0 {
 		c.TimeScale = 1

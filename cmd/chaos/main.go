@@ -8,10 +8,11 @@
 //	chaos --pods 4 --duration 60s --rate 10 --fault at=20s,fault=kill-engine,pod=2,for=10s
 //	chaos --cleanup
 //
-// It writes OUT/result.json (or --json), OUT/result.md and
-// OUT/timeline.png, and prints the tables. The exit status is 0 when the
-// run completed, whatever it measured; 1 when it could not run; 2 for bad
-// flags.
+// It writes OUT/result.json (or --json), OUT/result.md, OUT/timeline.png
+// and OUT/resources-{rss,goroutines,fds}.png (every sidecar's memory,
+// goroutines and descriptors), and prints the tables. The exit status is 0
+// when the run completed, whatever it measured; 1 when it could not run; 2
+// for bad flags.
 package main
 
 import (
@@ -265,8 +266,16 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	if err := res.PlotTimeline(png); err != nil {
 		return err
 	}
+	plots, err := res.PlotResources(o.out)
+	if err != nil {
+		return err
+	}
+	imgs := "\n![timeline](timeline.png)\n"
+	for _, p := range plots {
+		imgs += fmt.Sprintf("\n![%[1]s](%[1]s)\n", filepath.Base(p))
+	}
 	mdPath := filepath.Join(o.out, "result.md")
-	if err := os.WriteFile(mdPath, []byte(md+"\n![timeline](timeline.png)\n"), 0o644); err != nil {
+	if err := os.WriteFile(mdPath, []byte(md+imgs), 0o644); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n%s\nwrote %s %s %s (%v in all)\n", md, o.json, mdPath, png, time.Since(begin).Round(time.Second))

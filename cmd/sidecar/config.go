@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/cmd/internal/cli"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/route"
 )
@@ -59,6 +60,7 @@ type config struct {
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
 	HungAfter      int
+	HungQuiet      time.Duration
 	SilenceWindow  time.Duration
 	LogLevel       string
 	LogFormat      string
@@ -107,8 +109,10 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.DurationVar(&c.LoadPushDelay, "load-push-delay", gossip.DefaultConfig().LoadPushDelay, "how long a change of this pod's load or a claim (a request landing, leaving or sent on) waits before it is pushed to peers, so the request that made it is on its way first; changes meanwhile go in one push (the engine's state goes at once); 0: at once")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
-	fs.DurationVar(&c.HealthTimeout, "health-timeout", time.Second, "a /health probe without an answer by then counts as a timeout")
-	fs.IntVar(&c.HungAfter, "health-hung-after", 2, "probe timeouts in a row after which the engine counts as hung (down)")
+	ed := engine.DefaultConfig()
+	fs.DurationVar(&c.HealthTimeout, "health-timeout", ed.ProbeTimeout, "a /health probe without an answer by then counts as a timeout")
+	fs.IntVar(&c.HungAfter, "health-hung-after", ed.HungAfter, "probe timeouts in a row after which the engine counts as hung (down), if it also published no KV event for --health-hung-quiet")
+	fs.DurationVar(&c.HungQuiet, "health-hung-quiet", ed.QuietFor, "how long an engine whose probes time out must also have published no KV event to count as hung: a saturated vLLM answers /health late but keeps computing")
 	fs.DurationVar(&c.SilenceWindow, "kv-events-silence-window", 10*time.Second, "warn (log, metric, /readyz body) when vLLM serves this long with no KV event ever arriving")
 	fs.StringVar(&c.RouteLoad, "route-load", "work", "how a peer's load is weighed in the choice: work (the prompt tokens it must still prefill, plus its requests) or requests (the count alone, as kvroute weighed it before; for comparison)")
 	fs.Float64Var(&c.PrefillRate, "prefill-rate", route.DefaultConfig().PrefillTokensPerSecond, "the engine's prefill throughput in tokens per second, which turns /debug/route's costs into expected times to first token (default: the simulator's Llama-3.1-8B on one H100)")
@@ -175,8 +179,8 @@ func (c config) validate() error {
 		return errors.New("--load-push-delay must not be negative")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
-	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1:
-		return errors.New("--health-interval and --health-timeout must be positive, --health-hung-after at least 1")
+	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1 || c.HungQuiet <= 0:
+		return errors.New("--health-interval, --health-timeout and --health-hung-quiet must be positive, --health-hung-after at least 1")
 	}
 	return nil
 }

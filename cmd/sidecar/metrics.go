@@ -1,11 +1,13 @@
 package main
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/kvroute/kvroute/buildinfo"
 	"github.com/kvroute/kvroute/cachestate"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/kvindex"
@@ -24,7 +26,14 @@ func newSidecarMetrics(reg *prometheus.Registry) *sidecarMetrics {
 		loadErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Name: "vllm_scrape_errors_total",
 			Help: "Failed scrapes of the local vLLM's /metrics."}),
 	}
-	reg.MustRegister(m.loadErrors, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// One series of 1 whose labels say what runs: the release
+	// (buildinfo.Version) and the gossip wire version it speaks, so a
+	// rolling upgrade shows as two series changing hands.
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvroute", Name: "build_info",
+		Help:        "1, labelled with the sidecar's release version and its gossip wire version.",
+		ConstLabels: prometheus.Labels{"version": buildinfo.Version(), "wire_version": strconv.Itoa(int(gossip.WireVersion))}})
+	build.Set(1)
+	reg.MustRegister(m.loadErrors, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -66,6 +75,9 @@ func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.
 			return float64(s.Digest.Bytes + s.Delta.Bytes + s.NeedFull.Bytes)
 		}),
 		counter("gossip_decode_errors_total", "Gossip messages that did not decode and were dropped.", func() float64 { return float64(mesh.Stats().DecodeErrors) }),
+		counter("gossip_newer_dropped_total", "Gossip messages of a newer wire version this sidecar cannot read (an unknown kind or format); dropped, expected during an upgrade.", func() float64 { return float64(mesh.Stats().NewerDropped) }),
+		counter("gossip_newer_read_total", "Gossip messages and node metas of a newer wire version, read as far as this sidecar knows them.", func() float64 { return float64(mesh.Stats().NewerRead) }),
+		gauge("gossip_oldest_wire_version", "The lowest gossip wire version among this sidecar and its peers: 1 while a v0.1.0 sidecar is a member.", func() float64 { return float64(mesh.OldestWire()) }),
 		counter("gossip_meta_updates_total", "Node-meta broadcasts: each change of models, drain or engine goes out twice, 300 ms apart.", func() float64 { return float64(mesh.Stats().MetaUpdates) }),
 		gauge("digest_staleness_seconds", "Age of the oldest peer digest in the peer table.", func() float64 {
 			now := time.Now()

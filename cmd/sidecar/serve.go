@@ -161,8 +161,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		return fmt.Errorf("join mesh: %w", err)
 	}
 	defer mesh.Shutdown()
+	// The KV events the engine publishes as it computes tell a busy engine
+	// whose /health answers late from a hung one.
 	watcher := engine.NewWatcher(engine.Config{ProbeInterval: cfg.HealthInterval, ProbeTimeout: cfg.HealthTimeout,
-		HungAfter: cfg.HungAfter}, vc, nil)
+		HungAfter: cfg.HungAfter, QuietFor: cfg.HungQuiet, Progress: func() uint64 { return sub.Stats().Received }}, vc, nil)
 
 	models := newModelWatcher(vc, mesh, cfg.Model, cfg.ModelsInterval, reg, log.With().Str("component", "models").Logger())
 	go models.run(runCtx) // exits when runCtx ends

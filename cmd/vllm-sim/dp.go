@@ -72,6 +72,9 @@ func (r *ranks) Stats() vllmsim.Stats {
 		t.GenerationTokensTotal += s.GenerationTokensTotal
 		t.RequestsFinishedTotal += s.RequestsFinishedTotal
 		t.Preemptions += s.Preemptions
+		t.ExternalQueriesTokens += s.ExternalQueriesTokens
+		t.ExternalHitsTokens += s.ExternalHitsTokens
+		t.CPUBlocks += s.CPUBlocks
 	}
 	return t
 }

@@ -42,6 +42,12 @@ type options struct {
 	ResponsesStore bool
 	StoreLimit     int // --sim-responses-store-limit
 	DataParallel   int // --data-parallel-size: engine cores, each with its own cache and publisher
+	// CPU tier: --kv-offloading-backend (native or lmcache) and
+	// --kv-offloading-size in GiB (0: no tier); --sim-kv-bytes-per-block
+	// (0: the model's, vllmsim.KVBytesPerToken × block size).
+	OffloadBackend  string
+	OffloadGiB      float64
+	KVBytesPerBlock int
 	TimeScale      float64
 	Encoding       kvevent.Encoding
 	DropRate       float64
@@ -191,6 +197,9 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	fs.BoolVar(&o.ScaleOut, "enable-scale-out", false, "serve the render endpoints (/v1/{chat/completions,completions,messages,responses}/render), as vLLM >= 0.30 does only with this flag or VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1")
 	fs.IntVar(&o.StoreLimit, "sim-responses-store-limit", simhttp.DefaultConfig().StoreLimit, "responses kept with VLLM_ENABLE_RESPONSES_API_STORE=1, the oldest dropped past it (vLLM keeps every one)")
 	fs.IntVar(&o.DataParallel, "data-parallel-size", 1, "data-parallel ranks: one engine core, KV cache and event publisher each (rank r publishes on the endpoint's port + r)")
+	fs.StringVar(&o.OffloadBackend, "kv-offloading-backend", vllmsim.OffloadNative, "CPU tier behind the GPU cache when --kv-offloading-size is set: native (CPU stores and removals, hash-only) or lmcache (stores only)")
+	fs.Float64Var(&o.OffloadGiB, "kv-offloading-size", 0, "CPU tier size in GiB (0: no offloading)")
+	fs.IntVar(&o.KVBytesPerBlock, "sim-kv-bytes-per-block", 0, "KV bytes per block, sizing the CPU tier and its load time (0: the simulated model's, 128 KiB per token × --block-size)")
 	fs.Float64Var(&o.TimeScale, "sim-time-scale", 1, "simulated seconds per wall second")
 	fs.StringVar(&enc, "kv-events-encoding", "map", "event wire encoding: map (vLLM >= 0.26) or array")
 	fs.Float64Var(&o.DropRate, "sim-drop-rate", 0, "fraction of event batches not sent live (still replayable)")
@@ -259,6 +268,21 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 	if o.BlockSize <= 0 {
 		return o, fmt.Errorf("--block-size %d must be positive", o.BlockSize)
 	}
+	if o.OffloadBackend != vllmsim.OffloadNative && o.OffloadBackend != vllmsim.OffloadLMCache {
+		return o, fmt.Errorf("--kv-offloading-backend %q: want native or lmcache", o.OffloadBackend)
+	}
+	if o.OffloadGiB < 0 || o.OffloadGiB != o.OffloadGiB || o.OffloadGiB > 1<<20 {
+		return o, fmt.Errorf("--kv-offloading-size %v: want 0..%d GiB", o.OffloadGiB, 1<<20)
+	}
+	if o.KVBytesPerBlock < 0 {
+		return o, fmt.Errorf("--sim-kv-bytes-per-block %d must be >= 0", o.KVBytesPerBlock)
+	}
+	if o.KVBytesPerBlock == 0 {
+		o.KVBytesPerBlock = vllmsim.KVBytesPerToken * o.BlockSize
+	}
+	if o.OffloadGiB > 0 && o.offloadBlocks() < 1 {
+		return o, fmt.Errorf("--kv-offloading-size %v GiB holds no block of %d bytes", o.OffloadGiB, o.KVBytesPerBlock)
+	}
 	if o.Events, err = parseKVEventsConfig(kvCfg); err != nil {
 		return o, err
 	}
@@ -286,6 +310,11 @@ func parseFlags(args []string, getenv func(string) (string, bool), stdout, stder
 		o.HashSeed, o.HashSeedSet = "", false
 	}
 	return o, nil
+}
+
+// offloadBlocks is the CPU tier's capacity in blocks.
+func (o options) offloadBlocks() int {
+	return int(o.OffloadGiB * (1 << 30) / float64(o.KVBytesPerBlock))
 }
 
 // pubConfig derives the publisher configuration.

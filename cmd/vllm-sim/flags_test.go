@@ -130,6 +130,10 @@ func TestParseFlagsErrors(t *testing.T) {
 		"--sim-time-scale 0",
 		"--sim-tokenize-memo-mib -1",
 		"--block-size 0",
+		"--kv-offloading-backend disk --kv-offloading-size 1",
+		"--kv-offloading-size -1",
+		"--kv-offloading-size 0.001",
+		"--sim-kv-bytes-per-block -1",
 		"--lora-modules noequals",
 		`--kv-events-config {"enable_kv_cache_events":true,"bogus":1}`,
 		`--kv-events-config {"publisher":"kafka"}`,
@@ -167,5 +171,39 @@ func TestEngineConfig(t *testing.T) {
 	o.NumGPUBlocks, o.MaxModelLen = 0, 0
 	if c := engineConfig(o, base); c.NumGPUBlocks != base.NumGPUBlocks || c.MaxModelLen != base.MaxModelLen {
 		t.Errorf("zero overrides changed defaults: %+v", c)
+	}
+}
+
+func TestOffloadFlags(t *testing.T) {
+	base := vllmsim.DefaultConfig()
+	o, err := parseFlags(nil, noEnv, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := engineConfig(o, base); c.Offload != (vllmsim.Offload{}) || c.Timing != base.Timing {
+		t.Errorf("default offload %+v timing %+v; want no tier, timing unchanged", c.Offload, c.Timing)
+	}
+	// 2 GiB of the model's 2 MiB blocks (128 KiB per token × 16).
+	o, err = parseFlags(splitArgs("--kv-offloading-size 2"), noEnv, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := engineConfig(o, base)
+	if want := (vllmsim.Offload{Backend: vllmsim.OffloadNative, Blocks: 1024}); c.Offload != want {
+		t.Errorf("offload %+v; want %+v", c.Offload, want)
+	}
+	if c.Timing.LoadPerToken != vllmsim.LoadPerToken(vllmsim.KVBytesPerToken) {
+		t.Errorf("load per token %v", c.Timing.LoadPerToken)
+	}
+	o, err = parseFlags(splitArgs("--kv-offloading-backend lmcache --kv-offloading-size 1 --sim-kv-bytes-per-block 1048576 --block-size 32"), noEnv, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = engineConfig(o, base)
+	if want := (vllmsim.Offload{Backend: vllmsim.OffloadLMCache, Blocks: 1024}); c.Offload != want {
+		t.Errorf("offload %+v; want %+v", c.Offload, want)
+	}
+	if want := vllmsim.LoadPerToken(1 << 15); c.Timing.LoadPerToken != want {
+		t.Errorf("load per token %v; want %v (32 KiB per token)", c.Timing.LoadPerToken, want)
 	}
 }

@@ -86,6 +86,12 @@ func engineConfig(o options, base vllmsim.Config) vllmsim.Config {
 	c.HashSeed, c.HashSeedSet = o.HashSeed, o.HashSeedSet
 	c.TimeScale = o.TimeScale
 	c.TokenizerMemoBytes = o.TokenizeMemoMiB << 20
+	if o.OffloadGiB > 0 {
+		c.Offload = vllmsim.Offload{Backend: o.OffloadBackend, Blocks: o.offloadBlocks()}
+		// The copy time follows the block's bytes, so an overridden model
+		// size loads at the same link rate.
+		c.Timing.LoadPerToken = vllmsim.LoadPerToken(o.KVBytesPerBlock / o.BlockSize)
+	}
 	return c
 }
 

@@ -1,0 +1,539 @@
+// Package scale runs N real sidecar cache-state nodes in one process, on
+// loopback sockets, and measures what the mesh costs as N grows: traffic
+// per node by kind, propagation of stored and evicted blocks, choice time,
+// memory, a joining node's pull, and hit rate against a central exact index.
+//
+// Each node is the sidecar's own path from KV events to peers' views: a
+// kvindex.Index fed vLLM events through cachestate.State, published by a
+// gossip.Mesh (real memberlist over UDP and TCP), and route.DefaultChain
+// choosing over the mesh's Snapshot. Only the engine is simulated: an LRU
+// of blocks that emits vLLM's BlockStored and BlockRemoved events.
+package scale
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/route"
+)
+
+// Config is one run at one N.
+type Config struct {
+	Nodes int
+	// Addr is the loopback address every node binds; node i listens on
+	// BasePort+i. Default 127.0.96.1:17000.
+	Addr     string
+	BasePort int
+	// CapacityBlocks is each simulated engine's cache. Default 20,000.
+	CapacityBlocks int
+	// BlocksPerSecond is each node's store rate (and, with a full cache,
+	// eviction rate). Default 200, issue 25's target.
+	BlocksPerSecond float64
+	// Warmup fills caches before measuring; Window is the measured span.
+	// Defaults 10 s and 20 s.
+	Warmup, Window time.Duration
+	// FPRate is the digests' false-positive rate. Default 0.01.
+	FPRate float64
+	// FullDigestInterval overrides gossip's default (10 s) when above 0.
+	FullDigestInterval time.Duration
+	// Requests is the trace replayed in a loop. Required.
+	Requests []Request
+	// LongPromptBlocks is the length of the prompt whose choice is timed.
+	// Default 2048 (32k tokens).
+	LongPromptBlocks int
+	Seed             uint64
+	Log              zerolog.Logger
+	// Progress, when set, receives a line every few seconds.
+	Progress func(string)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = "127.0.96.1"
+	}
+	if c.BasePort == 0 {
+		c.BasePort = 17000
+	}
+	if c.CapacityBlocks <= 0 {
+		c.CapacityBlocks = 20000
+	}
+	if c.BlocksPerSecond <= 0 {
+		c.BlocksPerSecond = 200
+	}
+	if c.Warmup <= 0 {
+		c.Warmup = 10 * time.Second
+	}
+	if c.Window <= 0 {
+		c.Window = 20 * time.Second
+	}
+	if c.FPRate <= 0 {
+		c.FPRate = 0.01
+	}
+	if c.LongPromptBlocks <= 0 {
+		c.LongPromptBlocks = 2048
+	}
+	if c.Progress == nil {
+		c.Progress = func(string) {}
+	}
+	return c
+}
+
+// Result is what one run measured. Times are in milliseconds or
+// microseconds as named; bytes are our payload as gossip.Stats counts it.
+type Result struct {
+	N                   int                `json:"n"`
+	WindowSeconds       float64            `json:"window_seconds"`
+	StoredPerNodePerSec float64            `json:"stored_blocks_per_node_per_second"`
+	SentBytesPerNode    float64            `json:"sent_bytes_per_node_per_second"`
+	RecvBytesPerNode    float64            `json:"received_bytes_per_node_per_second"`
+	SentByKind          map[string]float64 `json:"sent_bytes_per_node_per_second_by_kind"`
+	RecvByKind          map[string]float64 `json:"received_bytes_per_node_per_second_by_kind"`
+	StoredP50Ms         float64            `json:"stored_propagation_p50_ms"`
+	StoredP99Ms         float64            `json:"stored_propagation_p99_ms"`
+	StoredSamples       int                `json:"stored_samples"`
+	StoredMissed        int                `json:"stored_missed"`
+	EvictedP50Ms        float64            `json:"evicted_propagation_p50_ms"`
+	EvictedP99Ms        float64            `json:"evicted_propagation_p99_ms"`
+	EvictedSamples      int                `json:"evicted_samples"`
+	EvictedMissed       int                `json:"evicted_missed"`
+	ChoiceP50Us         float64            `json:"choice_p50_us"`
+	ChoiceP99Us         float64            `json:"choice_p99_us"`
+	HeapPerNodeMiB      float64            `json:"heap_inuse_per_node_mib"`
+	JoinBytes           float64            `json:"join_received_bytes"`
+	JoinSeconds         float64            `json:"join_seconds"`
+	HitRate             float64            `json:"hit_rate"`
+	CentralHitRate      float64            `json:"central_hit_rate"`
+	Requests            int                `json:"requests"`
+	PollIntervalMs      float64            `json:"poll_interval_ms"`
+	InboxDrops, Gaps    uint64             `json:"-"`
+}
+
+// poll is how often sampled keys are looked up in every peer's view: the
+// propagation times' resolution.
+const poll = 10 * time.Millisecond
+
+// sample is a key whose arrival at (or departure from) every peer is timed.
+type sample struct {
+	origin  int
+	key     blockkey.Key
+	id      uint64
+	at      time.Time
+	gone    bool         // evicted: wait for absence
+	pending map[int]bool // peers not yet agreeing
+	last    time.Time
+}
+
+// Run starts cfg.Nodes nodes, replays the trace at the configured block
+// rate, measures over the window, then times a joining node, and shuts
+// everything down. It blocks for about Warmup + Window + the join.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	cfg = cfg.withDefaults()
+	if len(cfg.Requests) == 0 {
+		return Result{}, fmt.Errorf("scale run: no requests")
+	}
+	res := Result{N: cfg.Nodes, PollIntervalMs: float64(poll) / 1e6}
+	nodes := make([]*node, 0, cfg.Nodes+1)
+	defer func() {
+		for _, n := range nodes {
+			n.close()
+		}
+	}()
+	var seeds []string
+	for i := range cfg.Nodes {
+		jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := startNode(jctx, cfg, i, seeds)
+		cancel()
+		if err != nil {
+			return res, err
+		}
+		nodes = append(nodes, n)
+		if i == 0 {
+			seeds = []string{n.addr(cfg, 0)}
+		}
+	}
+	if err := waitFor(ctx, 30*time.Second, func() bool {
+		for _, n := range nodes {
+			if n.mesh.Members() != cfg.Nodes {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		return res, fmt.Errorf("mesh of %d never formed: %w", cfg.Nodes, err)
+	}
+	cfg.Progress(fmt.Sprintf("N=%d: mesh formed; warming up %s", cfg.Nodes, cfg.Warmup))
+
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Nodes)))
+	central := newCentral(cfg.Nodes, cfg.CapacityBlocks)
+	var (
+		mu                     sync.Mutex
+		samples                []*sample
+		storedLat, evictLat    []float64
+		storedMiss, evictMiss  int
+		measuring              bool
+		hits, centralHits, tot float64
+		requests               int
+	)
+	deadline := 2*max(cfg.FullDigestInterval, 10*time.Second) + 5*time.Second
+
+	// The poller looks up every pending sample in every peer's view.
+	pctx, stopPoll := context.WithCancel(ctx)
+	pollDone := make(chan struct{})
+	go func() { // exits when stopPoll is called
+		defer close(pollDone)
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case now := <-t.C:
+				mu.Lock()
+				pend := slices.Clone(samples)
+				mu.Unlock()
+				if len(pend) == 0 {
+					continue
+				}
+				for p, n := range nodes[:cfg.Nodes] {
+					views := map[string]route.Matcher{}
+					for _, v := range n.mesh.Snapshot(now) {
+						if v.Digest != nil {
+							views[v.ID] = v.Digest
+						}
+					}
+					for _, s := range pend {
+						if !s.pending[p] {
+							continue
+						}
+						d := views[nodes[s.origin].name]
+						has := d != nil && d.PrefixLen([]blockkey.Key{s.key}) == 1
+						if has != s.gone {
+							delete(s.pending, p)
+						}
+					}
+				}
+				done := time.Now()
+				mu.Lock()
+				keep := samples[:0]
+				for _, s := range samples {
+					switch {
+					case len(s.pending) == 0:
+						lat := float64(done.Sub(s.at)) / 1e6
+						if s.gone {
+							evictLat = append(evictLat, lat)
+						} else {
+							storedLat = append(storedLat, lat)
+						}
+					case done.Sub(s.at) > deadline:
+						if s.gone {
+							evictMiss++
+						} else {
+							storedMiss++
+						}
+					default:
+						keep = append(keep, s)
+					}
+				}
+				samples = keep
+				mu.Unlock()
+			}
+		}
+	}()
+
+	// The load: requests enter a random node, which chooses by its real
+	// view; the chosen node's engine stores what it lacks. Requests come
+	// as fast as the cluster's block budget allows.
+	start := time.Now()
+	measureFrom := start.Add(cfg.Warmup)
+	end := measureFrom.Add(cfg.Window)
+	budget := 0.0
+	last := start
+	next := 0
+	tick := time.NewTicker(20 * time.Millisecond)
+	var before []statsSnap
+	var storedBefore uint64
+	var choice []float64
+	long := longPrompt(cfg)
+	lastProgress := start
+	lastSample := start
+	for now := range tick.C {
+		if ctx.Err() != nil {
+			tick.Stop()
+			stopPoll()
+			<-pollDone
+			return res, ctx.Err()
+		}
+		if now.After(end) {
+			break
+		}
+		if !measuring && now.After(measureFrom) {
+			measuring = true
+			before = snapAll(nodes[:cfg.Nodes])
+			for _, n := range nodes[:cfg.Nodes] {
+				storedBefore += n.stored
+			}
+			cfg.Progress(fmt.Sprintf("N=%d: measuring for %s", cfg.Nodes, cfg.Window))
+		}
+		budget += cfg.BlocksPerSecond * float64(cfg.Nodes) * now.Sub(last).Seconds()
+		last = now
+		for k := 0; budget > 0 && k < 10*cfg.Nodes; k++ {
+			q := cfg.Requests[next%len(cfg.Requests)].HashIDs
+			next++
+			entry := nodes[rng.IntN(cfg.Nodes)]
+			ks := keys(q)
+			d := entry.chain.Choose(route.Request{Model: model, Keys: ks, TokensPerKey: blockTokens,
+				PromptTokens: len(q)*blockTokens + 1}, entry.mesh.Snapshot(now), now)
+			t := indexOf(nodes[:cfg.Nodes], d.Target)
+			if t < 0 {
+				t = rng.IntN(cfg.Nodes)
+			}
+			entry.recent.Record(nodes[t].name, ks, now) // as forward does for a request it sent
+			h, added, removed := nodes[t].serve(q, ks)
+			ch := central.serve(q)
+			budget -= float64(max(len(added), 1))
+			if measuring {
+				requests++
+				hits += float64(h)
+				centralHits += float64(ch)
+				tot += float64(len(q))
+			}
+			if measuring && now.Sub(lastSample) >= 50*time.Millisecond {
+				lastSample = now
+				mu.Lock()
+				if len(added) > 0 {
+					pos := len(q) - 1
+					samples = append(samples, newSample(t, ks[pos], q[pos], now, false, cfg.Nodes))
+				}
+				if len(removed) > 0 {
+					b := removed[0]
+					samples = append(samples, newSample(t, b.key, b.id, now, true, cfg.Nodes))
+				}
+				mu.Unlock()
+			}
+		}
+		if measuring && len(choice) < 5000 {
+			peers := nodes[0].mesh.Snapshot(now)
+			t0 := time.Now()
+			nodes[0].chain.Choose(long, peers, now)
+			choice = append(choice, float64(time.Since(t0))/1e3)
+		}
+		if now.Sub(lastProgress) >= 5*time.Second {
+			lastProgress = now
+			mu.Lock()
+			cfg.Progress(fmt.Sprintf("N=%d: %.0f s, %d requests, %d samples pending, %d stored / %d evicted timed",
+				cfg.Nodes, now.Sub(start).Seconds(), next, len(samples), len(storedLat), len(evictLat)))
+			mu.Unlock()
+		}
+	}
+	tick.Stop()
+	after := snapAll(nodes[:cfg.Nodes])
+	window := time.Since(measureFrom).Seconds()
+	res.WindowSeconds = window
+	var storedAfter uint64
+	for _, n := range nodes[:cfg.Nodes] {
+		storedAfter += n.stored
+	}
+	res.StoredPerNodePerSec = float64(storedAfter-storedBefore) / window / float64(cfg.Nodes)
+	res.SentByKind, res.RecvByKind = map[string]float64{}, map[string]float64{}
+	for i := range after {
+		for k, v := range after[i].sent {
+			d := float64(v-before[i].sent[k]) / window / float64(cfg.Nodes)
+			res.SentByKind[k] += d
+			res.SentBytesPerNode += d
+		}
+		for k, v := range after[i].recv {
+			d := float64(v-before[i].recv[k]) / window / float64(cfg.Nodes)
+			res.RecvByKind[k] += d
+			res.RecvBytesPerNode += d
+		}
+		res.InboxDrops += after[i].drops
+		res.Gaps += after[i].gaps
+	}
+	res.Requests = requests
+	if tot > 0 {
+		res.HitRate, res.CentralHitRate = hits/tot, centralHits/tot
+	}
+	res.ChoiceP50Us, res.ChoiceP99Us = quantile(choice, 0.5), quantile(choice, 0.99)
+
+	// Let the samples taken near the end finish, within their deadline.
+	_ = waitFor(ctx, deadline, func() bool { mu.Lock(); defer mu.Unlock(); return len(samples) == 0 })
+	stopPoll()
+	<-pollDone
+	mu.Lock()
+	res.StoredP50Ms, res.StoredP99Ms = quantile(storedLat, 0.5), quantile(storedLat, 0.99)
+	res.EvictedP50Ms, res.EvictedP99Ms = quantile(evictLat, 0.5), quantile(evictLat, 0.99)
+	res.StoredSamples, res.EvictedSamples = len(storedLat), len(evictLat)
+	res.StoredMissed, res.EvictedMissed = storedMiss+countGone(samples, false), evictMiss+countGone(samples, true)
+	mu.Unlock()
+
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	res.HeapPerNodeMiB = float64(ms.HeapInuse) / float64(cfg.Nodes) / (1 << 20)
+
+	// A joining node: bytes it receives and time until it holds a digest
+	// of every other node.
+	cfg.Progress(fmt.Sprintf("N=%d: timing a joining node", cfg.Nodes))
+	jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	j, err := startNode(jctx, cfg, cfg.Nodes, seeds)
+	cancel()
+	if err != nil {
+		return res, err
+	}
+	nodes = append(nodes, j)
+	t0 := time.Now()
+	names := map[string]bool{}
+	for _, n := range nodes[:cfg.Nodes] {
+		names[n.name] = true
+	}
+	err = waitFor(ctx, deadline, func() bool {
+		got := 0
+		for _, v := range j.mesh.Snapshot(time.Now()) {
+			if names[v.ID] && v.Digest != nil {
+				got++
+			}
+		}
+		return got == cfg.Nodes
+	})
+	res.JoinSeconds = time.Since(t0).Seconds()
+	if err != nil {
+		res.JoinSeconds = math.NaN()
+	}
+	for _, v := range snapAll([]*node{j})[0].recv {
+		res.JoinBytes += float64(v)
+	}
+	return res, nil
+}
+
+func newSample(origin int, k blockkey.Key, id uint64, at time.Time, gone bool, n int) *sample {
+	s := &sample{origin: origin, key: k, id: id, at: at, gone: gone, pending: map[int]bool{}}
+	for p := range n {
+		if p != origin {
+			s.pending[p] = true
+		}
+	}
+	return s
+}
+
+func countGone(ss []*sample, gone bool) int {
+	c := 0
+	for _, s := range ss {
+		if s.gone == gone {
+			c++
+		}
+	}
+	return c
+}
+
+// longPrompt is a prompt of LongPromptBlocks blocks that starts with the
+// trace's first request, so the choice walks real matches before misses.
+func longPrompt(cfg Config) route.Request {
+	ids := slices.Clone(cfg.Requests[0].HashIDs)
+	for id := uint64(1 << 60); len(ids) < cfg.LongPromptBlocks; id++ {
+		ids = append(ids, id)
+	}
+	ids = ids[:cfg.LongPromptBlocks]
+	return route.Request{Model: model, Keys: keys(ids), TokensPerKey: blockTokens, PromptTokens: len(ids)*blockTokens + 1}
+}
+
+func indexOf(ns []*node, name string) int {
+	for i, n := range ns {
+		if n.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+type statsSnap struct {
+	sent, recv  map[string]uint64
+	drops, gaps uint64
+}
+
+func snapAll(ns []*node) []statsSnap {
+	out := make([]statsSnap, len(ns))
+	for i, n := range ns {
+		st := n.mesh.Stats()
+		s := statsSnap{sent: map[string]uint64{}, recv: map[string]uint64{}, drops: st.InboxDrops, gaps: st.Gaps}
+		for k, v := range st.Sent.All {
+			s.sent[k] = v.Bytes
+		}
+		for k, v := range st.Received.All {
+			s.recv[k] = v.Bytes
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// waitFor polls cond every 10 ms until it holds or within passes.
+func waitFor(ctx context.Context, within time.Duration, cond func() bool) error {
+	dl := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(dl) {
+			return fmt.Errorf("not within %s", within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// quantile is the q-quantile of xs by the nearest rank; NaN when empty.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Sorted(slices.Values(xs))
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// central is the comparison: one exact index of every engine, choosing
+// the longest cached prefix (ties and misses by rendezvous on the first
+// block), over engines that store and evict as the harness's do.
+type central struct{ engines []*node }
+
+func newCentral(n, capacity int) *central {
+	c := &central{}
+	for range n {
+		c.engines = append(c.engines, &node{lru: list.New(), at: map[uint64]*list.Element{}, cap: capacity})
+	}
+	return c
+}
+
+// serve routes ids, runs them on the chosen engine, and returns the
+// blocks it already held.
+func (c *central) serve(ids []uint64) int {
+	best, bestLen, bestW := 0, -1, uint64(0)
+	for i, e := range c.engines {
+		l := e.held(ids)
+		w := hrw(i, ids[0])
+		if l > bestLen || (l == bestLen && w > bestW) {
+			best, bestLen, bestW = i, l, w
+		}
+	}
+	e := c.engines[best]
+	e.cache(ids, nil)
+	return bestLen
+}
+
+func hrw(i int, id uint64) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d", i, id)
+	return h.Sum64()
+}

@@ -1,0 +1,210 @@
+package scale
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/cachestate"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/gossip"
+	"github.com/kvroute/kvroute/kvevent"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/route"
+	"github.com/kvroute/kvroute/vllmclient"
+)
+
+// model is the one model every node serves.
+const model = "scale-model"
+
+// blockTokens is tokens per vLLM block; the harness routes by every block
+// (Stride 1), so one trace id is one routing key.
+const blockTokens = 16
+
+var scheme = blockkey.Scheme{BlockSize: blockTokens, Stride: 1}
+
+// node is one sidecar's cache-state path: the real mesh, index and
+// cachestate loop, fed by a simulated engine (lru) that stores and evicts
+// blocks as vLLM would and reports them as vLLM's events.
+type node struct {
+	name   string
+	mesh   *gossip.Mesh
+	ix     *kvindex.Index
+	items  chan vllmclient.Item
+	chain  route.Chain
+	recent *route.Recent
+	stop   context.CancelFunc
+	done   chan struct{}
+	seq    uint64
+	lru    *list.List // of blocks, front newest
+	at     map[uint64]*list.Element
+	cap    int
+	stored uint64 // blocks stored since start
+}
+
+type noFront struct{}
+
+func (noFront) SetLocalReady(bool) {}
+
+func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, error) {
+	name := fmt.Sprintf("n%03d", i)
+	g := gossip.DefaultConfig()
+	g.NodeName = name
+	g.BindAddr, g.AdvertiseAddr = cfg.Addr, cfg.Addr
+	g.BindPort = cfg.BasePort + i
+	g.APIAddr = net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.BasePort+10000+i))
+	g.Models = []string{model}
+	g.Engine = route.EngineStarting
+	g.Join = seeds
+	if cfg.FullDigestInterval > 0 {
+		g.FullDigestInterval = cfg.FullDigestInterval
+	}
+	m, err := gossip.Join(ctx, g)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
+	}
+	ix := kvindex.New(kvindex.Config{Model: model, Scheme: scheme, CapacityBlocks: cfg.CapacityBlocks, Epoch: uint64(i + 1)})
+	c := cachestate.DefaultConfig()
+	c.Node = name
+	c.Params = bloom.ParamsFor(cfg.CapacityBlocks+1, cfg.FPRate)
+	cs := cachestate.New(c, ix, m, noFront{}, nil, cfg.Log)
+	rec := route.NewRecent(route.DefaultRecentConfig())
+	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),
+		chain: route.DefaultChain(route.DefaultConfig(), rec), recent: rec,
+		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{}, cap: cfg.CapacityBlocks}
+	eng := make(chan engine.Transition, 1)
+	eng <- engine.Transition{From: route.EngineStarting, To: route.EngineServing, Reason: "scale harness", At: time.Now()}
+	rctx, stop := context.WithCancel(context.Background())
+	n.stop = stop
+	go func() { // exits when stop is called
+		defer close(n.done)
+		cs.Run(rctx, n.items, eng, nil)
+	}()
+	return n, nil
+}
+
+// addr is where the node's memberlist listens.
+func (n *node) addr(cfg Config, i int) string {
+	return net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.BasePort+i))
+}
+
+// held is how many leading blocks of ids the simulated engine holds.
+func (n *node) held(ids []uint64) int {
+	for i, id := range ids {
+		if _, ok := n.at[id]; !ok {
+			return i
+		}
+	}
+	return len(ids)
+}
+
+// block is a cached block: its trace id and its routing key.
+type block struct {
+	id  uint64
+	key blockkey.Key
+}
+
+// cache has the simulated engine compute ids (ks their keys, or nil): it
+// stores the blocks it lacks and touches all of them as vLLM frees a
+// request's blocks (tail first, so the tail is evicted first), then
+// evicts the oldest past capacity. It returns how many leading blocks it
+// held, and the blocks stored and evicted.
+func (n *node) cache(ids []uint64, ks []blockkey.Key) (h int, added []uint64, removed []block) {
+	h = n.held(ids)
+	added = ids[h:]
+	for i := len(ids) - 1; i >= 0; i-- {
+		if e, ok := n.at[ids[i]]; ok {
+			n.lru.MoveToFront(e)
+		}
+	}
+	for i := len(ids) - 1; i >= h; i-- {
+		b := block{id: ids[i]}
+		if i < len(ks) {
+			b.key = ks[i]
+		}
+		n.at[ids[i]] = n.lru.PushFront(b)
+	}
+	for n.lru.Len() > n.cap {
+		b := n.lru.Remove(n.lru.Back()).(block)
+		delete(n.at, b.id)
+		removed = append(removed, b)
+	}
+	return h, added, removed
+}
+
+// serve is cache, then the events the engine would publish, sent to the
+// cachestate loop.
+func (n *node) serve(ids []uint64, ks []blockkey.Key) (h int, added []uint64, removed []block) {
+	h, added, removed = n.cache(ids, ks)
+	var evs []kvevent.Event
+	if len(added) > 0 {
+		ev := kvevent.Event{Kind: kvevent.BlockStored, Tag: kvevent.BlockStored.String(), BlockSize: blockTokens}
+		if h > 0 {
+			p := vllmHash(ids[h-1])
+			ev.Parent = &p
+		}
+		for _, id := range added {
+			ev.BlockHashes = append(ev.BlockHashes, vllmHash(id))
+			ev.TokenIDs = append(ev.TokenIDs, tokens(id)...)
+		}
+		evs = append(evs, ev)
+		n.stored += uint64(len(added))
+	}
+	if len(removed) > 0 {
+		ev := kvevent.Event{Kind: kvevent.BlockRemoved, Tag: kvevent.BlockRemoved.String()}
+		for _, b := range removed {
+			ev.BlockHashes = append(ev.BlockHashes, vllmHash(b.id))
+		}
+		evs = append(evs, ev)
+	}
+	if len(evs) > 0 {
+		n.items <- vllmclient.Item{Kind: vllmclient.KindBatch, Stream: vllmclient.Stream{Topic: "kv"},
+			Batch: kvevent.Batch{Topic: "kv", Seq: n.seq, TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}}
+		n.seq++
+	}
+	return h, added, removed
+}
+
+func (n *node) close() {
+	n.stop()
+	<-n.done
+	n.mesh.Shutdown()
+}
+
+// vllmHash is the engine's block hash for a trace id (never 0, which the
+// wire reads as no parent).
+func vllmHash(id uint64) uint64 { return id + 1 }
+
+// tokens are a block's token ids: distinct per id, as the blocks of a
+// prefix-unique id are.
+func tokens(id uint64) []uint32 {
+	t := make([]uint32, blockTokens)
+	x := id*0x9e3779b97f4a7c15 + 1
+	for i := range t {
+		x ^= x >> 29
+		x *= 0xbf58476d1ce4e5b9
+		t[i] = uint32(x>>40) % 150000
+	}
+	return t
+}
+
+// promptTokens is a request's prompt: its blocks plus one token, since
+// vLLM recomputes the last prompt token and so reuses only full blocks
+// before it.
+func promptTokens(ids []uint64) []uint32 {
+	out := make([]uint32, 0, len(ids)*blockTokens+1)
+	for _, id := range ids {
+		out = append(out, tokens(id)...)
+	}
+	return append(out, 1)
+}
+
+// keys are the routing keys of ids' prefixes.
+func keys(ids []uint64) []blockkey.Key {
+	return scheme.Request(blockkey.ModelRoot(model, ""), promptTokens(ids))
+}
