@@ -12,7 +12,7 @@ LDFLAGS   := $(if $(VERSION),-X github.com/kvroute/kvroute/buildinfo.version=$(V
 # apt-get needs root; sudo when we are not root and it exists.
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos chaos-deps test-deps
+.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos soak chaos-deps test-deps
 
 all: build
 
@@ -188,6 +188,16 @@ bench: build
 CHAOS_FLAGS ?= --scenario chaos/scenarios/kill-every-20s.json --out out/chaos
 chaos: deps chaos-deps
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/chaos $(CHAOS_FLAGS)
+
+# A long day (issue 29): 30 minutes of agentic traffic (15 req/s, about
+# 60% of what 6 simulated pods serve at the knee) on 6 pods with a fault
+# every two minutes, every kind but upgrade-sidecar (rolling-upgrade-mixed
+# has its own), then the sidecars' RSS, goroutines and open fds per pod,
+# judged flat (within 10%) after warm-up. About 32 minutes. Writes
+# out/soak/{result.json,result.md,timeline.png,resources-*.png,logs/}.
+SOAK_FLAGS ?= --scenario chaos/scenarios/soak.json --out out/soak
+soak: deps chaos-deps
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/chaos $(SOAK_FLAGS)
 
 # ip(8) and iptables(8) for the chaos namespaces (netns mode runs as root;
 # make test's namespace tests too), from Debian when missing.

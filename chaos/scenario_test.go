@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +129,29 @@ kvroute_other 7
 `
 	if got := metricSum(text, "kvroute_kv_event_gaps_total"); got != 5.5 {
 		t.Errorf("metricSum = %v; want 5.5 (the two samples of that metric only)", got)
+	}
+}
+
+// TestShippedScenarios parses every scenario in scenarios/: make chaos,
+// make soak and the tests name them, and a typo would surface only when
+// one of those ran.
+func TestShippedScenarios(t *testing.T) {
+	paths, err := filepath.Glob("scenarios/*.json")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("scenarios/*.json: %v, %d files", err, len(paths))
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ParseScenario(b)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			continue
+		}
+		if want := strings.TrimSuffix(filepath.Base(p), ".json"); s.Name != want {
+			t.Errorf("%s: name %q; want the file's, %q", p, s.Name, want)
+		}
 	}
 }
