@@ -167,21 +167,23 @@ func BuildSidecarAt(ctx context.Context, commit, version string, building func(s
 	defer os.RemoveAll(src)
 	archive := git("archive", "--format=tar", commit)
 	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
-	var errs bytes.Buffer
+	// One buffer each: exec copies each process's stderr in a goroutine of
+	// its own, and a shared bytes.Buffer is a data race.
+	var archiveErr, untarErr bytes.Buffer
 	untar.Stdin, err = archive.StdoutPipe()
 	if err != nil {
 		return "", fmt.Errorf("build sidecar at %s: %w", commit, err)
 	}
-	archive.Stderr, untar.Stderr = &errs, &errs
+	archive.Stderr, untar.Stderr = &archiveErr, &untarErr
 	if err := untar.Start(); err != nil {
 		return "", fmt.Errorf("build sidecar at %s: tar: %w", commit, err)
 	}
 	if err := archive.Run(); err != nil {
 		_ = untar.Wait()
-		return "", fmt.Errorf("build sidecar at %s: git archive: %w\n%s", commit, err, errs.Bytes())
+		return "", fmt.Errorf("build sidecar at %s: git archive: %w\n%s", commit, err, archiveErr.Bytes())
 	}
 	if err := untar.Wait(); err != nil {
-		return "", fmt.Errorf("build sidecar at %s: tar: %w\n%s", commit, err, errs.Bytes())
+		return "", fmt.Errorf("build sidecar at %s: tar: %w\n%s", commit, err, untarErr.Bytes())
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("build sidecar at %s: %w", commit, err)
