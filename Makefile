@@ -199,10 +199,11 @@ SOAK_FLAGS ?= --scenario chaos/scenarios/soak.json --out out/soak
 soak: deps chaos-deps
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/chaos $(SOAK_FLAGS)
 
-# ip(8) and iptables(8) for the chaos namespaces (netns mode runs as root;
-# make test's namespace tests too), from Debian when missing.
+# ip(8), iptables(8) and sysctl(8) for the chaos namespaces (netns mode runs
+# as root; make test's namespace tests too), from Debian when missing: a
+# minimal Debian image has none of them (sysctl is in procps).
 chaos-deps:
-	@{ command -v ip && command -v iptables; } >/dev/null 2>&1 || { $(call apt-install,chaos-deps,iproute2 iptables); }
+	@{ command -v ip && command -v iptables && command -v sysctl; } >/dev/null 2>&1 || { $(call apt-install,chaos-deps,iproute2 iptables procps); }
 
 # --- Kubernetes (issue 12). All four need root; see README "Kubernetes".
 # The images of images/Dockerfile as docker-save archives in out/images,
