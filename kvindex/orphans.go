@@ -24,7 +24,7 @@ type group struct {
 	bs     int
 	tier   Tier    // where the blocks were stored
 	at     float64 // when (Index.clock seconds)
-	gone   []bool // removed while held: keyed for descendants, never stored
+	gone   []bool  // removed while held: keyed for descendants, never stored
 	live   int
 	done   bool
 }

@@ -48,14 +48,14 @@ type options struct {
 	OffloadBackend  string
 	OffloadGiB      float64
 	KVBytesPerBlock int
-	TimeScale      float64
-	Encoding       kvevent.Encoding
-	DropRate       float64
-	Seed           int64
-	Echo           bool
-	RestartDown    time.Duration
-	ShutdownWait   time.Duration
-	BodyLimitBytes int64
+	TimeScale       float64
+	Encoding        kvevent.Encoding
+	DropRate        float64
+	Seed            int64
+	Echo            bool
+	RestartDown     time.Duration
+	ShutdownWait    time.Duration
+	BodyLimitBytes  int64
 	// Tokenization charge (vllmsim.TokenizeCost): us per token, workers.
 	TokenizeUS      float64
 	TokenizeWorkers int
