@@ -53,7 +53,7 @@ type anthropicErrorBody struct {
 // (docs.anthropic.com "Errors").
 func anthropicType(status int) string {
 	switch status {
-	case http.StatusBadRequest:
+	case http.StatusBadRequest, http.StatusRequestTimeout: // a 408 is the client's slow body
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"

@@ -32,6 +32,10 @@ func errorType(status int) string {
 		return "NotFoundError"
 	case http.StatusRequestEntityTooLarge:
 		return "RequestEntityTooLargeError"
+	case http.StatusRequestTimeout:
+		return "RequestTimeoutError"
+	case http.StatusTooManyRequests:
+		return "RateLimitError" // the OpenAI SDKs' name for a 429
 	case http.StatusServiceUnavailable:
 		return "ServiceUnavailableError"
 	case http.StatusBadGateway:

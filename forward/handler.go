@@ -98,6 +98,29 @@ type Config struct {
 	// forwarded request that it does not serve its model (the advertised
 	// list is behind: an adapter was unloaded).
 	ModelsChanged func()
+	// MaxQueue is the requests waiting at a pod's engine (not yet
+	// scheduled) at which the pod is full; MaxQueueWait is the queued
+	// prefill, at Route.PrefillTokensPerSecond, at which it is. When every
+	// pod that could serve a client's request is full, it is refused at
+	// once with 429 and Retry-After (admit.go). Defaults 16 and 8 s: a
+	// queue only has to refill the batch until the next load report, and
+	// a longer one is only wait (16 waiting 32k-token chats are half a
+	// minute of prefill); 8 s of queue drains within the 10 s a burst's
+	// TTFT must recover in. 0 turns either off.
+	MaxQueue     int
+	MaxQueueWait time.Duration
+	// BodyTimeout bounds reading a client's request body, from its
+	// headers: a body trickled in slower is cut off with 408 (counted as
+	// request_errors_total{kind="body_timeout"}), so a slow client holds
+	// sidecar memory no longer. Default 10 s (32 MiB at 3.2 MB/s, a
+	// 32k-token chat at 15 KB/s). 0: no bound.
+	BodyTimeout time.Duration
+	// WriteTimeout bounds every write of an answer to the client: a
+	// client that reads a stream so slowly that a write blocks that long
+	// is cut off (request_errors_total{kind="write_timeout"}) and the
+	// engine's request canceled, so it holds no engine slot. Default 10 s.
+	// 0: no bound.
+	WriteTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults described on Config.
@@ -111,6 +134,10 @@ func DefaultConfig() Config {
 		Route:           route.DefaultConfig(),
 		Recent:          route.DefaultRecentConfig(),
 		DialTimeout:     time.Second,
+		MaxQueue:        16,
+		MaxQueueWait:    8 * time.Second,
+		BodyTimeout:     10 * time.Second,
+		WriteTimeout:    10 * time.Second,
 	}
 }
 
@@ -141,6 +168,7 @@ type Handler struct {
 
 	draining   atomic.Bool
 	localReady atomic.Bool
+	waiting    *waiters // local attempts waiting for headers
 	active     sync.WaitGroup
 	seq        atomic.Uint64
 }
@@ -156,6 +184,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 		recent: route.NewRecent(cfg.Recent), flights: flights{}, sent: map[sentKey]uint64{},
 	}
 	h.localReady.Store(true)
+	h.waiting = &waiters{}
 	h.policy = route.DefaultChain(cfg.Route, h.recent)
 	bufs := &copyBuffers{}
 	dialer := &httpDialer{timeout: cfg.DialTimeout, bufs: bufs}
@@ -178,7 +207,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 				peers.MarkFailed(peer, at)
 			}
 		},
-		localFailed: cfg.LocalFailed}
+		localFailed: cfg.LocalFailed, local: h.waiting}
 	h.client = &http.Client{Transport: base}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
@@ -254,7 +283,18 @@ func (h *Handler) SetDraining(d bool) { h.draining.Store(d) }
 // it cannot, routing chooses among peers only, and a forwarded request is
 // refused (503 with RefusedHeader) so that its sender tries another pod
 // (docs/design.md D6).
-func (h *Handler) SetLocalReady(ok bool) { h.localReady.Store(ok) }
+//
+// When it cannot, the requests waiting at the local vLLM for an answer are
+// abandoned and none is sent there (abandon.go): a hung engine would hold
+// them.
+func (h *Handler) SetLocalReady(ok bool) {
+	switch was := h.localReady.Swap(ok); {
+	case !ok:
+		h.waiting.abandon()
+	case !was:
+		h.waiting.serving()
+	}
+}
 
 // Wait blocks until every request in flight has finished or ctx is done.
 func (h *Handler) Wait(ctx context.Context) error {
@@ -330,8 +370,8 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			h.serveHop(c, st, from)
 			return
 		}
-		body, ok := h.readRequest(c)
-		if !ok {
+		body, ok := h.readClientBody(c)
+		if !ok || !h.admittedAny(c) {
 			return
 		}
 		st.started = h.now()
@@ -345,7 +385,9 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			h.serveContinued(c, body, st, p.PreviousResponseID)
 			return
 		}
-		k := h.routeKeys(r.Context(), p, perr)
+		kctx, keyed := h.waiting.watch(r.Context())
+		k := h.routeKeys(kctx, p, perr)
+		keyed()
 		keys := k.keys
 		if k.after != nil {
 			if api == prompt.APIChat { // the other APIs' answers carry no prompt ids
@@ -355,6 +397,9 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		}
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, k)
+		if !h.admitted(c, st.decision, peers) {
+			return
+		}
 		targets := h.targets(st.decision, peers)
 		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route.PrefillTokensPerSecond)
 		st.routed = h.now()
@@ -530,6 +575,16 @@ func (h *Handler) choose(model string, k keyed) (route.Decision, []route.PeerVie
 	req := route.Request{Model: model, Keys: k.keys, Batch: k.batch, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: k.tokens}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.freshenLocked(peers, now)
+	d := h.policy.Choose(req, peers, now)
+	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
+	return d, peers
+}
+
+// freshenLocked puts the front's own counts into a snapshot: the local
+// pod's load is exact, and a peer's gets what was sent it since its last
+// report. Called with mu held.
+func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 	for i := range peers {
 		p := &peers[i]
 		if p.Local {
@@ -543,9 +598,6 @@ func (h *Handler) choose(model string, k keyed) (route.Decision, []route.PeerVie
 		}
 		p.Load.InFlight, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
 	}
-	d := h.policy.Choose(req, peers, now)
-	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
-	return d, peers
 }
 
 // targets turns the decision's attempts (route.Attempts: the failover
@@ -558,6 +610,10 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 			case pv.ID != id:
 				continue
 			case pv.Local:
+				// No rank pin yet (Rank stays ""): a digest's rank marker can
+				// be a Bloom false positive, and vLLM answers 400 to a rank
+				// it does not run (ci-smoke caught it). Pins wait for the
+				// rank count in the node meta.
 				out = append(out, target{URL: h.cfg.VLLM})
 			case pv.Addr != "":
 				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
@@ -608,7 +664,7 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	r = r.WithContext(ctx)
 	r.Body = io.NopCloser(http.NoBody)
 	r.ContentLength = p.length
-	h.proxy.ServeHTTP(c.Writer, r)
+	h.proxy.ServeHTTP(h.slowReaderBound(c), r)
 }
 
 // track applies change to the flights and, for the local vLLM, tells the
@@ -670,6 +726,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		reason += "-retried"
 	}
 	resp.Header.Set(DecisionHeader, reason)
+	retryableRefusal(resp, st)
 	where := "local"
 	if served != h.cfg.Self {
 		where = "peer"
@@ -776,7 +833,10 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	h.metrics.badRequests.WithLabelValues("upstream", api.String()).Inc()
 	h.log.Warn().Err(err).Str("path", r.URL.Path).Msg("upstream failed")
-	writeAPIError(w, api, http.StatusBadGateway, "upstream unavailable: "+err.Error())
+	// Every attempt failed before an answer (a refused or reset
+	// connection, a dial timeout): nothing was served, so it is retryable.
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	writeAPIError(w, api, http.StatusServiceUnavailable, "no engine could take this request: "+err.Error())
 }
 
 func (h *Handler) requestID(r *http.Request) string {

@@ -22,6 +22,8 @@ type target struct {
 	// PrefillFor is how long that should take there, for an answer whose
 	// first byte comes only at its end; 0 for a stream.
 	PrefillFor time.Duration
+	// Rank is RankHeader's value for the target's vLLM; "" leaves it be.
+	Rank string
 }
 
 // plan is one request's ordered list of targets, shared between the handler
@@ -63,6 +65,9 @@ type attempts struct {
 	failed func(peer string, at time.Time)
 	// localFailed, if set, is told of a local attempt that got no answer.
 	localFailed func(error)
+	// local, if set, lists the local attempts waiting for headers, so an
+	// engine gone down abandons them (abandon.go).
+	local *waiters
 }
 
 func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -88,11 +93,18 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
 			out.Header.Set(PrefillHeader, prefillValue(tg))
 		}
+		setRank(out, tg)
 		p.tried = append(p.tried, peerName(tg.Peer))
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
 			WroteRequest: func(httptrace.WroteRequestInfo) { p.wrote.Store(a.now().UnixNano()) },
 		}))
-		resp, err := a.base.RoundTrip(out)
+		var resp *http.Response
+		var err error
+		if tg.Peer == "" && a.local != nil {
+			resp, err = a.roundTripLocal(out, r.Context())
+		} else {
+			resp, err = a.base.RoundTrip(out)
+		}
 		// A 503 is a refusal: a peer's sidecar that cannot serve, or a vLLM
 		// whose engine is dead or restarting. Another pod may serve.
 		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
@@ -109,7 +121,7 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 			switch {
 			case tg.Peer != "" && a.failed != nil:
 				a.failed(tg.Peer, a.now())
-			case tg.Peer == "" && a.localFailed != nil:
+			case tg.Peer == "" && a.localFailed != nil && err != errEngineDown: // the engine is known down
 				a.localFailed(err)
 			}
 		}

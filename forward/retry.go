@@ -40,6 +40,9 @@ func retryable(err error, attempt int, c RetryConfig) bool {
 	if err == nil || attempt+1 >= c.MaxAttempts {
 		return false
 	}
+	if errors.Is(err, errEngineDown) { // abandoned at a hung engine: it never answered
+		return true
+	}
 	if errors.Is(err, context.Canceled) {
 		return false
 	}

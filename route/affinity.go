@@ -44,20 +44,12 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 		if !c.Eligible {
 			continue
 		}
-		n, tag := matchPeer(pv, req.Keys, now, p.Config, p.Recent)
-		for _, ks := range req.Batch {
-			m, _ := matchPeer(pv, ks, now, p.Config, p.Recent)
-			n += m
-		}
+		m, tag := matchPeer(pv, req, tpk, now, p.Config, p.Recent)
 		c.Note = addTag(c.Note, tag)
-		c.MatchedKeys = n
-		c.MatchedTokens = n * tpk
-		if req.PromptTokens > 0 {
-			c.MatchedTokens = min(c.MatchedTokens, req.PromptTokens)
-		}
+		c.setMatch(m, tpk, req.PromptTokens)
 		if a.inBound(i) {
 			c.Scored = true
-			c.Score = float64(c.MatchedTokens) - wait(p.Config, c, p.Config.LoadTokens)
+			c.Score = p.Config.savedBy(c) - wait(p.Config, c, p.Config.LoadTokens)
 			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
 				held = i
 			}
@@ -88,15 +80,19 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	return d
 }
 
-// matchPeer returns how many leading keys pv holds, by its digest, by r's
-// recent forwards or by its claims, and a note on where the answer came
-// from.
-func matchPeer(pv PeerView, keys []blockkey.Key, now time.Time, cfg Config, r *Recent) (int, string) {
+// matchPeer returns what pv holds of the request (its keys, and a batch's
+// further prompts, summed): by its digest, per tier and rank
+// (digestMatch), or on a GPU by r's recent forwards or by its claims where
+// those reach further, prompt by prompt; and a note on where the answer
+// came from.
+func matchPeer(pv PeerView, req Request, tpk int, now time.Time, cfg Config, r *Recent) (match, string) {
 	digestTTL := cfg.DigestTTL
+	sum := match{rank: NoRank}
 	if pv.KeyScheme != blockkey.Version {
-		return 0, fmt.Sprintf("scheme %d", pv.KeyScheme)
+		return sum, fmt.Sprintf("scheme %d", pv.KeyScheme)
 	}
-	var n int
+	prompts := append([][]blockkey.Key{req.Keys}, req.Batch...)
+	per := make([]match, len(prompts))
 	var tag string
 	switch {
 	case pv.Digest == nil:
@@ -104,15 +100,28 @@ func matchPeer(pv PeerView, keys []blockkey.Key, now time.Time, cfg Config, r *R
 	case digestTTL > 0 && now.Sub(pv.DigestAt) > digestTTL:
 		tag = "stale digest"
 	default:
-		n = pv.Digest.PrefixLen(keys)
+		per, sum.rank, sum.ranks = digestMatch(cfg, pv.Digest, prompts, tpk)
 	}
-	if m := r.prefixLen(pv.ID, keys, now, pv.Since); m > n {
-		n, tag = m, addTag(tag, "recent")
-	}
-	if cfg.ClaimTTL > 0 {
-		if m := claimedLen(pv.Claims, keys, now, cfg.ClaimTTL); m > n {
-			n, tag = m, addTag(tag, "claim")
+	// This sidecar's own forwards know no tier: the prefix they sent is
+	// on a GPU once it is served (on the rank they pinned, if any).
+	var recent, claimed bool
+	for i, keys := range prompts {
+		m := per[i]
+		if n := r.prefixLen(pv.ID, keys, now, pv.Since); n > m.gpu {
+			m, recent = m.extend(n), recent || i == 0
 		}
+		if cfg.ClaimTTL > 0 {
+			if n := claimedLen(pv.Claims, keys, now, cfg.ClaimTTL); n > m.gpu {
+				m, claimed = m.extend(n), claimed || i == 0
+			}
+		}
+		sum = sum.add(m)
 	}
-	return n, tag
+	if recent {
+		tag = addTag(tag, "recent")
+	}
+	if claimed {
+		tag = addTag(tag, "claim")
+	}
+	return sum, tag
 }

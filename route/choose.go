@@ -25,7 +25,7 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 	var sum float64
 	for i, p := range peers {
 		c := &cs[i]
-		c.ID, c.Local = p.ID, p.Local
+		c.ID, c.Local, c.Rank = p.ID, p.Local, NoRank
 		c.Excluded = excluded(cfg, p, req, now)
 		if c.Excluded != "" {
 			continue
@@ -115,7 +115,20 @@ func holdsModel(cfg Config, p PeerView, keys []blockkey.Key, now time.Time) bool
 		(cfg.DigestTTL > 0 && now.Sub(p.DigestAt) > cfg.DigestTTL) {
 		return false
 	}
-	return p.Digest.PrefixLen(keys[:n]) == n
+	per, _, _ := digestMatch(cfg, p.Digest, [][]blockkey.Key{keys[:n]}, 1)
+	if per[0].gpu == n {
+		return true
+	}
+	// A pod of several ranks may hold the model's blocks on another rank
+	// only; the model is served by every rank.
+	if tm, ok := p.Digest.(TierMatcher); ok {
+		for r := 1; r < tm.Ranks(); r++ {
+			if g, _, _ := tm.TierPrefix(keys[:n], r); g == n {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // load returns p's load in requests, the prefill tokens queued ahead of a
@@ -261,7 +274,8 @@ func addTag(note, s string) string {
 
 // estimate fills each eligible candidate's expected time to first token:
 // its wait and the prompt's tokens it does not hold, at the engine's
-// prefill rate. Only Affinity knows the matches; the other policies'
+// prefill rate, and the loads of those it holds on a lower tier at theirs
+// (Config.saved). Only Affinity knows the matches; the other policies'
 // candidates are priced as if they held nothing, which for a prefix
 // nobody holds is the truth.
 func (a *assessment) estimate() {
@@ -272,9 +286,9 @@ func (a *assessment) estimate() {
 	for i := range a.d.Candidates {
 		c := &a.d.Candidates[i]
 		if c.Eligible {
-			uncached := max(a.prompt-c.MatchedTokens, 0)
+			work := max(float64(a.prompt)-a.cfg.savedBy(c), 0)
 			// The queue at its real cost, whatever QueuedWeight ranks by.
-			c.TTFT = (float64(c.Queued) + max(a.cfg.LoadTokens, 0)*c.Load + float64(uncached)) / rate
+			c.TTFT = (float64(c.Queued) + max(a.cfg.LoadTokens, 0)*c.Load + work) / rate
 		}
 	}
 }

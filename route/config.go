@@ -130,26 +130,55 @@ type Config struct {
 	// rate scales every candidate alike. Default 16667, the simulator's
 	// Llama-3.1-8B on one H100 (60 µs a token); 0 shows no estimate.
 	PrefillTokensPerSecond float64
+
+	// CPULoadTokensPerSecond is how fast the engine loads a token's KV
+	// from its CPU tier back into the GPU (host to device), which is what
+	// a CPU-matched token costs instead of its prefill: a lower-tier token
+	// is credited 1 - PrefillTokensPerSecond/CPULoadTokensPerSecond of a
+	// GPU one (Config.saved, the one rule). Default 381470: Llama-3.1-8B's
+	// 128 KiB of KV per token over pinned PCIe Gen5 x16 at 50 GB/s, the
+	// simulator's timing model (vllmsim.LoadPerToken, 2.6 µs a token
+	// against 60 µs to compute it), so a CPU token is credited 0.956. The
+	// anchors credit 0.75 (Dynamo) and 0.8 (llm-d) as fixed weights; a
+	// rate keeps the credit right for another model or link, and below
+	// the GPU token's so a GPU match of the same length wins. 0 credits
+	// no CPU match (the tier off, for comparison).
+	CPULoadTokensPerSecond float64
+	// DiskLoadTokensPerSecond is CPULoadTokensPerSecond for the disk tier
+	// (and any medium not known). Default 38147: 5 GB/s, one NVMe Gen4
+	// drive's sequential read (~7 GB/s) less the file system's share,
+	// an estimate (the simulator has no disk tier): a disk token is
+	// credited 0.56. 0 credits no disk match.
+	DiskLoadTokensPerSecond float64
 }
+
+// Load rates of DefaultConfig (derivations on Config).
+const (
+	kvBytesPerToken                = 32 * 8 * 128 * 2 * 2 // Llama-3.1-8B, bf16 K and V
+	DefaultCPULoadTokensPerSecond  = 50e9 / kvBytesPerToken
+	DefaultDiskLoadTokensPerSecond = 5e9 / kvBytesPerToken
+)
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		FailFor:                10 * time.Second,
-		SilentFor:              1500 * time.Millisecond,
-		LoadTTL:                5 * time.Second,
-		Slack:                  1,
-		MinHeadroom:            4,
-		MinMatchKeys:           2,
-		MinMatchFraction:       0.25,
-		LoadTokens:             64,
-		RendezvousKeys:         4,
-		ColdHeadroom:           0,
-		ClaimTTL:               5 * time.Second,
-		KVWeight:               4,
-		KVKnee:                 0.8,
-		QueuedWeight:           0.5,
-		PrefillTokensPerSecond: 16667,
+		FailFor:                 10 * time.Second,
+		SilentFor:               1500 * time.Millisecond,
+		LoadTTL:                 5 * time.Second,
+		Slack:                   1,
+		MinHeadroom:             4,
+		MinMatchKeys:            2,
+		MinMatchFraction:        0.25,
+		LoadTokens:              64,
+		RendezvousKeys:          4,
+		ColdHeadroom:            0,
+		ClaimTTL:                5 * time.Second,
+		KVWeight:                4,
+		KVKnee:                  0.8,
+		QueuedWeight:            0.5,
+		PrefillTokensPerSecond:  16667,
+		CPULoadTokensPerSecond:  DefaultCPULoadTokensPerSecond,
+		DiskLoadTokensPerSecond: DefaultDiskLoadTokensPerSecond,
 	}
 }
 

@@ -55,6 +55,9 @@ func (d Decision) Table() string {
 		if c.Note != "" {
 			status = append(status, c.Note)
 		}
+		if t := tierNote(c); t != "" {
+			status = append(status, t)
+		}
 		score := "-"
 		if c.Scored {
 			score = num(c.Score, 3)
@@ -67,6 +70,28 @@ func (d Decision) Table() string {
 			num(c.Load, 2), strconv.Itoa(c.Queued), ttft, score, strings.Join(status, ", "))
 	}
 	return b.String()
+}
+
+// tierNote says where a candidate's match is held, when not all of it is
+// on one rank's GPU: "cpu 512", "disk 256", "rank 1/2" ("rank any/2" when
+// the engine chooses). Empty for a pod of one rank with a GPU match alone,
+// so tables of such pods read as before tiers.
+func tierNote(c Candidate) string {
+	var parts []string
+	if c.CPUTokens > 0 {
+		parts = append(parts, "cpu "+strconv.Itoa(c.CPUTokens))
+	}
+	if c.DiskTokens > 0 {
+		parts = append(parts, "disk "+strconv.Itoa(c.DiskTokens))
+	}
+	if c.Ranks > 1 {
+		r := "any"
+		if c.Rank >= 0 {
+			r = strconv.Itoa(c.Rank)
+		}
+		parts = append(parts, "rank "+r+"/"+strconv.Itoa(c.Ranks))
+	}
+	return strings.Join(parts, " ")
 }
 
 func num(x float64, prec int) string { return strconv.FormatFloat(x, 'f', prec, 64) }

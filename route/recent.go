@@ -148,8 +148,8 @@ func (r *Recent) prefixLen(peer string, keys []blockkey.Key, now, since time.Tim
 // recent forwards, whichever is longer: what Affinity uses. A peer with
 // another key scheme matches nothing. r may be nil.
 func (r *Recent) Match(p PeerView, keys []blockkey.Key, now time.Time) int {
-	n, _ := matchPeer(p, keys, now, Config{}, r)
-	return n
+	m, _ := matchPeer(p, Request{Keys: keys}, DefaultTokensPerKey, now, Config{}, r)
+	return m.keys()
 }
 
 // Expire drops entries whose TTL has passed by now.

@@ -150,6 +150,18 @@ type Candidate struct {
 	// Only Affinity computes it; 0 for a peer with another key scheme.
 	MatchedKeys   int `json:"matched_keys"`
 	MatchedTokens int `json:"matched_tokens"`
+	// CPUTokens and DiskTokens are the part of MatchedTokens the peer
+	// holds on a lower tier, beyond its GPU prefix (the rest is on the
+	// GPU): vLLM loads them rather than computing them, and counts them
+	// cached. Score credits them at their cost (Config.CPULoadTokensPerSecond).
+	CPUTokens  int `json:"cpu_tokens,omitempty"`
+	DiskTokens int `json:"disk_tokens,omitempty"`
+	// Rank is the data-parallel rank whose match the columns show, the one
+	// the request is pinned to there (X-data-parallel-rank), or NoRank: the
+	// engine chooses. Ranks is how many the peer runs (0 or 1: no data
+	// parallelism).
+	Rank  int `json:"rank"`
+	Ranks int `json:"ranks,omitempty"`
 	// Load is the peer's load as one number, in requests (see doc.go).
 	Load float64 `json:"load"`
 	// Queued is the prefill work ahead of this request at the peer, in

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
 	"github.com/kvroute/kvroute/route"
 )
@@ -41,8 +42,12 @@ type config struct {
 	FPRate         float64
 
 	MaxBodyBytes   int64
-	TextPrefixKeys int  // 0: chat prompts are tokenized on the request path
-	TextPrefixIDs  bool // learn chat prefixes from the answer's prompt token ids
+	MaxQueue       int           // requests waiting at a pod at which it is full; 0: off
+	MaxQueueWait   time.Duration // queued prefill at --prefill-rate at which a pod is full; 0: off
+	BodyTimeout    time.Duration // reading a client's body; 0: no bound
+	WriteTimeout   time.Duration // each write of an answer to the client; 0: no bound
+	TextPrefixKeys int           // 0: chat prompts are tokenized on the request path
+	TextPrefixIDs  bool          // learn chat prefixes from the answer's prompt token ids
 	// TextPrefixCompose learns a prefix that extends a known one from its
 	// new messages alone; one in TextPrefixVerify is tokenized whole too.
 	TextPrefixCompose bool
@@ -99,6 +104,11 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
+	fd := forward.DefaultConfig()
+	fs.IntVar(&c.MaxQueue, "max-queue", fd.MaxQueue, "requests waiting at a pod's engine (not yet scheduled: vllm:num_requests_waiting, or the requests its sidecar has there beyond the scraped running ones, plus those sent it since its last report) at which the pod is full; when every pod that could serve a request is full, it is refused at once with 429 and Retry-After: 1 in its API's error shape; 0: off")
+	fs.DurationVar(&c.MaxQueueWait, "max-queue-wait", fd.MaxQueueWait, "queued prefill (the prompt tokens a pod must compute before its requests' first tokens, at --prefill-rate) at which the pod is full, as --max-queue; 8 s drains within the 10 s a burst's TTFT should recover in; 0: off")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", fd.BodyTimeout, "how long a client has to send its request body, from its headers; a slower body is cut off with 408 in its API's error shape (32 MiB at 3.2 MB/s at the default); 0: no bound")
+	fs.DurationVar(&c.WriteTimeout, "write-timeout", fd.WriteTimeout, "how long one write of an answer to a client may block; a client that reads a stream slower is cut off and its engine request canceled, freeing the slot; 0: no bound")
 	fs.IntVar(&c.TextPrefixKeys, "text-prefix-keys", 1<<20, "routing keys of learned chat prefixes held (8 bytes each); chats whose leading messages were seen are routed without a /tokenize call; 0: off")
 	fs.BoolVar(&c.TextPrefixIDs, "text-prefix-from-answer", false, "learn a chat's whole conversation from the prompt token ids its answer carries (the sidecar sets vLLM's return_token_ids, vLLM >= 0.10.2, and gives the client null there, as vLLM does unasked); the default composes it from the known prefix and the new messages' tokens, which costs less: ~190 KB of ids cross both sidecars per 32k-token answer")
 	fs.BoolVar(&c.TextPrefixCompose, "text-prefix-compose", true, "learn a chat prefix that extends a known one by tokenizing only its new messages (behind a short stand-in turn) and continuing the known one's keys; false: tokenize every learned prefix whole")
@@ -179,6 +189,10 @@ func (c config) validate() error {
 		return errors.New("--load-push-delay must not be negative")
 	case c.MaxBodyBytes <= 0:
 		return errors.New("--max-body-bytes must be positive")
+	case c.MaxQueue < 0 || c.MaxQueueWait < 0:
+		return errors.New("--max-queue and --max-queue-wait must not be negative (0: off)")
+	case c.BodyTimeout < 0 || c.WriteTimeout < 0:
+		return errors.New("--body-timeout and --write-timeout must not be negative (0: no bound)")
 	case c.HealthInterval <= 0 || c.HealthTimeout <= 0 || c.HungAfter < 1 || c.HungQuiet <= 0:
 		return errors.New("--health-interval, --health-timeout and --health-hung-quiet must be positive, --health-hung-after at least 1")
 	}

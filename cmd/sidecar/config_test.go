@@ -4,6 +4,9 @@ import (
 	"io"
 	"runtime"
 	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/forward"
 )
 
 func TestParseServeEnvTwins(t *testing.T) {
@@ -13,6 +16,10 @@ func TestParseServeEnvTwins(t *testing.T) {
 		"KVROUTE_JOIN":            "a:7946, b:7946",
 		"KVROUTE_LISTEN":          ":7000", // overridden by the flag below
 		"KVROUTE_LOAD_PUSH_DELAY": "0s",
+		"KVROUTE_MAX_QUEUE":       "12",
+		"KVROUTE_MAX_QUEUE_WAIT":  "3s",
+		"KVROUTE_BODY_TIMEOUT":    "0s",
+		"KVROUTE_WRITE_TIMEOUT":   "20s",
 		"POD_NAME":                "pod-1",
 		"POD_IP":                  "10.0.0.7",
 	}
@@ -21,7 +28,8 @@ func TestParseServeEnvTwins(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.VLLMURL != "http://127.0.0.1:9999" || !c.EventsBind || c.Listen != ":8080" ||
-		c.NodeName != "pod-1" || c.AdvertiseAddr != "10.0.0.7" || len(c.Join) != 2 || c.Join[1] != "b:7946" || c.LoadPushDelay != 0 {
+		c.NodeName != "pod-1" || c.AdvertiseAddr != "10.0.0.7" || len(c.Join) != 2 || c.Join[1] != "b:7946" || c.LoadPushDelay != 0 ||
+		c.MaxQueue != 12 || c.MaxQueueWait != 3*time.Second || c.BodyTimeout != 0 || c.WriteTimeout != 20*time.Second {
 		t.Errorf("parseServe = %+v", c)
 	}
 }
@@ -32,6 +40,10 @@ func TestParseServeErrors(t *testing.T) {
 		{"--block-size", "0"},
 		{"--digest-fp-rate", "1.5"},
 		{"--load-push-delay", "-1ms"},
+		{"--max-queue", "-1"},
+		{"--max-queue-wait", "-1s"},
+		{"--body-timeout", "-1s"},
+		{"--write-timeout", "-1s"},
 		{"--nope"},
 		{"extra"},
 	} {
@@ -68,5 +80,20 @@ func TestSetProcs(t *testing.T) {
 		if got := setProcs(tc.procs, tc.env); got != tc.want || runtime.GOMAXPROCS(0) != tc.want {
 			t.Errorf("setProcs(%d, %q) from %d = %d (runtime %d); want %d", tc.procs, tc.env, tc.start, got, runtime.GOMAXPROCS(0), tc.want)
 		}
+	}
+}
+
+// TestOverloadDefaults checks the overload flags' defaults are the front's
+// documented ones, so the flag help and forward.Config cannot drift.
+func TestOverloadDefaults(t *testing.T) {
+	c, err := parseServe(nil, func(string) string { return "" }, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := forward.DefaultConfig()
+	if c.MaxQueue != d.MaxQueue || c.MaxQueueWait != d.MaxQueueWait || c.BodyTimeout != d.BodyTimeout || c.WriteTimeout != d.WriteTimeout ||
+		c.MaxQueue <= 0 || c.MaxQueueWait <= 0 || c.BodyTimeout <= 0 || c.WriteTimeout <= 0 {
+		t.Errorf("defaults: max-queue %d, max-queue-wait %v, body-timeout %v, write-timeout %v; want forward.DefaultConfig's %+v, all on",
+			c.MaxQueue, c.MaxQueueWait, c.BodyTimeout, c.WriteTimeout, d)
 	}
 }

@@ -174,6 +174,8 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
 	fcfg.Route.PrefillTokensPerSecond = cfg.PrefillRate
+	fcfg.MaxQueue, fcfg.MaxQueueWait = cfg.MaxQueue, cfg.MaxQueueWait
+	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
 	if cfg.RouteLoad == "requests" {
 		fcfg.Route.QueuedWeight = 0
 	}

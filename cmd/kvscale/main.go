@@ -1,0 +1,252 @@
+// Command kvscale measures what kvroute's cache-state mesh costs as the
+// number of pods grows, and extrapolates it to 256 and 1000 pods.
+//
+//	kvscale --sizes 16,32,64 --out out/scale
+//
+// For every N in --sizes it runs scale.Run: N real nodes in this process
+// on loopback (kvindex, cachestate, gossip.Mesh over real memberlist,
+// route.DefaultChain), each fed by a simulated LRU engine that stores and
+// evicts --blocks-per-second blocks. It prints a table per N to stdout,
+// progress to stderr, and writes results.json, results.md and
+// traffic.png to --out. The results.md "model" section fits every measure
+// against N with scale.FitLinear, extrapolates it to 256 and 1000 pods,
+// and compares it to its target (PASS/FAIL), with the N where the fitted
+// line crosses the target.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/cmd/internal/cli"
+	"github.com/kvroute/kvroute/scale"
+)
+
+func main() {
+	os.Exit(cmdMain(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// options is the parsed command line.
+type options struct {
+	Sizes              []int
+	Warmup, Window     time.Duration
+	CapacityBlocks     int
+	BlocksPerSecond    float64
+	FullDigestInterval time.Duration
+	FPRate             float64
+	Requests           int
+	Repeats            int
+	Seed               uint64
+	Addr               string
+	BasePort           int
+	Out                string
+	Plot               bool
+	// From re-renders an earlier results.json instead of running.
+	From string
+}
+
+// envName is a flag's environment twin: KVSCALE_<NAME>.
+func envName(flagName string) string {
+	return "KVSCALE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseFlags parses args; --help and --version print to stdout and return
+// cli.ErrDone, a flag error is printed to stderr with the usage. A flag not
+// on the command line takes its KVSCALE_<NAME> twin from getenv when set.
+func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("kvscale", flag.ContinueOnError)
+	cli.Usage(fs, "kvscale [flags]",
+		"Measures kvroute's cache-state mesh at several cluster sizes: N real sidecar nodes\n"+
+			"(kvindex, cachestate, gossip over real memberlist, the default route chain) in one\n"+
+			"process on loopback, each with a simulated engine storing and evicting blocks.\n"+
+			"Per N: traffic per node by kind, stored and evicted block propagation, choice time\n"+
+			"for a 32k-token prompt, heap per node, a joining node's pull, and hit rate against a\n"+
+			"central exact index. Fits each measure against N, extrapolates to 256 and 1000 pods\n"+
+			"and judges it against its target. Writes results.json, results.md and traffic.png\n"+
+			"to --out; the table goes to stdout, progress to stderr.\n"+
+			"Every flag has an environment twin KVSCALE_<NAME> (e.g. --sizes: KVSCALE_SIZES);\n"+
+			"a flag on the command line wins over its twin.\n\n"+
+			"  kvscale --sizes 16,32,64 --out out/scale")
+	sizes := "16,32,64"
+	fs.Func("sizes", "comma-separated cluster sizes N to run, in order (default 16,32,64)", func(s string) error {
+		sizes = s
+		return nil
+	})
+	fs.DurationVar(&o.Warmup, "warmup", 0, "load before measuring; 0: long enough for every engine's cache to fill (1.15 × capacity-blocks / blocks-per-second + 5s), so the window stores and evicts")
+	fs.DurationVar(&o.Window, "window", 20*time.Second, "measured span per N")
+	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 20000, "each simulated engine's KV cache in blocks (also the digests' sizing)")
+	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "blocks each node stores (and, with a full cache, evicts) per second")
+	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (10s)")
+	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
+	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing")
+	fs.IntVar(&o.Repeats, "repeats", 1, "runs per N; the table and model use each measure's median over them")
+	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the trace and of the request placement")
+	fs.StringVar(&o.Addr, "addr", "127.0.96.1", "loopback address every node binds")
+	fs.IntVar(&o.BasePort, "base-port", 17000, "node i's memberlist listens on this plus i (its API address on +10000); runs rotate it by 1000")
+	fs.StringVar(&o.Out, "out", "out/scale", "directory for results.json, results.md and traffic.png")
+	fs.BoolVar(&o.Plot, "plot", true, "write traffic.png")
+	fs.StringVar(&o.From, "from", "", "run nothing: read this earlier results.json and write its tables, model and plot (with this version's model) to --out")
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "version" || set[f.Name] || envErr != nil {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return o, envErr
+	}
+	for _, s := range strings.Split(sizes, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 2 {
+			return o, fmt.Errorf("--sizes: %q is not a size of at least 2", s)
+		}
+		o.Sizes = append(o.Sizes, n)
+	}
+	switch {
+	case len(o.Sizes) == 0:
+		return o, errors.New("--sizes: none given")
+	case o.Warmup < 0 || o.Window <= 0:
+		return o, errors.New("--warmup must not be negative, --window must be positive")
+	case o.CapacityBlocks < 1:
+		return o, errors.New("--capacity-blocks must be at least 1")
+	case o.BlocksPerSecond <= 0:
+		return o, errors.New("--blocks-per-second must be positive")
+	case o.FullDigestInterval < 0:
+		return o, errors.New("--full-digest-interval must not be negative")
+	case o.FPRate <= 0 || o.FPRate >= 1:
+		return o, errors.New("--fp-rate must be in (0, 1)")
+	case o.Requests < 0 || o.Repeats < 1:
+		return o, errors.New("--requests must not be negative, --repeats must be at least 1")
+	case o.BasePort < 1024 || o.BasePort+4000+10000+maxInt(o.Sizes) > 65535:
+		return o, fmt.Errorf("--base-port %d: the ports of the largest run do not fit", o.BasePort)
+	}
+	if o.Warmup == 0 {
+		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks)/o.BlocksPerSecond*float64(time.Second)) + 5*time.Second).Round(time.Second)
+	}
+	if o.Requests == 0 {
+		o.Requests = max(20000, 3*maxInt(o.Sizes)*o.CapacityBlocks/4)
+	}
+	return o, nil
+}
+
+func maxInt(xs []int) int {
+	m := 0
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
+
+// cmdMain is the program with its environment and streams; it returns the
+// exit status.
+func cmdMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, getenv, stdout, stderr)
+	if err != nil {
+		return cli.Fail("kvscale", err, stderr)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "kvscale:", err)
+		return 1
+	}
+	return 0
+}
+
+// run measures every size, then writes and prints the report.
+func run(ctx context.Context, o options, out, log io.Writer) error {
+	begin := time.Now()
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return err
+	}
+	if o.From != "" {
+		rep, err := readReport(o.From)
+		if err != nil {
+			return err
+		}
+		rep.Model = model(rep.Results, rep.Options.BlocksPerSecond)
+		rep.Options.Out, rep.Options.Plot, rep.Options.From = o.Out, o.Plot, o.From
+		return writeReport(rep, out, log)
+	}
+	trace := scale.Synthetic(o.Requests, o.Seed)
+	fmt.Fprintf(log, "kvscale: sizes %v, %d trace requests, warmup %s, window %s\n", o.Sizes, o.Requests, o.Warmup, o.Window)
+	rep := report{Command: "kvscale " + strings.Join(os.Args[1:], " "), Started: begin.UTC().Format(time.RFC3339),
+		Options: o}
+	k := 0
+	for _, n := range o.Sizes {
+		var runs []scale.Result
+		for r := range o.Repeats {
+			t0 := time.Now()
+			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
+				CapacityBlocks: o.CapacityBlocks, BlocksPerSecond: o.BlocksPerSecond,
+				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
+				Requests: trace, Seed: o.Seed + uint64(r),
+				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
+			k++
+			fmt.Fprintf(log, "kvscale: N=%d run %d/%d: starting %d nodes\n", n, r+1, o.Repeats, n)
+			res, err := scale.Run(ctx, cfg)
+			if err != nil {
+				return fmt.Errorf("N=%d: %w", n, err)
+			}
+			fmt.Fprintf(log, "kvscale: N=%d run %d/%d done in %.0f s: %.1f KiB/s per node, stored p99 %.0f ms, evicted p99 %.0f ms\n",
+				n, r+1, o.Repeats, time.Since(t0).Seconds(), (res.SentBytesPerNode+res.RecvBytesPerNode)/1024,
+				res.StoredP99Ms, res.EvictedP99Ms)
+			runs = append(runs, res)
+		}
+		rep.Runs = append(rep.Runs, runs)
+		rep.Results = append(rep.Results, medianResult(runs))
+	}
+	rep.Model = model(rep.Results, o.BlocksPerSecond)
+	rep.Seconds = time.Since(begin).Seconds()
+	return writeReport(rep, out, log)
+}
+
+// writeReport writes results.json, results.md and the plot to the
+// report's --out and prints the markdown to out.
+func writeReport(rep report, out, log io.Writer) error {
+	o := rep.Options
+	md := markdown(rep)
+	if o.Plot {
+		p := filepath.Join(o.Out, "traffic.png")
+		if err := plotTraffic(rep.Results, rep.Model, o.BlocksPerSecond, p); err != nil {
+			return err
+		}
+		rep.Plots = append(rep.Plots, p)
+	}
+	if err := writeJSON(filepath.Join(o.Out, "results.json"), rep); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.Out, "results.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprint(out, md)
+	fmt.Fprintf(log, "kvscale: wrote %s (the runs took %.0f s)\n", o.Out, rep.Seconds)
+	return nil
+}

@@ -1,0 +1,206 @@
+package forward
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvroute/kvroute/route"
+)
+
+// Admission by a per-pod queue bound (Config.MaxQueue, Config.MaxQueueWait).
+//
+// A pod is full when its engine has MaxQueue or more requests waiting (not
+// yet scheduled), or when the prompt tokens queued there for prefill would
+// take MaxQueueWait or more at the engine's prefill rate: a request sent
+// there would wait that long for its first token. A busy pod (a full batch,
+// nothing waiting) is not full. When every pod that could serve a client's
+// request (the choice's eligible candidates) is full, the front answers 429
+// with Retry-After at once, before any of the request is proxied: queueing
+// it anyway would only lengthen every pod's wait, and the wait after the
+// burst. A refusal marks no pod failed: a full pod is busy, not dead.
+//
+// A request that arrives as a hop was admitted by its sender and is served
+// (or refused with 503 for the usual reasons, serveHop): it is never
+// forwarded again and never refused for the queue, so a full mesh cannot
+// bounce it between pods. The sender's view is at most a load report old,
+// so a pod can pass its bound by what arrives within one report.
+//
+// Whatever the bounds, a client's request that no engine can take (every
+// candidate ineligible, the local engine down) gets a retryable 503 at once.
+
+// queueFullKind is the request_errors_total kind of a refused request.
+const queueFullKind = "queue_full"
+
+// noEngineKind is the request_errors_total kind of a request no engine
+// could take (every pod's engine down).
+const noEngineKind = "no_engine"
+
+// retryAfter is the Retry-After of a refusal, in seconds: about the time
+// a load report takes to show a queue draining, and short enough that a
+// client's retry lands soon after the burst ends.
+const retryAfter = 1
+
+// podQueue is one pod's queue as the front knows it.
+type podQueue struct {
+	Waiting int // requests waiting at the engine
+	Prefill int // prompt tokens queued for prefill
+}
+
+// bounds are admission's: MaxRequests waiting, MaxWait of queued prefill
+// at PrefillRate tokens a second. A zero bound is off.
+type bounds struct {
+	MaxRequests int
+	MaxWait     time.Duration
+	PrefillRate float64
+}
+
+func (b bounds) off() bool {
+	return b.MaxRequests <= 0 && (b.MaxWait <= 0 || b.PrefillRate <= 0)
+}
+
+// full reports whether a pod with queue q takes no new request.
+func (b bounds) full(q podQueue) bool {
+	if b.MaxRequests > 0 && q.Waiting >= b.MaxRequests {
+		return true
+	}
+	return b.MaxWait > 0 && b.PrefillRate > 0 &&
+		time.Duration(float64(q.Prefill)/b.PrefillRate*float64(time.Second)) >= b.MaxWait
+}
+
+// admit reports whether a request may be served, given the queues of the
+// pods that could serve it: yes when the bounds are off, when no pod could
+// serve it (the front then answers as it does without bounds), or when at
+// least one pod is not full.
+func admit(qs []podQueue, b bounds) bool {
+	if b.off() || len(qs) == 0 {
+		return true
+	}
+	for _, q := range qs {
+		if !b.full(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// queueAt is pod p's queue as the front knows it. Waiting is the larger of
+// the engine's scraped vllm:num_requests_waiting and, for a fronted pod,
+// its exact requests less the scraped running ones (the scrape is up to
+// --load-interval old; when the batch is full, every request that arrived
+// since waits), both while the report is younger than cfg.LoadTTL; plus
+// what this front sent it since the report (InFlight, taken as queued). A
+// stale or missing report counts only those. Prefill is the pushed queued
+// prefill tokens and this front's own since (the local pod's are exact).
+func queueAt(cfg route.Config, p route.PeerView, now time.Time) podQueue {
+	q := podQueue{Waiting: max(p.Load.InFlight, 0), Prefill: max(p.Load.InFlightPrefillTokens, 0)}
+	if !p.LoadAt.IsZero() && (cfg.LoadTTL <= 0 || now.Sub(p.LoadAt) <= cfg.LoadTTL) {
+		w := max(p.Load.Waiting, 0)
+		if p.Load.Fronted {
+			w = max(w, p.Load.Serving-max(p.Load.Running, 0))
+		}
+		q.Waiting += w
+		q.Prefill += max(p.Load.QueuedPrefillTokens, 0)
+	}
+	return q
+}
+
+// candidateQueues returns queueAt of each eligible candidate of d; peers
+// are those the choice was made on (choose's second result).
+func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView, now time.Time) []podQueue {
+	var out []podQueue
+	for i, c := range d.Candidates {
+		if !c.Eligible {
+			continue
+		}
+		if i < len(peers) && peers[i].ID == c.ID { // Candidates follow the peers' order
+			out = append(out, queueAt(cfg, peers[i], now))
+			continue
+		}
+		for _, p := range peers {
+			if p.ID == c.ID {
+				out = append(out, queueAt(cfg, p, now))
+				break
+			}
+		}
+	}
+	return out
+}
+
+func (h *Handler) bounds() bounds {
+	return bounds{MaxRequests: h.cfg.MaxQueue, MaxWait: h.cfg.MaxQueueWait, PrefillRate: h.cfg.Route.PrefillTokensPerSecond}
+}
+
+// admitted decides whether a client's request routed by d is served. It
+// returns false after answering, in the API's error shape, with
+// Retry-After and counted in request_errors_total by kind:
+//
+//   - no_engine, 503: no pod can serve (no candidate is eligible) and the
+//     local engine is down, so the local attempt would only fail (a refused
+//     connection, or the dial timeout for a hung engine) into a 502;
+//   - queue_full, 429: every eligible candidate is full (bounds.full).
+func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView) bool {
+	if d.Eligible == 0 && !h.localReady.Load() {
+		h.metrics.badRequests.WithLabelValues(noEngineKind, apiOf(c).String()).Inc()
+		c.Header("Retry-After", strconv.Itoa(retryAfter))
+		writeError(c, http.StatusServiceUnavailable, "no engine can serve this request now; retry later")
+		return false
+	}
+	b := h.bounds()
+	if b.off() || admit(candidateQueues(h.cfg.Route, d, peers, h.now()), b) {
+		return true
+	}
+	h.metrics.badRequests.WithLabelValues(queueFullKind, apiOf(c).String()).Inc()
+	c.Header("Retry-After", strconv.Itoa(retryAfter))
+	writeError(c, http.StatusTooManyRequests, fmt.Sprintf(
+		"every pod that could serve this request is full (%d requests waiting or %s of prompt queued); retry later",
+		h.cfg.MaxQueue, h.cfg.MaxQueueWait))
+	return false
+}
+
+// admittedAny is admission before the request is parsed, tokenized or
+// routed: when no pod at all could take a request now (every pod's engine
+// down, or every pod that may serve anything full), the request is
+// refused as admitted would, without the /tokenize call and the choice an
+// overload would otherwise pay for every refused request. Otherwise the
+// choice decides, and admitted checks its candidates.
+func (h *Handler) admittedAny(c *gin.Context) bool {
+	if h.peers == nil {
+		return true
+	}
+	now := h.now()
+	peers := h.peers.Snapshot(now)
+	h.mu.Lock()
+	h.freshenLocked(peers, now)
+	h.mu.Unlock()
+	var d route.Decision
+	for _, p := range peers {
+		ok := route.Excluded(h.cfg.Route, p, now) == ""
+		d.Candidates = append(d.Candidates, route.Candidate{ID: p.ID, Eligible: ok})
+		if ok {
+			d.Eligible++
+		}
+	}
+	if len(peers) == 0 {
+		return true // no table yet: the local engine's own answer
+	}
+	return h.admitted(c, d, peers)
+}
+
+// retryableRefusal makes a 503 or 429 that reaches a client retryable and
+// its own: the last candidate refused (a peer's sidecar whose engine went
+// down since our view, a vLLM restarting or limiting), so the client is
+// told when to try again, and the peer's refusal marker, meant for its
+// sender, is dropped. A hop's answer goes back to its sender as it is.
+func retryableRefusal(resp *http.Response, st *reqState) {
+	if (resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests) || st.reason == "hop" {
+		return
+	}
+	resp.Header.Del(RefusedHeader)
+	if resp.Header.Get("Retry-After") == "" {
+		resp.Header.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+}

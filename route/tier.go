@@ -1,0 +1,159 @@
+package route
+
+import (
+	"github.com/kvroute/kvroute/blockkey"
+)
+
+// TierMatcher is a Matcher that also knows where a pod holds each key: on
+// which data-parallel rank, and on the GPU or a lower tier (bloom's
+// tier.go). *bloom.Digest and *kvindex.Index satisfy it. A peer's Digest
+// that is only a Matcher is read as one rank with a GPU alone.
+type TierMatcher interface {
+	Matcher
+	// Ranks is how many data-parallel ranks the pod runs (at least 1).
+	Ranks() int
+	// TierPrefix returns how many leading keys rank holds on its GPU, and
+	// how many of the keys after them on the CPU and on disk.
+	TierPrefix(keys []blockkey.Key, rank int) (gpu, cpu, disk int)
+}
+
+// NoRank is Candidate.Rank when the request is not pinned to a rank: the
+// pod runs one, no rank holds more of the prompt than another, or the
+// match is known only from this sidecar's own forwards (Recent, claims).
+const NoRank = -1
+
+// match is what one peer holds of a request, in routing keys: on the GPU
+// and, beyond it, on the lower tiers, on rank (NoRank: the engine chooses)
+// of the ranks it runs.
+type match struct {
+	gpu, cpu, disk int
+	rank, ranks    int
+}
+
+func (m match) keys() int { return m.gpu + m.cpu + m.disk }
+
+func (m match) add(x match) match {
+	m.gpu, m.cpu, m.disk = m.gpu+x.gpu, m.cpu+x.cpu, m.disk+x.disk
+	return m
+}
+
+// digestMatch returns what d holds of each of prompts (the request's keys,
+// then a batch's further prompts, served by one engine request each on
+// the same rank), on the rank where their sum saves the most work
+// (Config.saved), and that rank. Ranks that hold them alike, or not at
+// all, are the engine's to balance (vLLM's own rule picks the least
+// loaded): rank is then NoRank and the columns are rank 0's. A pod with
+// one rank and no lower-tier entries costs one PrefixLen per prompt, as
+// before tiers.
+func digestMatch(cfg Config, d Matcher, prompts [][]blockkey.Key, tpk int) (per []match, rank, ranks int) {
+	per = make([]match, len(prompts))
+	tm, ok := d.(TierMatcher)
+	if !ok {
+		for i, ks := range prompts {
+			per[i].gpu = d.PrefixLen(ks)
+		}
+		return per, NoRank, 1
+	}
+	ranks = max(tm.Ranks(), 1)
+	cur := make([]match, len(prompts))
+	var bestSaved float64
+	tie := false
+	for r := range ranks {
+		var sum match
+		for i, ks := range prompts {
+			g, c, dk := tm.TierPrefix(ks, r)
+			cur[i] = match{gpu: g, cpu: c, disk: dk}
+			sum = sum.add(cur[i])
+		}
+		s := cfg.saved(sum.gpu*tpk, sum.cpu*tpk, sum.disk*tpk)
+		switch {
+		case r == 0 || s > bestSaved:
+			copy(per, cur)
+			rank, bestSaved, tie = r, s, false
+		case s == bestSaved:
+			tie = true
+		}
+	}
+	if tie || ranks == 1 || bestSaved == 0 {
+		rank = NoRank
+	}
+	return per, rank, ranks
+}
+
+// extend raises m's GPU prefix to n keys known from elsewhere (Recent,
+// claims: a forward just sent there computes or loads them onto a GPU);
+// the lower-tier keys they now cover count as GPU keys.
+func (m match) extend(n int) match {
+	if n <= m.gpu {
+		return m
+	}
+	over := n - m.gpu
+	m.gpu = n
+	take := min(over, m.cpu)
+	m.cpu -= take
+	m.disk = max(m.disk-(over-take), 0)
+	return m
+}
+
+// tierCost is the cost of serving one token of a lower tier's match, in
+// tokens computed: its load time (CPULoadTokensPerSecond or
+// DiskLoadTokensPerSecond) over its recompute time (PrefillTokensPerSecond,
+// DefaultConfig's when unset, since only the ratio matters here). A tier
+// whose load rate is 0 costs as much as recomputing: it is not credited.
+func (cfg Config) tierCost(loadTokensPerSecond float64) float64 {
+	if loadTokensPerSecond <= 0 {
+		return 1
+	}
+	prefill := cfg.PrefillTokensPerSecond
+	if prefill <= 0 {
+		prefill = DefaultConfig().PrefillTokensPerSecond
+	}
+	return prefill / loadTokensPerSecond
+}
+
+// saved is the prefill work, in tokens computed, that a match of gpu, cpu
+// and disk tokens spares a request: a GPU token all of its cost, a
+// lower-tier token its cost less its load (tierCost). It is the one rule
+// by which a match is credited: Affinity scores by it and estimate prices
+// the expected TTFT with it. A load slower than computing gives a negative
+// credit: the engine loads what it holds all the same.
+func (cfg Config) saved(gpu, cpu, disk int) float64 {
+	return float64(gpu) + float64(cpu)*(1-cfg.tierCost(cfg.CPULoadTokensPerSecond)) +
+		float64(disk)*(1-cfg.tierCost(cfg.DiskLoadTokensPerSecond))
+}
+
+// savedBy is saved for candidate c's match columns.
+func (cfg Config) savedBy(c *Candidate) float64 {
+	return cfg.saved(c.MatchedTokens-c.CPUTokens-c.DiskTokens, c.CPUTokens, c.DiskTokens)
+}
+
+// setMatch fills c's match columns from m, in tokens of tpk per key, capped
+// at the prompt's tokens (prompt > 0); the cap takes the tail of the chain,
+// where the lower tiers are.
+func (c *Candidate) setMatch(m match, tpk, prompt int) {
+	c.MatchedKeys = m.keys()
+	gpu, cpu, disk := m.gpu*tpk, m.cpu*tpk, m.disk*tpk
+	if prompt > 0 {
+		over := max(gpu+cpu+disk-prompt, 0)
+		d := min(over, disk)
+		disk, over = disk-d, over-d
+		d = min(over, cpu)
+		cpu, over = cpu-d, over-d
+		gpu -= over
+	}
+	c.MatchedTokens, c.CPUTokens, c.DiskTokens = gpu+cpu+disk, cpu, disk
+	c.Rank, c.Ranks = m.rank, m.ranks
+}
+
+// RankOf returns the data-parallel rank the decision pins the request to
+// at candidate id (the local candidate for id ""), and false when the
+// engine there chooses: a pod of one rank, or no rank holds more of the
+// prompt. The caller sets it as vLLM's X-data-parallel-rank.
+func (d Decision) RankOf(id string) (int, bool) {
+	for _, c := range d.Candidates {
+		if c.ID == id || (id == "" && c.Local) {
+			return c.Rank, c.Ranks > 1 && c.Rank >= 0 && c.Rank < c.Ranks
+		}
+	}
+	return 0, false
+}
