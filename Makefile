@@ -12,7 +12,7 @@ LDFLAGS   := $(if $(VERSION),-X github.com/kvroute/kvroute/buildinfo.version=$(V
 # apt-get needs root; sudo when we are not root and it exists.
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos soak chaos-deps test-deps
+.PHONY: all deps build test vet unit fuzz fuzz-ci demo cluster cluster-down bench clean chaos soak scale chaos-deps test-deps
 
 all: build
 
@@ -188,6 +188,15 @@ bench: build
 CHAOS_FLAGS ?= --scenario chaos/scenarios/kill-every-20s.json --out out/chaos
 chaos: deps chaos-deps
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/chaos $(CHAOS_FLAGS)
+
+# The mesh's cost against its size (issue 25): N real cache-state nodes
+# (kvindex, cachestate, gossip over real memberlist, route) in one process on
+# 127.0.96.x, each churning 200 blocks/s; a table per N, a fitted model with
+# a verdict per target, a plot. About 9 minutes on 2 cores; past 32 nodes
+# such a machine saturates (the report marks it). docs/scale/ has a run.
+SCALE_FLAGS ?= --sizes 16,32,64 --out out/scale
+scale: deps
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvscale $(SCALE_FLAGS)
 
 # A long day (issue 29): 30 minutes of agentic traffic (15 req/s, about
 # 60% of what 6 simulated pods serve at the knee) on 6 pods with a fault
