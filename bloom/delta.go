@@ -20,19 +20,32 @@ var (
 )
 
 // Delta is the change from one digest version to the next within an epoch:
-// the keys added. Removals are not carried: a Bloom filter cannot delete, so
-// they show up only in the next full digest.
+// the keys added and the keys removed (gone.go). After it, every key in
+// Keys is held and none in Removed is; a key in both counts as added.
 type Delta struct {
 	Node     string
 	Epoch    uint64
 	From, To uint64 // versions: applies to a digest at From, yields To
 	Keys     []blockkey.Key
+	Removed  []blockkey.Key
+}
+
+// AddsOnly returns x without its removals: what a peer of wire version 1,
+// which reads no removals, is sent (its view drops evicted keys only at
+// the owner's next full digest, as v0.1.0's did).
+func (x Delta) AddsOnly() Delta {
+	x.Removed = nil
+	return x
 }
 
 // Wire format of a delta, all integers big-endian:
 //
 //	"KVRX" | format u8 | node len u8 | node | epoch u64 | from u64 | to u64 |
-//	key count u32 | keys u64
+//	key count u32 | keys u64 [| removed count u32 | removed u64]
+//
+// The removed section is there in format 2 (FormatRemovals) only, which is
+// written only for a delta with removals: a delta of additions alone has
+// v0.1.0's bytes.
 const (
 	deltaMagic = "KVRX"
 	// MaxDeltaKeys bounds the keys in one delta (8 MiB of keys); a larger
@@ -47,18 +60,31 @@ func MarshalDelta(x Delta) ([]byte, error) {
 	if err := x.check(); err != nil {
 		return nil, fmt.Errorf("marshal delta: %w", err)
 	}
-	b := make([]byte, 0, deltaFixedBytes+len(x.Node)+8*len(x.Keys))
+	format := FormatVersion
+	if len(x.Removed) > 0 {
+		format = FormatRemovals
+	}
+	b := make([]byte, 0, deltaFixedBytes+len(x.Node)+8*len(x.Keys)+4+8*len(x.Removed))
 	b = append(b, deltaMagic...)
-	b = append(b, FormatVersion, uint8(len(x.Node)))
+	b = append(b, format, uint8(len(x.Node)))
 	b = append(b, x.Node...)
 	b = binary.BigEndian.AppendUint64(b, x.Epoch)
 	b = binary.BigEndian.AppendUint64(b, x.From)
 	b = binary.BigEndian.AppendUint64(b, x.To)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(x.Keys)))
-	for _, k := range x.Keys {
-		b = binary.BigEndian.AppendUint64(b, uint64(k))
+	b = appendKeys(b, x.Keys)
+	if format == FormatRemovals {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(x.Removed)))
+		b = appendKeys(b, x.Removed)
 	}
 	return b, nil
+}
+
+func appendKeys(b []byte, ks []blockkey.Key) []byte {
+	for _, k := range ks {
+		b = binary.BigEndian.AppendUint64(b, uint64(k))
+	}
+	return b
 }
 
 func (x Delta) check() error {
@@ -67,6 +93,8 @@ func (x Delta) check() error {
 		return fmt.Errorf("node name of %d bytes: %w", len(x.Node), ErrInvalid)
 	case len(x.Keys) > MaxDeltaKeys:
 		return fmt.Errorf("%d keys: %w", len(x.Keys), ErrInvalid)
+	case len(x.Removed) > MaxDeltaKeys:
+		return fmt.Errorf("%d removed keys: %w", len(x.Removed), ErrInvalid)
 	case x.To <= x.From:
 		return fmt.Errorf("version %d to %d does not advance: %w", x.From, x.To, ErrInvalid)
 	}
@@ -74,8 +102,9 @@ func (x Delta) check() error {
 }
 
 // UnmarshalDelta decodes a delta written by MarshalDelta, with the same
-// checks: magic, format version, at most MaxDeltaKeys keys, To > From, and
-// exactly the announced number of keys with no trailing bytes.
+// checks: magic, format version (1, or 2 with removals), at most
+// MaxDeltaKeys keys in each list, To > From, and exactly the announced
+// number of keys with no trailing bytes.
 func UnmarshalDelta(b []byte) (Delta, error) {
 	r := reader{b: b}
 	if string(r.bytes(len(deltaMagic))) != deltaMagic {
@@ -85,7 +114,7 @@ func UnmarshalDelta(b []byte) (Delta, error) {
 	if r.short {
 		return Delta{}, fmt.Errorf("unmarshal delta: truncated header: %w", ErrMalformed)
 	}
-	if format != FormatVersion {
+	if format != FormatVersion && format != FormatRemovals {
 		return Delta{}, fmt.Errorf("unmarshal delta: format version %d: %w", format, ErrUnsupported)
 	}
 	var x Delta
@@ -98,23 +127,46 @@ func UnmarshalDelta(b []byte) (Delta, error) {
 	if x.To <= x.From {
 		return Delta{}, fmt.Errorf("unmarshal delta: version %d to %d: %w", x.From, x.To, ErrMalformed)
 	}
-	if n > MaxDeltaKeys {
-		return Delta{}, fmt.Errorf("unmarshal delta: %d keys: %w", n, ErrMalformed)
+	var err error
+	if x.Keys, err = readKeys(&r, n, format == FormatVersion); err != nil {
+		return Delta{}, fmt.Errorf("unmarshal delta: %w", err)
 	}
-	if rest := len(r.b); rest != 8*int(n) {
-		return Delta{}, fmt.Errorf("unmarshal delta: %d bytes for %d keys: %w", rest, n, ErrMalformed)
-	}
-	if n > 0 {
-		x.Keys = make([]blockkey.Key, n)
-		for i := range x.Keys {
-			x.Keys[i] = blockkey.Key(r.u64())
+	if format == FormatRemovals {
+		n = r.u32()
+		if r.short {
+			return Delta{}, fmt.Errorf("unmarshal delta: truncated removals: %w", ErrMalformed)
+		}
+		if x.Removed, err = readKeys(&r, n, true); err != nil {
+			return Delta{}, fmt.Errorf("unmarshal delta: removed %w", err)
+		}
+		if len(x.Removed) == 0 {
+			return Delta{}, fmt.Errorf("unmarshal delta: format %d without removals: %w", format, ErrMalformed)
 		}
 	}
 	return x, nil
 }
 
-// Apply returns a new digest with x's keys added, Version x.To and Count
-// increased by len(x.Keys); d is unchanged. It fails with ErrGap when x is for
+// readKeys reads n keys, nil for none; last says they end the input.
+func readKeys(r *reader, n uint32, last bool) ([]blockkey.Key, error) {
+	if n > MaxDeltaKeys {
+		return nil, fmt.Errorf("%d keys: %w", n, ErrMalformed)
+	}
+	if rest := len(r.b); rest < 8*int(n) || (last && rest != 8*int(n)) {
+		return nil, fmt.Errorf("%d bytes for %d keys: %w", rest, n, ErrMalformed)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	ks := make([]blockkey.Key, n)
+	for i := range ks {
+		ks[i] = blockkey.Key(r.u64())
+	}
+	return ks, nil
+}
+
+// Apply returns a new digest with x's keys added and its removals taken
+// out (gone.go), Version x.To and Count increased by len(x.Keys); d is
+// unchanged. It fails with ErrGap when x is for
 // another node or epoch or x.From != d's version, and with ErrStale when
 // x.To <= d's version (checked before the From test, so a late delta is
 // dropped rather than mistaken for a gap). Apply copies the M/64 words and
@@ -139,6 +191,10 @@ func (d *Digest) Apply(x Delta) (*Digest, error) {
 	n := newDigest(h, slices.Clone(d.bits.Words()))
 	for _, k := range x.Keys {
 		n.add(k)
+	}
+	n.gone = nextGone(d.gone, x.Removed, x.Keys, n.testBits)
+	if len(n.gone) > MaxGone {
+		return nil, fmt.Errorf("apply delta: %d removals since the digest was built: %w", len(n.gone), ErrGap)
 	}
 	n.scan()
 	return n, nil

@@ -46,6 +46,9 @@ type Header struct {
 type Digest struct {
 	h    Header
 	bits *bitset.BitSet // the bbloom filter's bit set, read and written only through here
+	// gone holds the keys removed since the digest was built (gone.go):
+	// sorted, each once, every one's bits set; nil for a fresh build.
+	gone []blockkey.Key
 	// tierStride and ranks are read from the markers once the bits are
 	// final (tier.go): 0 and 1 for a pod with one rank and no lower tier.
 	tierStride, ranks int
@@ -112,8 +115,17 @@ func (d *Digest) FillRatio() float64 {
 }
 
 // Test reports whether k may be present: false is certain, true is wrong with
-// about the false-positive rate the digest was sized for.
+// about the false-positive rate the digest was sized for. A key removed
+// since the digest was built (gone.go) is absent.
 func (d *Digest) Test(k blockkey.Key) bool {
+	if !d.testBits(k) {
+		return false
+	}
+	return len(d.gone) == 0 || !d.isGone(k)
+}
+
+// testBits is Test of the bits alone.
+func (d *Digest) testBits(k blockkey.Key) bool {
 	switch {
 	case d.empty():
 		return false

@@ -15,6 +15,7 @@ func FuzzUnmarshal(f *testing.F) {
 		Build(Header{Params: ParamsFor(64, 0.01)}, uniformKeys(2, 64)),
 		Build(Header{Node: "old", HashScheme: hashDouble, Params: Params{M: 192, K: 3}}, uniformKeys(5, 9)),
 		Build(Header{Node: strings.Repeat("z", MaxNodeBytes), Params: Params{M: 128, K: MaxK}}, uniformKeys(3, 2)),
+		withRemovals(Build(Header{Node: "gone", Epoch: 1, Params: ParamsFor(64, 0.01)}, uniformKeys(6, 30)), uniformKeys(6, 30)[3:9]),
 	} {
 		b, err := d.MarshalBinary()
 		if err != nil {
@@ -57,6 +58,8 @@ func FuzzUnmarshalDelta(f *testing.F) {
 		{Node: "pod-a", Epoch: 1, From: 1, To: 2},
 		{Node: "pod-a", Epoch: 1, From: 2, To: 3, Keys: uniformKeys(4, 5)},
 		{Node: strings.Repeat("y", MaxNodeBytes), Epoch: 1, From: 0, To: ^uint64(0), Keys: []blockkey.Key{1}},
+		{Node: "pod-a", Epoch: 1, From: 3, To: 4, Keys: uniformKeys(7, 2), Removed: uniformKeys(8, 3)},
+		{Node: "pod-a", Epoch: 1, From: 3, To: 4, Removed: []blockkey.Key{9}},
 	} {
 		b, err := MarshalDelta(x)
 		if err != nil {

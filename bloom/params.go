@@ -29,6 +29,16 @@ const (
 	minCapacityKeys = 64
 )
 
+// Keys returns about how many keys p holds at its design rate: the n for
+// which K is the optimal probe count, M·ln 2 / K (ParamsFor's capacity
+// within its rounding).
+func (p Params) Keys() int {
+	if p.K == 0 {
+		return 0
+	}
+	return int(float64(p.M) * math.Ln2 / float64(p.K))
+}
+
 // ParamsFor sizes a scheme-2 (HashScheme) filter that holds capacityKeys
 // keys at about fpRate false positives. Capacities below 64 keys are treated
 // as 64; a rate outside (0, 1) becomes DefaultFPRate; M is capped at MaxBits

@@ -137,7 +137,8 @@ func TestUnmarshalErrors(t *testing.T) {
 	}{
 		{"valid", func(r *rawDigest) {}, nil},
 		{"wrong magic", func(r *rawDigest) { r.magic = "KVRX" }, ErrMalformed},
-		{"format 2", func(r *rawDigest) { r.format = 2 }, ErrUnsupported},
+		{"format 3", func(r *rawDigest) { r.format = 3 }, ErrUnsupported},
+		{"format 2 without removals", func(r *rawDigest) { r.format = 2 }, ErrMalformed},
 		{"format 0", func(r *rawDigest) { r.format = 0 }, ErrUnsupported},
 		{"hash scheme 0", func(r *rawDigest) { r.hashScheme = 0 }, ErrUnsupported},
 		{"hash scheme 3", func(r *rawDigest) { r.hashScheme = 3 }, ErrUnsupported},

@@ -29,9 +29,18 @@ type Config struct {
 	// PublishInterval is how often digest changes go to the mesh.
 	// Default 100 ms.
 	PublishInterval time.Duration
-	// RebuildEvery bounds how long removed keys stay in peers' views: a
-	// Bloom filter cannot delete, so removals wait for a full rebuild, at
-	// most this often. Default 2 s.
+	// RebuildRemoved is how many removals the mesh carries beside the
+	// digest's bits before a full digest is rebuilt from the index: peers
+	// keep each one (8 bytes) until then, and the bits keep the load of
+	// every key added since the last build, so it bounds both the memory a
+	// peer holds for this pod and how far the false-positive rate drifts
+	// above Params' target. Default an eighth of the keys Params is sized
+	// for (bloom.Params.Keys): about a 1.3% rate for a 1% target, and a full
+	// digest every ~12 s for a 20k-block cache evicting 200 blocks/s.
+	RebuildRemoved int
+	// RebuildEvery bounds how long removed keys stay in the views of
+	// members of wire 1, which read no removals: while one is in the mesh
+	// removals rebuild the digest at most this often. Default 2 s.
 	RebuildEvery time.Duration
 	// Replay says a replay endpoint is configured, so the subscriber
 	// recovers what a late start missed; without it the index is partial.
@@ -58,6 +67,9 @@ func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	if c.PublishInterval <= 0 {
 		c.PublishInterval = d.PublishInterval
+	}
+	if c.RebuildRemoved <= 0 {
+		c.RebuildRemoved = max(c.Params.Keys()/8, 64)
 	}
 	if c.RebuildEvery <= 0 {
 		c.RebuildEvery = d.RebuildEvery

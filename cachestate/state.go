@@ -22,6 +22,9 @@ type Advertiser interface {
 	PublishDelta(x bloom.Delta) error
 	WithdrawDigest()
 	SetEngine(e route.Engine)
+	// OldestWire is the lowest gossip wire version in the mesh: below 2 a
+	// member reads no removals.
+	OldestWire() uint8
 }
 
 // Front is the front's switch for serving from the local vLLM;
@@ -42,10 +45,11 @@ type State struct {
 	log     zerolog.Logger
 	metrics *Metrics
 
-	version  uint64 // digest version last published
-	epoch    uint64 // digest epoch last published
-	pending  []blockkey.Key
-	removed  int
+	version  uint64                // digest version last published
+	epoch    uint64                // digest epoch last published
+	pending  map[blockkey.Key]bool // digest entries changed since the last publish: true added, false removed
+	removed  int                   // removals published or pending since the last full digest
+	marks    marks                 // the markers the published digest holds
 	needFull bool
 	lastFull time.Time
 	streams  map[vllmclient.Stream]bool // streams seen since the last restart
@@ -69,7 +73,7 @@ func New(cfg Config, ix *kvindex.Index, pub Advertiser, front Front, m *Metrics,
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	s := &State{cfg: cfg, ix: ix, pub: pub, front: front, metrics: m, log: log, needFull: true,
+	s := &State{cfg: cfg, ix: ix, pub: pub, front: front, metrics: m, log: log, needFull: true, pending: map[blockkey.Key]bool{},
 		silence: engine.NewSilence(cfg.SilenceWindow, cfg.SilenceTokens), streams: map[vllmclient.Stream]bool{}}
 	s.state.Store(uint32(route.EngineStarting))
 	s.reason.Store("waiting for the first healthy /health")
@@ -156,7 +160,8 @@ func (s *State) restart(why string) {
 // restarted resets what followed the index's old epoch.
 func (s *State) restarted(why string) {
 	s.needFull = true
-	s.pending, s.removed = s.pending[:0], 0
+	clear(s.pending)
+	s.removed = 0
 	clear(s.streams)
 	s.silence.Reset()
 	s.silent.Store(false)
@@ -242,25 +247,27 @@ func (s *State) apply(it vllmclient.Item) {
 	}
 	if ch.Restarted || ch.Cleared {
 		s.needFull = true
-		s.pending = s.pending[:0]
+		clear(s.pending)
 		return
 	}
-	s.pending = append(s.pending, ch.Added...)
-	s.removed += len(ch.Removed)
-	// The digest is the pod's GPU keys over all its data-parallel ranks
-	// (Index.Keys), so another rank's GPU blocks travel as rank 0's do.
-	// Lower tiers are not advertised yet: a peer's choice cannot weigh them.
+	// The last change of an entry within a publish interval is the one
+	// peers get: a delta's lists hold each key once.
+	for _, k := range ch.Added {
+		s.pending[k] = true
+	}
+	for _, k := range ch.Removed {
+		s.pending[k] = false
+	}
 	for _, e := range ch.TierAdded {
-		if e.Tier == kvindex.GPU {
-			s.pending = append(s.pending, e.Key)
-		}
+		s.pending[tag(e)] = true
 	}
 	for _, e := range ch.TierRemoved {
-		if e.Tier == kvindex.GPU {
-			s.removed++
-		}
+		s.pending[tag(e)] = false
 	}
 }
+
+// tag is e's digest entry (bloom.Tag).
+func tag(e kvindex.Entry) blockkey.Key { return bloom.Tag(e.Key, uint8(e.Tier), e.Rank) }
 
 // publish sends what changed since the last tick, while the engine serves:
 // nothing is advertised for an engine that cannot, and the transition to
@@ -271,36 +278,67 @@ func (s *State) publish(now time.Time) {
 	}
 }
 
-// send publishes a delta of added keys, or a full digest after an epoch
-// change, a failed delta, or removals older than Config.RebuildEvery.
+// send publishes a delta of the entries added and removed, or a full
+// digest (rebuilt from the exact index) after an epoch change or a failed
+// delta, or once the removals since the last full pass
+// Config.RebuildRemoved (they are what peers keep beside the bits, and
+// the bits keep filling until a rebuild). While a member of wire 1 is in
+// the mesh, which reads no removals, removals also rebuild after
+// Config.RebuildEvery, as before removals were carried.
 func (s *State) send(now time.Time) {
 	epoch := s.ix.Epoch()
-	full := s.needFull || epoch != s.epoch || (s.removed > 0 && now.Sub(s.lastFull) >= s.cfg.RebuildEvery)
-	if !full && len(s.pending) == 0 {
+	mk := s.markers()
+	var add, rem []blockkey.Key
+	for k, added := range s.pending {
+		if added {
+			add = append(add, k)
+		} else {
+			rem = append(rem, k)
+		}
+	}
+	add = append(add, mk.newer(s.marks)...)
+	removed := s.removed + len(rem)
+	full := s.needFull || epoch != s.epoch || removed >= s.cfg.RebuildRemoved ||
+		(removed > 0 && now.Sub(s.lastFull) >= s.cfg.RebuildEvery && s.pub.OldestWire() < 2)
+	if !full && len(add)+len(rem) == 0 {
 		return
 	}
 	if !full {
-		x := bloom.Delta{Node: s.cfg.Node, Epoch: epoch, From: s.version, To: s.version + 1, Keys: s.pending}
+		x := bloom.Delta{Node: s.cfg.Node, Epoch: epoch, From: s.version, To: s.version + 1, Keys: add, Removed: rem}
 		if err := s.pub.PublishDelta(x); err == nil {
 			s.version++
-			s.pending = s.pending[:0]
+			s.removed = removed
+			s.marks = s.marks.union(mk)
+			clear(s.pending)
 			s.metrics.digestPublished.WithLabelValues("delta").Inc()
 			return
 		} else {
 			s.log.Debug().Err(err).Msg("delta refused; publishing a full digest")
 		}
 	}
-	keys := s.ix.Keys()
-	d := bloom.Build(bloom.Header{Node: s.cfg.Node, Epoch: epoch, Version: s.version + 1, Params: s.cfg.Params}, keys)
+	d := bloom.Build(bloom.Header{Node: s.cfg.Node, Epoch: epoch, Version: s.version + 1, Params: s.cfg.Params}, s.entries(mk))
 	if err := s.pub.PublishDigest(d); err != nil {
 		s.log.Error().Err(err).Msg("publish digest")
 		return
 	}
 	s.version++
 	s.epoch = epoch
-	s.pending, s.removed, s.needFull, s.lastFull = s.pending[:0], 0, false, now
+	s.removed, s.needFull, s.lastFull, s.marks = 0, false, now, mk
+	clear(s.pending)
 	s.metrics.digestPublished.WithLabelValues("full").Inc()
 	s.metrics.digestBytes.Set(float64(d.Size()))
+}
+
+// entries returns the full digest's keys: every index entry tagged with
+// its place (bloom.Tag), and the markers mk. For a pod with one rank and
+// no lower tier they are its GPU keys alone, the digest of before tiers.
+func (s *State) entries(mk marks) []blockkey.Key {
+	es := s.ix.Entries()
+	ks := make([]blockkey.Key, 0, len(es)+mk.ranks)
+	for _, e := range es {
+		ks = append(ks, tag(e))
+	}
+	return append(ks, mk.keys()...)
 }
 
 // Health says how far the local index can be trusted and whether KV events

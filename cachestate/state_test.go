@@ -25,6 +25,14 @@ type mesh struct {
 	log      []string
 	digest   *bloom.Digest
 	failNext bool
+	wire     uint8 // the mesh's oldest wire version; 0 is 2
+}
+
+func (m *mesh) OldestWire() uint8 {
+	if m.wire == 0 {
+		return 2
+	}
+	return m.wire
 }
 
 func (m *mesh) PublishDigest(d *bloom.Digest) error {
@@ -44,7 +52,7 @@ func (m *mesh) PublishDelta(x bloom.Delta) error {
 		return err
 	}
 	m.digest = d
-	m.log = append(m.log, fmt.Sprintf("delta v%d+%d", x.To, len(x.Keys)))
+	m.log = append(m.log, fmt.Sprintf("delta v%d+%d-%d", x.To, len(x.Keys), len(x.Removed)))
 	return nil
 }
 
@@ -117,29 +125,77 @@ func TestNothingAdvertisedUntilServing(t *testing.T) {
 	}
 }
 
-// TestDeltasAndRebuilds: added keys go as deltas; a refused delta and
-// removals older than RebuildEvery go as a full digest.
+// removed is a batch removing the blocks of hashes.
+func removed(seq uint64, hashes ...uint64) vllmclient.Item {
+	return vllmclient.Item{Kind: vllmclient.KindBatch, Stream: vllmclient.Stream{Topic: "kv"}, Batch: kvevent.Batch{Topic: "kv", Seq: seq,
+		Events: []kvevent.Event{{Kind: kvevent.BlockRemoved, BlockHashes: hashes}}}}
+}
+
+// TestRemovalsTravelAsDeltas: a removal goes to peers in the next delta,
+// and peers' copies stop matching it; once the removals since the last
+// full digest reach RebuildRemoved, the digest is rebuilt from the index;
+// a key stored and evicted within one interval travels once, as removed.
+func TestRemovalsTravelAsDeltas(t *testing.T) {
+	s, m, _, ix := newState(t, true)
+	s.cfg.RebuildRemoved = 3
+	serving(s, false, 0)
+	wantLog(t, m, "full e100 v1 n0", "engine serving")
+	p1, p2 := uint64(1), uint64(2)
+	s.apply(stored(0, 1, nil, 10))
+	s.apply(stored(1, 2, &p1, 20))
+	s.apply(stored(2, 3, &p2, 30))
+	s.publish(t0.Add(100 * time.Millisecond))
+	wantLog(t, m, "delta v2+3-0")
+	chain := make([]blockkey.Key, 3)
+	for _, r := range ix.Resident() {
+		chain[r.Pos] = r.Key
+	}
+	s.apply(removed(3, 3))
+	s.publish(t0.Add(200 * time.Millisecond))
+	wantLog(t, m, "delta v3+0-1")
+	if n := m.digest.Removed(); n != 1 {
+		t.Fatalf("the mesh's digest carries %d removals; want 1", n)
+	}
+	if got := m.digest.PrefixLen(chain); got != 2 {
+		t.Fatalf("after evicting the chain's last block a peer matches %d keys; want 2", got)
+	}
+	s.apply(stored(4, 3, &p2, 30)) // stored again ...
+	s.apply(removed(5, 3))         // ... and evicted within one interval
+	s.publish(t0.Add(300 * time.Millisecond))
+	wantLog(t, m, "delta v4+0-1")
+	s.apply(removed(6, 2))
+	s.publish(t0.Add(400 * time.Millisecond))
+	wantLog(t, m, "full e100 v5 n1") // the third removal since the full rebuilds
+	if m.digest.Removed() != 0 {
+		t.Fatalf("a rebuilt digest carries %d removals; want 0", m.digest.Removed())
+	}
+}
+
+// TestDeltasAndRebuilds: added keys go as deltas; a refused delta, and
+// removals older than RebuildEvery while a member of wire 1 reads no
+// removals, go as a full digest.
 func TestDeltasAndRebuilds(t *testing.T) {
 	s, m, _, _ := newState(t, true)
+	m.wire = 1
 	serving(s, false, 0)
 	wantLog(t, m, "full e100 v1 n0", "engine serving")
 	p := uint64(1)
 	s.apply(stored(0, 1, nil, 10))
 	s.apply(stored(1, 2, &p, 20))
 	s.publish(t0.Add(100 * time.Millisecond))
-	wantLog(t, m, "delta v2+2")
+	wantLog(t, m, "delta v2+2-0")
 	s.publish(t0.Add(200 * time.Millisecond))
 	wantLog(t, m) // nothing new
 	s.apply(vllmclient.Item{Kind: vllmclient.KindBatch, Batch: kvevent.Batch{Seq: 2,
 		Events: []kvevent.Event{{Kind: kvevent.BlockRemoved, BlockHashes: []uint64{2}}}}})
 	s.publish(t0.Add(time.Second))
-	wantLog(t, m) // removals wait for the rebuild
+	wantLog(t, m, "delta v3+0-1") // what peers of wire 1 drop; they wait for the rebuild
 	s.publish(t0.Add(2 * time.Second))
-	wantLog(t, m, "full e100 v3 n1")
+	wantLog(t, m, "full e100 v4 n1")
 	m.failNext = true
 	s.apply(stored(3, 3, &p, 30))
 	s.publish(t0.Add(3 * time.Second))
-	wantLog(t, m, "full e100 v4 n2")
+	wantLog(t, m, "full e100 v5 n2")
 }
 
 // TestEngineDownAndBack: down withdraws at once and clears the index;
@@ -238,5 +294,98 @@ func TestSilentEventPath(t *testing.T) {
 	s.apply(stored(0, 1, nil, 10))
 	if _, ev := s.Health(); ev != "ok" || len(s.Degraded()) != 0 {
 		t.Errorf("after an event: events %q, degraded %q; want ok", ev, s.Degraded())
+	}
+}
+
+// TestGPUOnlyDigestUnchanged: a pod with one rank and no lower tier
+// publishes exactly the digest of its GPU keys, as before tiers existed.
+func TestGPUOnlyDigestUnchanged(t *testing.T) {
+	s, m, _, ix := newState(t, true)
+	p := uint64(1)
+	s.apply(stored(0, 1, nil, 10))
+	s.apply(stored(1, 2, &p, 20))
+	serving(s, false, 0)
+	got, err := m.digest.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := bloom.Build(bloom.Header{Node: "n", Epoch: 100, Version: 1, Params: s.cfg.Params}, ix.Keys()).MarshalBinary()
+	if string(got) != string(want) {
+		t.Fatal("a GPU-only single-rank pod's digest differs from the digest of its GPU keys")
+	}
+}
+
+// onRank is it with the batch from data-parallel rank r and, when medium
+// is set, every event's medium.
+func onRank(it vllmclient.Item, r int64, medium string) vllmclient.Item {
+	it.Batch.DPRank = &r
+	if medium != "" {
+		for i := range it.Batch.Events {
+			it.Batch.Events[i].Medium = &medium
+		}
+	}
+	return it
+}
+
+// TestRanksAndTiersAdvertised: a block on rank 1's GPU travels tagged
+// with its rank, with the rank's marker, and a block moved to the CPU
+// travels as its GPU entry removed and its CPU entry added, with the tier
+// marker; peers' copies see both where they are.
+func TestRanksAndTiersAdvertised(t *testing.T) {
+	scheme := blockkey.Scheme{BlockSize: bs, Stride: 1}
+	ix := kvindex.New(kvindex.Config{Model: "m", Scheme: scheme, Epoch: 100, TierStride: 1})
+	m := &mesh{}
+	s := New(Config{Node: "n", Params: bloom.ParamsFor(1000, 0.01), Replay: true, Now: func() time.Time { return t0 }},
+		ix, m, &front{}, nil, zerolog.Nop())
+	serving(s, false, 0)
+	wantLog(t, m, "full e100 v1 n0", "engine serving")
+
+	s.apply(onRank(stored(0, 7, nil, 70), 1, ""))
+	s.publish(t0.Add(100 * time.Millisecond))
+	wantLog(t, m, "delta v2+2-0") // the rank-1 entry and RankMarker(1)
+	k := ix.Held(kvindex.GPU)[0].Key
+	if m.digest.Ranks() != 2 || m.digest.Test(k) || !m.digest.Test(bloom.Tag(k, bloom.TierGPU, 1)) {
+		t.Fatalf("rank 1's block: Ranks %d, rank-0 entry %v, rank-1 entry %v; want 2, false, true",
+			m.digest.Ranks(), m.digest.Test(k), m.digest.Test(bloom.Tag(k, bloom.TierGPU, 1)))
+	}
+
+	p1 := uint64(1)
+	s.apply(stored(1, 1, nil, 10))
+	s.apply(stored(2, 2, &p1, 20))
+	s.publish(t0.Add(200 * time.Millisecond))
+	wantLog(t, m, "delta v3+2-0")
+	var chain []blockkey.Key
+	for _, r := range ix.Held(kvindex.GPU) {
+		if r.Rank == 0 {
+			chain = append(chain, r.Key)
+		}
+	}
+	if len(chain) != 2 {
+		t.Fatalf("rank 0 holds %d blocks; want 2", len(chain))
+	}
+	// Offload both to the CPU (hash-only stores, as native offloading
+	// sends), then evict them from the GPU.
+	off := vllmclient.Item{Kind: vllmclient.KindBatch, Stream: vllmclient.Stream{Topic: "kv"}, Batch: kvevent.Batch{Topic: "kv", Seq: 3,
+		Events: []kvevent.Event{{Kind: kvevent.BlockStored, BlockHashes: []uint64{1, 2}, BlockSize: bs}}}}
+	s.apply(onRank(off, 0, "CPU"))
+	s.apply(onRank(removed(4, 1, 2), 0, "GPU"))
+	s.publish(t0.Add(300 * time.Millisecond))
+	wantLog(t, m, "delta v4+3-2") // two CPU entries and the tier marker; two GPU entries gone
+	if m.digest.TierStride() != 1 {
+		t.Fatalf("TierStride = %d after an offload; want 1", m.digest.TierStride())
+	}
+	ordered := make([]blockkey.Key, 2)
+	for _, r := range ix.Held(kvindex.CPU) {
+		ordered[r.Pos] = r.Key
+	}
+	if g, c, d := m.digest.TierPrefix(ordered, 0); g != 0 || c != 2 || d != 0 {
+		t.Fatalf("a peer sees gpu %d cpu %d disk %d of the offloaded chain; want 0 2 0", g, c, d)
+	}
+	// The rebuilt digest says the same.
+	s.needFull = true
+	s.publish(t0.Add(400 * time.Millisecond))
+	wantLog(t, m, "full e100 v5 n5")
+	if g, c, _ := m.digest.TierPrefix(ordered, 0); g != 0 || c != 2 || m.digest.Ranks() != 2 {
+		t.Fatalf("rebuilt: gpu %d cpu %d ranks %d; want 0 2 2", g, c, m.digest.Ranks())
 	}
 }

@@ -84,10 +84,12 @@ type Config struct {
 	Engine route.Engine
 
 	// FullDigestInterval is how often the full local digest goes to every
-	// member by TCP. Deltas only add keys, so this is what removes evicted
-	// keys from peers' views, and it bounds how long a lost delta can go
-	// unnoticed. Cost per node: members × digest size / interval (117 KB for
-	// 100k keys at 1%: 50 peers at 10 s is ~585 KB/s). Default 10 s.
+	// member by TCP. Deltas carry removals as well as additions, and the
+	// owner rebuilds its digest when its removals pile up (cachestate), so
+	// this is only the backstop for a copy that went wrong unnoticed (a lost
+	// last delta is also caught by the version in the meta, RepairAfter).
+	// Cost per node: members × digest size / interval (117 KB for 100k keys
+	// at 1%: 50 peers at 60 s is ~98 KB/s). Default 60 s.
 	FullDigestInterval time.Duration
 
 	// MetaInterval is the least time between two node-meta updates
@@ -172,7 +174,7 @@ func DefaultConfig() Config {
 		BindPort:           7946,
 		RejoinInterval:     30 * time.Second,
 		KeyScheme:          blockkey.Version,
-		FullDigestInterval: 10 * time.Second,
+		FullDigestInterval: time.Minute,
 		LoadPushInterval:   25 * time.Millisecond,
 		LoadPushDelay:      2 * time.Millisecond,
 		MetaInterval:       time.Second,

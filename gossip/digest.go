@@ -21,6 +21,7 @@ type exchange struct {
 	mu    sync.Mutex
 	local *bloom.Digest // replaced wholesale, never modified
 	full  []byte        // local encoded, nil until first needed
+	full1 []byte        // local in format 1 for peers of wire 1, nil until first needed
 }
 
 // has reports whether there is a local digest.
@@ -35,6 +36,16 @@ type digestMsg struct{ *bloom.Digest }
 
 func encodeDigest(d *bloom.Digest) ([]byte, error) {
 	b, err := d.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte{kindDigest}, b...), nil
+}
+
+// encodeDigestV1 is encodeDigest for a peer of wire 1: the bits without
+// the removals, which it cannot read.
+func encodeDigestV1(d *bloom.Digest) ([]byte, error) {
+	b, err := d.MarshalV1()
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +152,7 @@ func (m *Mesh) PublishDigest(d *bloom.Digest) error {
 	if x.local == nil || x.local.Header().Epoch != h.Epoch {
 		m.load.setEpoch(h.Epoch, m.now()) // peers match a digest only of the epoch pushes name
 	}
-	x.local, x.full = d, b
+	x.local, x.full, x.full1 = d, b, nil
 	m.advert.edit(func(mt *Meta) bool {
 		mt.HasDigest, mt.DigestEpoch, mt.DigestVersion = true, h.Epoch, h.Version
 		return true
@@ -151,7 +162,8 @@ func (m *Mesh) PublishDigest(d *bloom.Digest) error {
 }
 
 // PublishDelta applies x to the local digest and sends it to every member:
-// by UDP when it fits PacketBytes, else by TCP. It fails, changing nothing,
+// by UDP when it fits PacketBytes, else by TCP. A member of wire 1 gets it
+// without its removals (bloom.Delta.AddsOnly). It fails, changing nothing,
 // with ErrNoDigest before the first PublishDigest and with an error wrapping
 // bloom.ErrGap or bloom.ErrStale when x does not follow the local digest;
 // publish a full digest then.
@@ -163,7 +175,15 @@ func (m *Mesh) PublishDelta(d bloom.Delta) error {
 	if err != nil {
 		return fmt.Errorf("publish delta: %w", err)
 	}
-	o := out{b: b, reliable: len(b) > m.cfg.PacketBytes}
+	o, o1 := out{b: b, reliable: len(b) > m.cfg.PacketBytes}, out{}
+	var old map[string]bool // peers that do not read removals
+	if len(d.Removed) > 0 && m.OldestWire() < 2 {
+		b1, err := encodeDelta(d.AddsOnly())
+		if err != nil {
+			return fmt.Errorf("publish delta: %w", err)
+		}
+		o1, old = out{b: b1, reliable: len(b1) > m.cfg.PacketBytes}, m.withoutRemovals()
+	}
 	x := &m.digests
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -174,10 +194,38 @@ func (m *Mesh) PublishDelta(d bloom.Delta) error {
 	if err != nil {
 		return fmt.Errorf("publish delta: %w", err)
 	}
-	x.local, x.full = next, nil
+	x.local, x.full, x.full1 = next, nil, nil
 	m.advert.edit(func(mt *Meta) bool { mt.DigestVersion = d.To; return true })
-	m.members.each(func(s *sender) { s.enqueue(o) })
+	m.members.each(func(s *sender) {
+		if old != nil && old[s.id] {
+			s.enqueue(o1)
+			return
+		}
+		s.enqueue(o)
+	})
 	return nil
+}
+
+// readsRemovals reports whether peer id reads removals (wire 2 and up); a
+// peer whose meta has not decoded is not assumed to.
+func (m *Mesh) readsRemovals(id string) bool {
+	v, ok := m.PeerWire(id)
+	return ok && v >= 2
+}
+
+// withoutRemovals returns the peers in the table that do not read
+// removals; a sender not in it is a peer that joined since, whose meta
+// has decoded (the table learns a peer before its sender starts).
+func (m *Mesh) withoutRemovals() map[string]bool {
+	m.tableMu.Lock()
+	defer m.tableMu.Unlock()
+	old := map[string]bool{}
+	for id, p := range m.table.peers {
+		if !p.metaOK || p.meta.Wire < 2 {
+			old[id] = true
+		}
+	}
+	return old
 }
 
 // WithdrawDigest stops advertising the local digest: peers drop their copy
@@ -187,7 +235,7 @@ func (m *Mesh) WithdrawDigest() {
 	x := &m.digests
 	x.mu.Lock()
 	if x.local != nil {
-		x.local, x.full = nil, nil
+		x.local, x.full, x.full1 = nil, nil, nil
 		m.advert.edit(func(mt *Meta) bool {
 			mt.HasDigest, mt.DigestEpoch, mt.DigestVersion = false, 0, 0
 			return true
@@ -198,30 +246,45 @@ func (m *Mesh) WithdrawDigest() {
 	m.advert.kickNow()
 }
 
-// fullBytes returns the encoded full local digest, nil if there is none.
-// Senders call it; the first after a delta encodes, the others share.
-func (m *Mesh) fullBytes() []byte {
+// fullBytes returns the encoded full local digest for peer id (format 1
+// for a peer of wire 1 when the digest has removals), nil if there is
+// none. Senders call it; the first after a delta encodes, the others share.
+func (m *Mesh) fullBytes(id string) []byte {
+	v1 := !m.readsRemovals(id)
 	x := &m.digests
 	x.mu.Lock()
 	d, b := x.local, x.full
+	if v1 && d != nil && d.Removed() > 0 {
+		b = x.full1
+	} else {
+		v1 = false
+	}
 	x.mu.Unlock()
 	if d == nil || b != nil {
 		return b
 	}
-	b, err := encodeDigest(d)
+	enc := encodeDigest
+	if v1 {
+		enc = encodeDigestV1
+	}
+	b, err := enc(d)
 	if err != nil {
 		return nil // PublishDigest checked that d encodes
 	}
 	x.mu.Lock()
 	if x.local == d {
-		x.full = b
+		if v1 {
+			x.full1 = b
+		} else {
+			x.full = b
+		}
 	}
 	x.mu.Unlock()
 	return b
 }
 
 // sendFulls queues the full local digest for every member: the periodic
-// resend that removes evicted keys from peers' copies.
+// resend that bounds how long a copy can stay wrong unnoticed.
 func (m *Mesh) sendFulls() {
 	if m.digests.has() {
 		m.members.each(func(s *sender) { s.requestFull() })

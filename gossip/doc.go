@@ -12,9 +12,12 @@
 //     a (re)joining node learns nowhere else (responses.go).
 //   - Digests travel by direct exchange, never by memberlist's broadcast
 //     queue (its receivers do not relay, and a packet holds ~1.3 KB). Each
-//     change goes straight to every live member: a delta by UDP when it fits
-//     one packet, else by TCP; the full digest by TCP every
-//     FullDigestInterval, when a peer joins, and when a peer asks for it.
+//     change goes straight to every live member: a delta (the keys added
+//     and removed) by UDP when it fits one packet, else by TCP; the full
+//     digest by TCP when the owner rebuilds it, when a peer joins, when a
+//     peer asks for it, and every FullDigestInterval as a backstop. A
+//     member of wire 1 gets deltas without removals and digests without
+//     them (format 1), as v0.1.0 sent them.
 //
 // A receiver holds a delta that arrives ahead of its predecessor for
 // ReorderWait (memberlist delivers a burst of UDP messages newest first),

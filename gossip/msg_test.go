@@ -132,8 +132,8 @@ func TestLoadWireV010(t *testing.T) {
 // read is ErrNewer, not malformed.
 func TestDecodeMsgNewer(t *testing.T) {
 	db, _ := encodeDigest(testDigest("a", 1, 1, 1))
-	format2 := slices.Clone(db)
-	format2[1+4] = bloom.FormatVersion + 1
+	format3 := slices.Clone(db)
+	format3[1+4] = bloom.FormatRemovals + 1
 	rb, _ := encodeResponses(responsesMsg{Entries: []respown.Entry{{ID: "own", Node: "a"}}})
 	resp2 := slices.Clone(rb)
 	resp2[1]++
@@ -143,7 +143,7 @@ func TestDecodeMsgNewer(t *testing.T) {
 	}{
 		{"unknown kind in kvroute's range", []byte{kindResponses + 1, 1, 2}},
 		{"last kind byte", []byte{kindLast}},
-		{"digest format 2", format2},
+		{"digest format 3", format3},
 		{"responses version 2", resp2},
 	} {
 		m, err := decodeMsg(tt.in)

@@ -144,7 +144,7 @@ func (s *sender) run() {
 	go s.runLoad()
 	for {
 		if s.wantFull.Swap(false) {
-			if b := s.m.fullBytes(); b != nil {
+			if b := s.m.fullBytes(s.id); b != nil {
 				s.send(out{b: b, reliable: true})
 			}
 		}
