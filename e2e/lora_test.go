@@ -355,11 +355,20 @@ func TestDataParallelPod(t *testing.T) {
 	for _, p := range [][]uint32{p0, p1} {
 		f.waitRoute(t, 1, body(join(p, tokens(rng, 8)), 4, false), f.c.Pod(x).Name, blocks)
 	}
-	got, r := f.servedAt(t, 1, body(join(p1, tokens(rng, 8)), 4, false))
+	// Inside the pod, vLLM would pick the rank by load alone (both idle:
+	// rank 0); the follow-up is pinned to rank 1, which holds the prefix,
+	// once pod 1 sees pod x's rank count (TestDataParallelRouting has
+	// every rank and sidecar).
+	probe := body(join(p1, tokens(rng, 8)), 4, false)
+	waitFor(t, 15*time.Second, "rank 1 pinned", func(ctx context.Context) (bool, string) {
+		target, rank, _, table, err := f.explainRank(ctx, 1, probe)
+		return err == nil && target == f.c.Pod(x).Name && rank == 1, fmt.Sprintf("%v\n%s", err, table)
+	})
+	got, r := f.servedAt(t, 1, probe)
 	if got != x || r.Decision != "affinity" {
 		t.Errorf("rank 1's prefix via %s: served by %s (%s); want %s by affinity", f.c.Pod(1).Name, r.ServedBy, r.Decision, f.c.Pod(x).Name)
 	}
-	// Inside the pod, vLLM picks the rank by load alone (both idle: rank
-	// 0), so the prefix rank 1 holds is not reused: not asserted, reported.
-	t.Logf("rank 1's prefix, follow-up on %s: cached_tokens %d of %d (vLLM chose the rank)", r.ServedBy, r.cached(), len(p1))
+	if want := blocks * blockSize * 9 / 10; r.cached() < want {
+		t.Errorf("rank 1's prefix, follow-up on %s: cached_tokens %d of %d; want >= %d (pinned to rank 1)", r.ServedBy, r.cached(), len(p1), want)
+	}
 }

@@ -416,6 +416,7 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			outcome = "fallback"
 		}
 		h.metrics.decisions.WithLabelValues(outcome, st.decision.Reason, api.String()).Inc()
+		h.metrics.tiers.observe(st.decision, targets[0])
 		h.serve(c, body, st, targets)
 	}
 }
@@ -610,13 +611,13 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 			case pv.ID != id:
 				continue
 			case pv.Local:
-				// No rank pin yet (Rank stays ""): a digest's rank marker can
-				// be a Bloom false positive, and vLLM answers 400 to a rank
-				// it does not run (ci-smoke caught it). Pins wait for the
-				// rank count in the node meta.
-				out = append(out, target{URL: h.cfg.VLLM})
+				// Pinned only within the count the pod advertises
+				// (route.PeerView.Ranks): a digest's rank marker can be a
+				// Bloom false positive, and vLLM answers 400 to a rank it
+				// does not run (ci-smoke caught it).
+				out = append(out, target{URL: h.cfg.VLLM, Rank: rankFor(d, id)})
 			case pv.Addr != "":
-				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
+				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}, Rank: rankFor(d, id)})
 			}
 			break
 		}

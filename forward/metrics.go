@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the front's Prometheus series (namespace kvroute, base units).
 type Metrics struct {
+	tiers           *TierMetrics // rank.go
 	decisions       *prometheus.CounterVec
 	badRequests     *prometheus.CounterVec
 	hopRejected     *prometheus.CounterVec
@@ -78,5 +79,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.decisions, m.badRequests, m.hopRejected, m.forwardSeconds, m.tokenizeSeconds,
 			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight, m.queuedPrefill)
 	}
+	m.tiers = newTierMetrics(reg)
 	return m
 }

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/bloom"
 )
 
 // advert is the node meta this node advertises through memberlist, and
@@ -142,6 +144,25 @@ func (m *Mesh) SetModels(models []string) {
 		}
 		mt.Models, changed = slices.Clone(models), true
 		return true
+	})
+	if changed {
+		m.advert.kickNow()
+	}
+}
+
+// SetRanks advertises how many data-parallel ranks the local engine runs
+// (Meta.Ranks) and, when that changed, re-advertises the meta at once:
+// peers pin a request to one of this pod's ranks only within the count it
+// advertises. A count outside 1..bloom.MaxRanks advertises none.
+func (m *Mesh) SetRanks(n int) {
+	if n < 1 || n > bloom.MaxRanks {
+		n = 0
+	}
+	changed := false
+	m.advert.edit(func(mt *Meta) bool {
+		changed = mt.Ranks != n
+		mt.Ranks = n
+		return changed
 	})
 	if changed {
 		m.advert.kickNow()

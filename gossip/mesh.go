@@ -236,6 +236,7 @@ func (m *Mesh) self(now time.Time) route.PeerView {
 		Local:     true,
 		Models:    meta.Models,
 		KeyScheme: m.cfg.KeyScheme,
+		Ranks:     meta.Ranks,
 		Load:      m.load.load,
 		LoadAt:    m.load.at,
 		Draining:  meta.Draining,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -31,6 +32,10 @@ type Meta struct {
 	// first byte: 1 for v0.1.0, which wrote the byte as the meta's own
 	// version. EncodeMeta writes 0 as this build's WireVersion.
 	Wire uint8
+	// Ranks is how many data-parallel ranks the node's engine runs
+	// (route.PeerView.Ranks), appended after the models; 0: not said (a
+	// sender that predates the field, or a count above bloom.MaxRanks).
+	Ranks int
 }
 
 // Wire format of the meta:
@@ -38,7 +43,8 @@ type Meta struct {
 //	wire version u8 | flags u8 | key scheme u8 | api len u8 | api |
 //	epoch uvarint | version uvarint | running uvarint | waiting uvarint |
 //	kv usage milli uvarint | serving uvarint | queued prefill uvarint |
-//	model count u8 | (len u8 | name)*
+//	model count u8 | (len u8 | name)* |
+//	appended: ranks uvarint
 //
 // The first byte is the sender's WireVersion: v0.1.0 wrote 1 there as the
 // meta's version and reads any version of 1 or more with this layout,
@@ -46,6 +52,13 @@ type Meta struct {
 // v0.1.0 peer may read it: a later version may only append fields after
 // the models (and set flags v0.1.0 ignores), and a byte of 2 or more
 // tells a reader that it may look for them. A version 0 is malformed.
+//
+// The appended fields are written in order as far as the last one set (a
+// meta with none set ends at the models, byte for byte as before them), a
+// reader takes one that is missing as unset, and ignores any after those
+// it knows: a newer version appends its own after them. Their room is
+// kept before the models are fitted in, so a long model list cannot push
+// them out.
 const (
 	metaVersion     = 1   // the oldest first byte decoders accept: v0.1.0's
 	maxMetaBytes    = 512 // memberlist.MetaMaxSize; memberlist panics above it
@@ -89,6 +102,7 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	if wire == 0 {
 		wire = WireVersion
 	}
+	tail := appendedFields(m, wire)
 	b := make([]byte, 0, limit)
 	b = append(b, wire, 0, m.KeyScheme, byte(len(m.APIAddr)))
 	b = append(b, m.APIAddr...)
@@ -100,13 +114,13 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	}
 	countAt := len(b)
 	b = append(b, 0)
-	if len(b) > limit {
-		return nil, fmt.Errorf("encode meta: %d bytes before models, limit %d", len(b), limit)
+	if len(b)+len(tail) > limit {
+		return nil, fmt.Errorf("encode meta: %d bytes besides models, limit %d", len(b)+len(tail), limit)
 	}
 	truncated := m.ModelsTruncated
 	n := 0
 	for _, name := range m.Models {
-		if n == maxModels || len(name) > maxModelBytes || len(b)+1+len(name) > limit {
+		if n == maxModels || len(name) > maxModelBytes || len(b)+1+len(name)+len(tail) > limit {
 			truncated = true
 			continue // a shorter name later may still fit
 		}
@@ -119,13 +133,27 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 		flags |= flagModelsTruncated
 	}
 	b[1] = flags
-	return b, nil
+	return append(b, tail...), nil
+}
+
+// appendedFields returns the fields EncodeMeta writes after the models,
+// as far as the last one set; none in wire 1, which v0.1.0 wrote.
+func appendedFields(m Meta, wire uint8) []byte {
+	if wire < 2 {
+		return nil
+	}
+	var b []byte
+	if m.Ranks > 0 && m.Ranks <= bloom.MaxRanks {
+		b = binary.AppendUvarint(b, uint64(m.Ranks))
+	}
+	return b
 }
 
 // DecodeMeta parses a node meta written by EncodeMeta, by this version or
-// any other: Wire is the first byte, and bytes after the models (fields a
-// newer version appended) are ignored. Integers that do not fit an int
-// are an error; so is any truncation.
+// any other: Wire is the first byte; appended fields that are missing
+// (an older sender) are unset, and bytes after those this version knows
+// (fields a newer version appended) are ignored. Integers that do not fit
+// an int are an error; so is any truncation.
 func DecodeMeta(b []byte) (Meta, error) {
 	if len(b) > maxMetaBytes {
 		return Meta{}, fmt.Errorf("%d bytes: %w", len(b), ErrMeta)
@@ -164,6 +192,12 @@ func DecodeMeta(b []byte) (Meta, error) {
 		}
 		l := int(r.byte())
 		m.Models = append(m.Models, string(r.bytes(l)))
+	}
+	if version >= 2 && len(r.b) > 0 && r.err == nil {
+		// A count this build cannot describe pins nothing (bloom.MaxRanks).
+		if m.Ranks = r.int(); m.Ranks > bloom.MaxRanks {
+			m.Ranks = 0
+		}
 	}
 	if r.err != nil {
 		return Meta{}, r.err

@@ -3,6 +3,7 @@ package gossip
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +22,10 @@ func TestMetaRoundTrip(t *testing.T) {
 		{"typical", Meta{
 			APIAddr: "10.1.2.3:8000", Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "lora-a"},
 			KeyScheme: 1, HasDigest: true, DigestEpoch: 7, DigestVersion: 1 << 40,
-			Running: 12, Waiting: 3, KVUsageMilli: 875, Serving: 4, QueuedPrefill: 9000,
+			Running: 12, Waiting: 3, KVUsageMilli: 875, Serving: 4, QueuedPrefill: 9000, Ranks: 4,
 		}},
+		{"one rank", Meta{APIAddr: "a:1", Ranks: 1}},
+		{"most ranks", Meta{Models: []string{"m"}, Ranks: 256}},
 		{"draining", Meta{APIAddr: "[fd00::1]:8000", Draining: true}},
 		{"max integers", Meta{DigestEpoch: ^uint64(0), DigestVersion: ^uint64(0), Running: 1<<31 - 1}},
 		{"truncated flag kept", Meta{Models: []string{"a"}, ModelsTruncated: true}},
@@ -129,7 +132,7 @@ func TestDecodeMetaErrors(t *testing.T) {
 }
 
 func TestDecodeMetaIgnoresAppendedFields(t *testing.T) {
-	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1} // a later version that appends fields
+	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1, Ranks: 2} // a later version that appends fields
 	b, _ := EncodeMeta(in, 512)
 	got, err := DecodeMeta(append(b, 1, 2, 3))
 	if err != nil {
@@ -171,6 +174,123 @@ func TestMetaWireV010(t *testing.T) {
 	}
 }
 
+// TestMetaRanksCompat: the rank count is appended after the models, so
+// every reader that ignores bytes there (v0.1.0, v0.2.0 before the field)
+// reads the rest unchanged, and a meta without it (theirs) reads as no
+// count.
+func TestMetaRanksCompat(t *testing.T) {
+	base := Meta{APIAddr: "10.0.0.7:8000", Models: []string{"m"}, KeyScheme: 1, HasDigest: true,
+		DigestEpoch: 3, DigestVersion: 300, Running: 2, Serving: 5}
+	without, _ := EncodeMeta(base, 512)
+	with := base
+	with.Ranks = 2
+	b, err := EncodeMeta(with, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b[:len(without)], without) || !bytes.Equal(b[len(without):], []byte{2}) {
+		t.Errorf("EncodeMeta(Ranks 2) = %x; want the meta without it, %x, then 02", b, without)
+	}
+	// A v0.2.0 sidecar from before the field wrote metaV010's bytes after
+	// its wire byte.
+	older := append([]byte{2}, metaV010[1:]...)
+	got, err := DecodeMeta(older)
+	if err != nil || got.Ranks != 0 {
+		t.Errorf("DecodeMeta(a meta without the field) = Ranks %d, %v; want 0, nil", got.Ranks, err)
+	}
+	if again, _ := EncodeMeta(got, 512); !bytes.Equal(again, older) {
+		t.Errorf("EncodeMeta(no count) = %x; want the bytes before the field, %x", again, older)
+	}
+	// v0.1.0 writes nothing after its models and reads nothing there.
+	old := with
+	old.Wire = 1
+	if b, _ := EncodeMeta(old, 512); !bytes.Equal(b, metaV010) {
+		t.Errorf("EncodeMeta(Wire 1, Ranks 2) = %x; want v0.1.0's bytes %x", b, metaV010)
+	}
+	if got, err := DecodeMeta(append(slices.Clone(metaV010), 2)); err != nil || got.Ranks != 0 {
+		t.Errorf("DecodeMeta(wire 1 with a byte after the models) = Ranks %d, %v; want 0, nil", got.Ranks, err)
+	}
+
+	tests := []struct {
+		name    string
+		tail    []byte
+		want    int
+		wantErr bool
+	}{
+		{"count", []byte{3}, 3, false},
+		{"a newer version's fields after it", []byte{3, 9, 9, 9}, 3, false},
+		{"above bloom.MaxRanks: no count", []byte{0x81, 0x02}, 0, false},
+		{"cut in the varint", []byte{0x81}, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := DecodeMeta(append(slices.Clone(without), tt.tail...))
+			if tt.wantErr {
+				if !errors.Is(err, ErrMeta) {
+					t.Errorf("DecodeMeta = %+v, %v; want ErrMeta", got, err)
+				}
+				return
+			}
+			if err != nil || got.Ranks != tt.want || got.APIAddr != base.APIAddr || got.Serving != 5 {
+				t.Errorf("DecodeMeta = %+v, %v; want Ranks %d and the rest as sent", got, err, tt.want)
+			}
+		})
+	}
+	for _, n := range []int{-1, 257} {
+		m := base
+		m.Ranks = n
+		if b, err := EncodeMeta(m, 512); err != nil || !bytes.Equal(b, without) {
+			t.Errorf("EncodeMeta(Ranks %d) = %x, %v; want no count, %x", n, b, err, without)
+		}
+	}
+}
+
+// A full model list leaves room for the count: models give way, not it.
+func TestEncodeMetaKeepsRanksWhenFull(t *testing.T) {
+	many := make([]string, 40)
+	for i := range many {
+		many[i] = strings.Repeat(string(rune('a'+i%26)), 20)
+	}
+	m := Meta{APIAddr: "10.0.0.1:8000", Models: many, Ranks: 200}
+	for _, limit := range []int{512, 60} {
+		b, err := EncodeMeta(m, limit)
+		if err != nil || len(b) > limit {
+			t.Fatalf("EncodeMeta(limit %d) = %d bytes, %v", limit, len(b), err)
+		}
+		got, err := DecodeMeta(b)
+		if err != nil || got.Ranks != 200 || !got.ModelsTruncated {
+			t.Errorf("limit %d: DecodeMeta = Ranks %d truncated %v, %v; want 200, true", limit, got.Ranks, got.ModelsTruncated, err)
+		}
+	}
+}
+
+// A node's rank count reaches its peers through the meta, and Snapshot
+// shows it, its own included.
+func TestMeshAdvertisesRanks(t *testing.T) {
+	ms := cluster(t, 2, func(_ int, c *Config) { c.MetaInterval = time.Hour })
+	ranks := func(m *Mesh) map[string]int {
+		vs := m.Snapshot(time.Now())
+		out := map[string]int{}
+		for _, v := range vs {
+			out[v.ID] = v.Ranks
+		}
+		return out
+	}
+	if got := ranks(ms[1]); got["n0"] != 0 || got["n1"] != 0 {
+		t.Errorf("ranks before SetRanks = %v; want none advertised", got)
+	}
+	ms[0].SetRanks(2)
+	ms[1].SetRanks(1)
+	waitFor(t, 5*time.Second, "n0's 2 ranks on n1", func() bool { return ranks(ms[1])["n0"] == 2 })
+	if got := ranks(ms[1]); got["n1"] != 1 {
+		t.Errorf("n1's own count = %d; want 1", got["n1"])
+	}
+	if got := ranks(ms[0]); got["n0"] != 2 {
+		t.Errorf("n0's own count = %d; want 2", got["n0"])
+	}
+	waitFor(t, 5*time.Second, "n1's 1 rank on n0", func() bool { return ranks(ms[0])["n1"] == 1 })
+}
+
 func TestOldestWire(t *testing.T) {
 	tb := newTable()
 	if got := tb.oldestWire(); got != WireVersion {
@@ -204,6 +324,8 @@ func FuzzMeta(f *testing.F) {
 	f.Add(metaV010)
 	newer, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1}, 512)
 	f.Add(append(newer, 7, 7, 7)) // a newer version's appended fields
+	ranked, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, Ranks: 2}, 512)
+	f.Add(ranked)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMeta(b)
 		if err != nil {

@@ -296,6 +296,7 @@ func (t *table) views() []route.PeerView {
 			// Models lists only what fits the meta; route knows what that means.
 			ModelsTruncated: p.meta.ModelsTruncated,
 			KeyScheme:       int(p.meta.KeyScheme),
+			Ranks:           p.meta.Ranks,
 			Load:            p.load(),
 			LoadAt:          p.loadAt,
 			// Every member pushes its load within a second of learning of

@@ -87,7 +87,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 // came from.
 func matchPeer(pv PeerView, req Request, tpk int, now time.Time, cfg Config, r *Recent) (match, string) {
 	digestTTL := cfg.DigestTTL
-	sum := match{rank: NoRank}
+	sum := match{placed: placed{rank: NoRank}}
 	if pv.KeyScheme != blockkey.Version {
 		return sum, fmt.Sprintf("scheme %d", pv.KeyScheme)
 	}
@@ -100,7 +100,7 @@ func matchPeer(pv PeerView, req Request, tpk int, now time.Time, cfg Config, r *
 	case digestTTL > 0 && now.Sub(pv.DigestAt) > digestTTL:
 		tag = "stale digest"
 	default:
-		per, sum.rank, sum.ranks = digestMatch(cfg, pv.Digest, prompts, tpk)
+		per, sum.placed = digestMatch(cfg, pv, prompts, tpk)
 	}
 	// This sidecar's own forwards know no tier: the prefix they sent is
 	// on a GPU once it is served (on the rank they pinned, if any).

@@ -61,8 +61,8 @@ func keepMatches(dst, src []Candidate) {
 			continue
 		}
 		dst[i].MatchedKeys, dst[i].MatchedTokens = src[i].MatchedKeys, src[i].MatchedTokens
-		dst[i].CPUTokens, dst[i].DiskTokens = src[i].CPUTokens, src[i].DiskTokens
-		dst[i].Rank, dst[i].Ranks = src[i].Rank, src[i].Ranks
+		dst[i].GPUTokens, dst[i].CPUTokens, dst[i].DiskTokens = src[i].GPUTokens, src[i].CPUTokens, src[i].DiskTokens
+		dst[i].Rank, dst[i].Ranks, dst[i].Pinned = src[i].Rank, src[i].Ranks, src[i].Pinned
 		dst[i].Note = merge(src[i].Note, dst[i].Note, ", ")
 	}
 }

@@ -115,17 +115,16 @@ func holdsModel(cfg Config, p PeerView, keys []blockkey.Key, now time.Time) bool
 		(cfg.DigestTTL > 0 && now.Sub(p.DigestAt) > cfg.DigestTTL) {
 		return false
 	}
-	per, _, _ := digestMatch(cfg, p.Digest, [][]blockkey.Key{keys[:n]}, 1)
-	if per[0].gpu == n {
-		return true
+	tm, ok := p.Digest.(TierMatcher)
+	if !ok {
+		return p.Digest.PrefixLen(keys[:n]) == n
 	}
-	// A pod of several ranks may hold the model's blocks on another rank
+	// A pod of several ranks may hold the model's blocks on one rank
 	// only; the model is served by every rank.
-	if tm, ok := p.Digest.(TierMatcher); ok {
-		for r := 1; r < tm.Ranks(); r++ {
-			if g, _, _ := tm.TierPrefix(keys[:n], r); g == n {
-				return true
-			}
+	ranks, _ := rankCount(p, tm)
+	for r := range ranks {
+		if g, _, _ := tm.TierPrefix(keys[:n], r); g == n {
+			return true
 		}
 	}
 	return false

@@ -73,11 +73,17 @@ func (d Decision) Table() string {
 }
 
 // tierNote says where a candidate's match is held, when not all of it is
-// on one rank's GPU: "cpu 512", "disk 256", "rank 1/2" ("rank any/2" when
-// the engine chooses). Empty for a pod of one rank with a GPU match alone,
-// so tables of such pods read as before tiers.
+// on one rank's GPU: "gpu 128 cpu 512", "gpu 0 disk 256", "rank 1/2" (the
+// request pinned to rank 1 of 2), "rank any/2" (the engine chooses: no rank
+// holds more), "rank 1/2 unpinned" (a pod that does not advertise its rank
+// count: the count is its digest's, and nothing is pinned). Empty for a
+// pod of one rank with a GPU match alone, so tables of such pods read as
+// before tiers.
 func tierNote(c Candidate) string {
 	var parts []string
+	if c.CPUTokens > 0 || c.DiskTokens > 0 {
+		parts = append(parts, "gpu "+strconv.Itoa(c.GPUTokens))
+	}
 	if c.CPUTokens > 0 {
 		parts = append(parts, "cpu "+strconv.Itoa(c.CPUTokens))
 	}
@@ -89,7 +95,11 @@ func tierNote(c Candidate) string {
 		if c.Rank >= 0 {
 			r = strconv.Itoa(c.Rank)
 		}
-		parts = append(parts, "rank "+r+"/"+strconv.Itoa(c.Ranks))
+		r = "rank " + r + "/" + strconv.Itoa(c.Ranks)
+		if c.Rank >= 0 && !c.Pinned {
+			r += " unpinned"
+		}
+		parts = append(parts, r)
 	}
 	return strings.Join(parts, " ")
 }

@@ -95,6 +95,13 @@ type PeerView struct {
 	// Engine is the peer's vLLM as its sidecar last advertised it; a peer
 	// whose engine is not serving is never chosen.
 	Engine Engine
+	// Ranks is how many data-parallel ranks the peer's engine runs, as its
+	// sidecar advertises it (the node meta): exact, where the digest's rank
+	// markers (TierMatcher.Ranks) can be extended by a Bloom false
+	// positive, and vLLM refuses a request pinned to a rank it does not
+	// run. A request is pinned to a rank only within this count; 0 (a
+	// sidecar that does not advertise it) pins none.
+	Ranks int
 	// Since is when the peer's current cache began, as the caller's table
 	// saw it: its engine came back or its digest epoch changed. Recent
 	// entries from before are about a cache that is gone and never match.
@@ -150,18 +157,21 @@ type Candidate struct {
 	// Only Affinity computes it; 0 for a peer with another key scheme.
 	MatchedKeys   int `json:"matched_keys"`
 	MatchedTokens int `json:"matched_tokens"`
-	// CPUTokens and DiskTokens are the part of MatchedTokens the peer
-	// holds on a lower tier, beyond its GPU prefix (the rest is on the
-	// GPU): vLLM loads them rather than computing them, and counts them
-	// cached. Score credits them at their cost (Config.CPULoadTokensPerSecond).
-	CPUTokens  int `json:"cpu_tokens,omitempty"`
-	DiskTokens int `json:"disk_tokens,omitempty"`
-	// Rank is the data-parallel rank whose match the columns show, the one
-	// the request is pinned to there (X-data-parallel-rank), or NoRank: the
-	// engine chooses. Ranks is how many the peer runs (0 or 1: no data
-	// parallelism).
-	Rank  int `json:"rank"`
-	Ranks int `json:"ranks,omitempty"`
+	// GPUTokens, CPUTokens and DiskTokens split MatchedTokens by where the
+	// peer holds them: the GPU prefix, then beyond it a lower tier, which
+	// vLLM loads rather than computes and counts cached. Score credits a
+	// lower tier's tokens at their cost (Config.CPULoadTokensPerSecond).
+	GPUTokens  int `json:"gpu_tokens"`
+	CPUTokens  int `json:"cpu_tokens"`
+	DiskTokens int `json:"disk_tokens"`
+	// Rank is the data-parallel rank whose match the columns show, or
+	// NoRank: no rank holds more than another. Ranks is how many ranks
+	// were looked at (0 or 1: no data parallelism). Pinned says the
+	// request is pinned to Rank there (X-data-parallel-rank, RankOf): only
+	// within the count the peer advertises (PeerView.Ranks).
+	Rank   int  `json:"rank"`
+	Ranks  int  `json:"ranks,omitempty"`
+	Pinned bool `json:"pinned,omitempty"`
 	// Load is the peer's load as one number, in requests (see doc.go).
 	Load float64 `json:"load"`
 	// Queued is the prefill work ahead of this request at the peer, in

@@ -17,17 +17,32 @@ type TierMatcher interface {
 	TierPrefix(keys []blockkey.Key, rank int) (gpu, cpu, disk int)
 }
 
-// NoRank is Candidate.Rank when the request is not pinned to a rank: the
-// pod runs one, no rank holds more of the prompt than another, or the
-// match is known only from this sidecar's own forwards (Recent, claims).
+// NoRank is Candidate.Rank when no rank of the peer holds more of the
+// prompt than another (or it runs one), or the match is known only from
+// this sidecar's own forwards (Recent, claims): the engine chooses.
 const NoRank = -1
 
+// placed is where among a peer's data-parallel ranks a match is held:
+// rank (NoRank: none holds more than another) of ranks looked at, and
+// whether ranks is the count the peer advertises (PeerView.Ranks), the
+// only one a request may be pinned within.
+type placed struct {
+	rank, ranks int
+	exact       bool
+}
+
+// pinned reports whether the request goes to rank p.rank: a rank of a pod
+// that advertises more than one, and holds more of the prompt than the
+// others.
+func (p placed) pinned() bool {
+	return p.exact && p.ranks > 1 && p.rank >= 0 && p.rank < p.ranks
+}
+
 // match is what one peer holds of a request, in routing keys: on the GPU
-// and, beyond it, on the lower tiers, on rank (NoRank: the engine chooses)
-// of the ranks it runs.
+// and, beyond it, on the lower tiers, and on which rank.
 type match struct {
 	gpu, cpu, disk int
-	rank, ranks    int
+	placed
 }
 
 func (m match) keys() int { return m.gpu + m.cpu + m.disk }
@@ -37,28 +52,41 @@ func (m match) add(x match) match {
 	return m
 }
 
-// digestMatch returns what d holds of each of prompts (the request's keys,
-// then a batch's further prompts, served by one engine request each on
-// the same rank), on the rank where their sum saves the most work
-// (Config.saved), and that rank. Ranks that hold them alike, or not at
-// all, are the engine's to balance (vLLM's own rule picks the least
-// loaded): rank is then NoRank and the columns are rank 0's. A pod with
-// one rank and no lower-tier entries costs one PrefixLen per prompt, as
-// before tiers.
-func digestMatch(cfg Config, d Matcher, prompts [][]blockkey.Key, tpk int) (per []match, rank, ranks int) {
+// rankCount is how many ranks of pv's digest tm to look at, and whether
+// that is exact: the count pv advertises, else the digest's rank markers,
+// which a Bloom false positive can extend (good enough to find a match,
+// never to pin one: vLLM answers 400 to a rank it does not run).
+func rankCount(pv PeerView, tm TierMatcher) (int, bool) {
+	if pv.Ranks > 0 {
+		return pv.Ranks, true
+	}
+	return max(tm.Ranks(), 1), false
+}
+
+// digestMatch returns what pv's digest holds of each of prompts (the
+// request's keys, then a batch's further prompts, served by one engine
+// request each on the same rank), on the rank where their sum saves the
+// most work (Config.saved), and where that is. Ranks that hold them
+// alike, or not at all, are the engine's to balance (vLLM's own rule
+// picks the least loaded): the rank is then NoRank, and the columns are
+// the first best rank's. So is a match shorter than MinMatchKeys: it may
+// be a Bloom false positive, which must not pull a request off the rank
+// vLLM would balance it to any more than onto a pod. A pod with one rank and
+// no lower-tier entries costs one PrefixLen per prompt, as before tiers.
+func digestMatch(cfg Config, pv PeerView, prompts [][]blockkey.Key, tpk int) (per []match, at placed) {
 	per = make([]match, len(prompts))
-	tm, ok := d.(TierMatcher)
+	tm, ok := pv.Digest.(TierMatcher)
 	if !ok {
 		for i, ks := range prompts {
-			per[i].gpu = d.PrefixLen(ks)
+			per[i].gpu = pv.Digest.PrefixLen(ks)
 		}
-		return per, NoRank, 1
+		return per, placed{rank: NoRank, ranks: 1}
 	}
-	ranks = max(tm.Ranks(), 1)
+	at.ranks, at.exact = rankCount(pv, tm)
 	cur := make([]match, len(prompts))
 	var bestSaved float64
-	tie := false
-	for r := range ranks {
+	bestKeys, tie := 0, false
+	for r := range at.ranks {
 		var sum match
 		for i, ks := range prompts {
 			g, c, dk := tm.TierPrefix(ks, r)
@@ -69,15 +97,15 @@ func digestMatch(cfg Config, d Matcher, prompts [][]blockkey.Key, tpk int) (per 
 		switch {
 		case r == 0 || s > bestSaved:
 			copy(per, cur)
-			rank, bestSaved, tie = r, s, false
+			at.rank, bestSaved, bestKeys, tie = r, s, sum.keys(), false
 		case s == bestSaved:
 			tie = true
 		}
 	}
-	if tie || ranks == 1 || bestSaved == 0 {
-		rank = NoRank
+	if tie || at.ranks == 1 || bestSaved == 0 || bestKeys < max(cfg.MinMatchKeys, 1) {
+		at.rank = NoRank
 	}
-	return per, rank, ranks
+	return per, at
 }
 
 // extend raises m's GPU prefix to n keys known from elsewhere (Recent,
@@ -124,7 +152,7 @@ func (cfg Config) saved(gpu, cpu, disk int) float64 {
 
 // savedBy is saved for candidate c's match columns.
 func (cfg Config) savedBy(c *Candidate) float64 {
-	return cfg.saved(c.MatchedTokens-c.CPUTokens-c.DiskTokens, c.CPUTokens, c.DiskTokens)
+	return cfg.saved(c.GPUTokens, c.CPUTokens, c.DiskTokens)
 }
 
 // setMatch fills c's match columns from m, in tokens of tpk per key, capped
@@ -141,18 +169,19 @@ func (c *Candidate) setMatch(m match, tpk, prompt int) {
 		cpu, over = cpu-d, over-d
 		gpu -= over
 	}
-	c.MatchedTokens, c.CPUTokens, c.DiskTokens = gpu+cpu+disk, cpu, disk
-	c.Rank, c.Ranks = m.rank, m.ranks
+	c.MatchedTokens, c.GPUTokens, c.CPUTokens, c.DiskTokens = gpu+cpu+disk, gpu, cpu, disk
+	c.Rank, c.Ranks, c.Pinned = m.rank, m.ranks, m.pinned()
 }
 
 // RankOf returns the data-parallel rank the decision pins the request to
 // at candidate id (the local candidate for id ""), and false when the
-// engine there chooses: a pod of one rank, or no rank holds more of the
-// prompt. The caller sets it as vLLM's X-data-parallel-rank.
+// engine there chooses: a pod that advertises one rank or none
+// (PeerView.Ranks), or no rank holds more of the prompt. The caller sets
+// it as vLLM's X-data-parallel-rank.
 func (d Decision) RankOf(id string) (int, bool) {
 	for _, c := range d.Candidates {
 		if c.ID == id || (id == "" && c.Local) {
-			return c.Rank, c.Ranks > 1 && c.Rank >= 0 && c.Rank < c.Ranks
+			return c.Rank, c.Pinned
 		}
 	}
 	return 0, false

@@ -157,34 +157,44 @@ func TestAffinityWeighsTiers(t *testing.T) {
 	}
 }
 
-// On a pod of two data-parallel ranks the request is pinned to the rank
-// that holds its prefix, on the GPU or the CPU; to none when both hold it
-// alike, or on a pod of one rank.
+// On a pod that advertises two data-parallel ranks the request is pinned
+// to the rank that holds its prefix, on the GPU or the CPU; to none when
+// both hold it alike, on a pod of one rank, or on a pod that does not
+// advertise its count (the digest's markers find the match, but a false
+// positive among them must not name a rank vLLM does not run).
 func TestAffinityPinsRank(t *testing.T) {
 	keys := keysN(1, 32)
 	req := Request{Keys: keys, TokensPerKey: 16, PromptTokens: 512}
 	tests := []struct {
-		name     string
-		ranks    int
-		held     map[blockkey.Key][]place
-		wantRank int
-		wantOK   bool
-		wantNote string
+		name       string
+		advertised int // PeerView.Ranks
+		markers    int // ranks the digest's markers say
+		held       map[blockkey.Key][]place
+		wantRank   int
+		wantOK     bool
+		wantNote   string
 	}{
-		{"rank 1's GPU", 2, hold(nil, keys, place{bloom.TierGPU, 1}), 1, true, "rank 1/2"},
-		{"rank 0's GPU", 2, hold(nil, keys, place{bloom.TierGPU, 0}), 0, true, "rank 0/2"},
-		{"rank 1 holds more", 2, hold(hold(nil, keys[:8], place{bloom.TierGPU, 0}), keys, place{bloom.TierGPU, 1}), 1, true, "rank 1/2"},
-		{"rank 1's CPU beats rank 0's shorter GPU", 2,
+		{"rank 1's GPU", 2, 2, hold(nil, keys, place{bloom.TierGPU, 1}), 1, true, "rank 1/2"},
+		{"rank 0's GPU", 2, 2, hold(nil, keys, place{bloom.TierGPU, 0}), 0, true, "rank 0/2"},
+		{"rank 1 holds more", 2, 2, hold(hold(nil, keys[:8], place{bloom.TierGPU, 0}), keys, place{bloom.TierGPU, 1}), 1, true, "rank 1/2"},
+		{"rank 1's CPU beats rank 0's shorter GPU", 2, 2,
 			hold(hold(hold(nil, keys[:8], place{bloom.TierGPU, 0}), keys[:4], place{bloom.TierGPU, 1}), keys[4:], place{bloom.TierCPU, 1}),
-			1, true, "cpu 448 rank 1/2"},
-		{"both alike: the engine chooses", 2, hold(hold(nil, keys, place{bloom.TierGPU, 0}), keys, place{bloom.TierGPU, 1}), NoRank, false, "rank any/2"},
-		{"one rank: no pin", 1, hold(nil, keys, place{bloom.TierGPU, 0}), NoRank, false, ""},
+			1, true, "gpu 64 cpu 448 rank 1/2"},
+		{"both alike: the engine chooses", 2, 2, hold(hold(nil, keys, place{bloom.TierGPU, 0}), keys, place{bloom.TierGPU, 1}), NoRank, false, "rank any/2"},
+		{"one rank: no pin", 1, 1, hold(nil, keys, place{bloom.TierGPU, 0}), NoRank, false, ""},
+		{"count not advertised: found, not pinned", 0, 2, hold(nil, keys, place{bloom.TierGPU, 1}), 1, false, "rank 1/2 unpinned"},
+		{"advertised count without the digest's markers", 2, 1, hold(nil, keys, place{bloom.TierGPU, 1}), 1, true, "rank 1/2"},
+		// A rank marker's false positive (rank 2 of a 2-rank pod), with
+		// entries that test positive on it: never looked at.
+		{"a rank beyond the advertised count", 2, 3,
+			hold(hold(nil, keys[:8], place{bloom.TierGPU, 1}), keys, place{bloom.TierGPU, 2}), 1, true, "rank 1/2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := fresh("p", Load{})
-			p.Digest = tieredDigest(tt.ranks, tt.held)
+			p.Digest, p.Ranks = tieredDigest(tt.markers, tt.held), tt.advertised
 			q := fresh("q", Load{})
+			q.Ranks = 2
 			d := DefaultChain(DefaultConfig(), nil).Choose(req, []PeerView{p, q}, t0)
 			if d.Target != "p" {
 				t.Fatalf("Choose = %q; want p\n%s", d.Target, d.Table())
@@ -193,16 +203,78 @@ func TestAffinityPinsRank(t *testing.T) {
 			if rank != tt.wantRank && ok || ok != tt.wantOK {
 				t.Errorf("RankOf(p) = %d, %t; want %d, %t\n%s", rank, ok, tt.wantRank, tt.wantOK, d.Table())
 			}
-			if c := d.Candidates[0]; c.Rank != tt.wantRank || c.MatchedTokens != 512 {
-				t.Errorf("candidate rank %d, %d tokens; want %d, 512", c.Rank, c.MatchedTokens, tt.wantRank)
+			c := d.Candidates[0]
+			if c.Rank != tt.wantRank {
+				t.Errorf("candidate rank %d; want %d", c.Rank, tt.wantRank)
 			}
-			if got := tierNote(d.Candidates[0]); got != tt.wantNote {
+			if want := 512; tt.name == "a rank beyond the advertised count" {
+				if c.MatchedTokens != 128 {
+					t.Errorf("candidate matched %d tokens; want rank 1's 128, not the false rank's 512", c.MatchedTokens)
+				}
+			} else if c.MatchedTokens != want {
+				t.Errorf("candidate matched %d tokens; want %d", c.MatchedTokens, want)
+			}
+			if got := tierNote(c); got != tt.wantNote {
 				t.Errorf("tierNote = %q; want %q", got, tt.wantNote)
 			}
 			if _, ok := d.RankOf("q"); ok {
 				t.Error("RankOf(q) pinned a pod with no match")
 			}
+			if _, ok := d.RankOf(""); ok {
+				t.Error("RankOf(local) pinned: no candidate is local")
+			}
 		})
+	}
+}
+
+// A one-key match (a Bloom false positive as likely as a shared preamble)
+// pins no rank, whichever policy places the request: as it pulls no
+// request to a pod (MinMatchKeys), it pulls none off the rank vLLM's own
+// balance would pick.
+func TestShortMatchPinsNoRank(t *testing.T) {
+	keys := keysN(1, 32)
+	p, q := fresh("p", Load{}), fresh("q", Load{})
+	p.Ranks, q.Ranks = 2, 2
+	p.Digest = tieredDigest(2, hold(nil, keys[:1], place{bloom.TierGPU, 1}))
+	q.Digest = tieredDigest(2, nil)
+	d := DefaultChain(DefaultConfig(), nil).Choose(Request{Keys: keys, TokensPerKey: 16, PromptTokens: 512}, []PeerView{p, q}, t0)
+	if d.Reason == ReasonAffinity {
+		t.Fatalf("a one-key match chosen by affinity:\n%s", d.Table())
+	}
+	if c := d.Candidates[0]; c.MatchedKeys != 1 || c.Rank != NoRank || c.Pinned {
+		t.Errorf("p: %d keys, rank %d, pinned %t; want 1 key, NoRank, not pinned\n%s", c.MatchedKeys, c.Rank, c.Pinned, d.Table())
+	}
+	if _, ok := d.RankOf("p"); ok {
+		t.Errorf("RankOf(p) pinned a one-key match\n%s", d.Table())
+	}
+}
+
+// The local pod is pinned as a peer is, by its own advertised count.
+func TestAffinityPinsLocalRank(t *testing.T) {
+	keys := keysN(1, 32)
+	p := fresh("p", Load{})
+	p.Local, p.Ranks = true, 2
+	p.Digest = tieredDigest(2, hold(nil, keys, place{bloom.TierGPU, 1}))
+	d := DefaultChain(DefaultConfig(), nil).Choose(Request{Keys: keys, TokensPerKey: 16, PromptTokens: 512},
+		[]PeerView{p, fresh("q", Load{})}, t0)
+	if r, ok := d.RankOf(""); !d.Local || r != 1 || !ok {
+		t.Errorf("local %t, RankOf(local) = %d, %t; want local rank 1, pinned\n%s", d.Local, r, ok, d.Table())
+	}
+}
+
+// The match columns sum: the GPU prefix and the lower tiers beyond it.
+func TestCandidateTierColumns(t *testing.T) {
+	keys := keysN(1, 32)
+	p := fresh("p", Load{})
+	p.Digest = tieredDigest(1, hold(hold(nil, keys[:8], place{bloom.TierGPU, 0}), keys[8:], place{bloom.TierCPU, 0}))
+	d := DefaultChain(DefaultConfig(), nil).Choose(Request{Keys: keys, TokensPerKey: 16, PromptTokens: 512},
+		[]PeerView{p, fresh("q", Load{})}, t0)
+	c := d.Candidates[0]
+	if c.GPUTokens != 128 || c.CPUTokens != 384 || c.DiskTokens != 0 || c.MatchedTokens != 512 {
+		t.Errorf("columns gpu %d cpu %d disk %d of %d; want 128, 384, 0 of 512", c.GPUTokens, c.CPUTokens, c.DiskTokens, c.MatchedTokens)
+	}
+	if got := tierNote(c); got != "gpu 128 cpu 384" {
+		t.Errorf("tierNote = %q; want %q", got, "gpu 128 cpu 384")
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/forward"
@@ -61,6 +62,10 @@ type config struct {
 	// tokens and requests) or "requests" (the count alone).
 	RouteLoad   string
 	PrefillRate float64 // the engine's prefill tokens per second
+	// CPULoadRate and DiskLoadRate are how fast the engine loads a
+	// token's KV back from its CPU and disk tiers, tokens per second.
+	CPULoadRate  float64
+	DiskLoadRate float64
 
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -126,6 +131,8 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.SilenceWindow, "kv-events-silence-window", 10*time.Second, "warn (log, metric, /readyz body) when vLLM serves this long with no KV event ever arriving")
 	fs.StringVar(&c.RouteLoad, "route-load", "work", "how a peer's load is weighed in the choice: work (the prompt tokens it must still prefill, plus its requests) or requests (the count alone, as kvroute weighed it before; for comparison)")
 	fs.Float64Var(&c.PrefillRate, "prefill-rate", route.DefaultConfig().PrefillTokensPerSecond, "the engine's prefill throughput in tokens per second, which turns /debug/route's costs into expected times to first token (default: the simulator's Llama-3.1-8B on one H100)")
+	fs.Float64Var(&c.CPULoadRate, "cpu-load-rate", route.DefaultCPULoadTokensPerSecond, "how fast the engine loads a token's KV from its CPU tier (vLLM's native offloading, LMCache) back to the GPU, in tokens per second; a CPU-cached token is credited 1 - prefill-rate/cpu-load-rate of a GPU-cached one. The default is Llama-3.1-8B's 128 KiB per token over PCIe Gen5 x16 at 50 GB/s, the simulator's rate; 0: CPU copies are not credited")
+	fs.Float64Var(&c.DiskLoadRate, "disk-load-rate", route.DefaultDiskLoadTokensPerSecond, "as --cpu-load-rate, for the disk tier (and shared storage). The default is the same model at 5 GB/s, one NVMe drive; 0: disk copies are not credited")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "json or console")
@@ -177,8 +184,10 @@ func (c config) validate() error {
 		return fmt.Errorf("--route-load %q: want work or requests", c.RouteLoad)
 	case c.PrefillRate < 0:
 		return errors.New("--prefill-rate must not be negative")
-	case c.DPRanks < 1:
-		return errors.New("--kv-events-dp-ranks must be at least 1")
+	case c.CPULoadRate < 0 || c.DiskLoadRate < 0:
+		return errors.New("--cpu-load-rate and --disk-load-rate must not be negative (0: that tier is not credited)")
+	case c.DPRanks < 1 || c.DPRanks > bloom.MaxRanks:
+		return fmt.Errorf("--kv-events-dp-ranks must be in 1..%d", bloom.MaxRanks)
 	case c.TextPrefixKeys < 0:
 		return errors.New("--text-prefix-keys must not be negative")
 	case c.TextPrefixVerify < 1:

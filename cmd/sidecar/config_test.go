@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/forward"
+	"github.com/kvroute/kvroute/route"
 )
 
 func TestParseServeEnvTwins(t *testing.T) {
@@ -20,6 +21,8 @@ func TestParseServeEnvTwins(t *testing.T) {
 		"KVROUTE_MAX_QUEUE_WAIT":  "3s",
 		"KVROUTE_BODY_TIMEOUT":    "0s",
 		"KVROUTE_WRITE_TIMEOUT":   "20s",
+		"KVROUTE_CPU_LOAD_RATE":   "250000",
+		"KVROUTE_DISK_LOAD_RATE":  "0",
 		"POD_NAME":                "pod-1",
 		"POD_IP":                  "10.0.0.7",
 	}
@@ -29,7 +32,8 @@ func TestParseServeEnvTwins(t *testing.T) {
 	}
 	if c.VLLMURL != "http://127.0.0.1:9999" || !c.EventsBind || c.Listen != ":8080" ||
 		c.NodeName != "pod-1" || c.AdvertiseAddr != "10.0.0.7" || len(c.Join) != 2 || c.Join[1] != "b:7946" || c.LoadPushDelay != 0 ||
-		c.MaxQueue != 12 || c.MaxQueueWait != 3*time.Second || c.BodyTimeout != 0 || c.WriteTimeout != 20*time.Second {
+		c.MaxQueue != 12 || c.MaxQueueWait != 3*time.Second || c.BodyTimeout != 0 || c.WriteTimeout != 20*time.Second ||
+		c.CPULoadRate != 250000 || c.DiskLoadRate != 0 {
 		t.Errorf("parseServe = %+v", c)
 	}
 }
@@ -44,6 +48,10 @@ func TestParseServeErrors(t *testing.T) {
 		{"--max-queue-wait", "-1s"},
 		{"--body-timeout", "-1s"},
 		{"--write-timeout", "-1s"},
+		{"--cpu-load-rate", "-1"},
+		{"--disk-load-rate", "-1"},
+		{"--kv-events-dp-ranks", "0"},
+		{"--kv-events-dp-ranks", "257"},
 		{"--nope"},
 		{"extra"},
 	} {
@@ -95,5 +103,19 @@ func TestOverloadDefaults(t *testing.T) {
 		c.MaxQueue <= 0 || c.MaxQueueWait <= 0 || c.BodyTimeout <= 0 || c.WriteTimeout <= 0 {
 		t.Errorf("defaults: max-queue %d, max-queue-wait %v, body-timeout %v, write-timeout %v; want forward.DefaultConfig's %+v, all on",
 			c.MaxQueue, c.MaxQueueWait, c.BodyTimeout, c.WriteTimeout, d)
+	}
+}
+
+// TestTierRateDefaults: the load-rate flags default to route's rates, so
+// the flag help and route.Config cannot drift.
+func TestTierRateDefaults(t *testing.T) {
+	c, err := parseServe(nil, func(string) string { return "" }, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := route.DefaultConfig()
+	if c.CPULoadRate != d.CPULoadTokensPerSecond || c.DiskLoadRate != d.DiskLoadTokensPerSecond || c.CPULoadRate <= 0 {
+		t.Errorf("--cpu-load-rate %v, --disk-load-rate %v; want route.DefaultConfig's %v, %v",
+			c.CPULoadRate, c.DiskLoadRate, d.CPULoadTokensPerSecond, d.DiskLoadTokensPerSecond)
 	}
 }

@@ -161,6 +161,9 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		return fmt.Errorf("join mesh: %w", err)
 	}
 	defer mesh.Shutdown()
+	// The exact count: peers pin requests to this pod's ranks only within
+	// it (a digest's rank markers can be false positives).
+	mesh.SetRanks(cfg.DPRanks)
 	// The KV events the engine publishes as it computes tell a busy engine
 	// whose /health answers late from a hung one.
 	watcher := engine.NewWatcher(engine.Config{ProbeInterval: cfg.HealthInterval, ProbeTimeout: cfg.HealthTimeout,
@@ -174,6 +177,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
 	fcfg.Route.PrefillTokensPerSecond = cfg.PrefillRate
+	fcfg.Route.CPULoadTokensPerSecond, fcfg.Route.DiskLoadTokensPerSecond = cfg.CPULoadRate, cfg.DiskLoadRate
 	fcfg.MaxQueue, fcfg.MaxQueueWait = cfg.MaxQueue, cfg.MaxQueueWait
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
 	if cfg.RouteLoad == "requests" {
