@@ -153,3 +153,20 @@ func BenchmarkDeltaCodec(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkApplyWithRemovals is what a peer pays per delta of one pod
+// between its rebuilds: a 20k-key digest carrying 2,500 removals (about
+// RebuildRemoved's default) takes a delta of 20 additions and 20 removals.
+func BenchmarkApplyWithRemovals(b *testing.B) {
+	ks := uniformKeys(1, 22500)
+	d := Build(Header{Node: "p", Epoch: 1, Params: ParamsFor(20000, 0.01)}, ks)
+	d = withRemovals(d, ks[20000:])
+	h := d.Header()
+	x := Delta{Node: "p", Epoch: 1, From: h.Version, To: h.Version + 1, Keys: uniformKeys(2, 20), Removed: ks[:20]}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := d.Apply(x); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -44,29 +44,46 @@ func (d *Digest) Removed() int {
 // nextGone returns gone with removed added and added taken out, sorted and
 // each once, keeping only removals whose bits has reports set (has sees
 // the new bits: a key re-added and removed again in later deltas stays an
-// exception). gone is not modified.
+// exception). gone is not modified. It costs one pass over gone plus a
+// sort of the delta's own keys (three sorted lists merged): a peer applies every delta of every pod.
 func nextGone(gone, removed, added []blockkey.Key, has func(blockkey.Key) bool) []blockkey.Key {
 	if len(removed) == 0 && len(gone) == 0 {
 		return nil
 	}
-	out := make([]blockkey.Key, 0, len(gone)+len(removed))
-	out = append(out, gone...)
+	var rem []blockkey.Key
 	for _, k := range removed {
 		if has(k) {
-			out = append(out, k)
+			rem = append(rem, k)
 		}
 	}
-	if len(removed) > 0 {
-		slices.Sort(out)
-		out = slices.Compact(out)
+	slices.Sort(rem)
+	var add []blockkey.Key
+	if len(added) > 0 {
+		add = slices.Clone(added)
+		slices.Sort(add)
 	}
-	if len(added) > 0 && len(out) > 0 {
-		a := slices.Clone(added)
-		slices.Sort(a)
-		out = slices.DeleteFunc(out, func(k blockkey.Key) bool {
-			_, ok := slices.BinarySearch(a, k)
-			return ok
-		})
+	out := make([]blockkey.Key, 0, len(gone)+len(rem))
+	i, j, a := 0, 0, 0
+	for i < len(gone) || j < len(rem) {
+		var k blockkey.Key
+		switch {
+		case j == len(rem) || (i < len(gone) && gone[i] < rem[j]):
+			k, i = gone[i], i+1
+		case i == len(gone) || rem[j] < gone[i]:
+			k, j = rem[j], j+1
+		default: // equal
+			k, i, j = gone[i], i+1, j+1
+		}
+		if n := len(out); n > 0 && out[n-1] == k {
+			continue
+		}
+		for a < len(add) && add[a] < k {
+			a++
+		}
+		if a < len(add) && add[a] == k {
+			continue
+		}
+		out = append(out, k)
 	}
 	if len(out) == 0 {
 		return nil
