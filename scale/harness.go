@@ -116,6 +116,11 @@ type Result struct {
 	HeapPerNodeMiB   float64 `json:"heap_inuse_per_node_mib"`
 	JoinBytes        float64 `json:"join_received_bytes"`
 	JoinSeconds      float64 `json:"join_seconds"`
+	// DetectSeconds is how long after a node dies (its mesh shut down
+	// without leaving, as a killed pod's) every other node's choice
+	// excludes it (route.Excluded: its load pushes silent for SilentFor,
+	// or gone from the table).
+	DetectSeconds float64 `json:"detect_seconds"`
 	HitRate          float64 `json:"hit_rate"`
 	CentralHitRate   float64 `json:"central_hit_rate"`
 	Requests         int     `json:"requests"`
@@ -425,7 +430,34 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for _, v := range snapAll([]*node{j})[0].recv {
 		res.JoinBytes += float64(v)
 	}
+	res.DetectSeconds = detect(ctx, nodes, cfg.Nodes-1, deadline)
 	return res, nil
+}
+
+// detect kills nodes[dead] and returns the seconds until every other node
+// excludes it from its choice, NaN when one still did not within deadline.
+func detect(ctx context.Context, nodes []*node, dead int, deadline time.Duration) float64 {
+	name, rc := nodes[dead].name, route.DefaultConfig()
+	nodes[dead].close()
+	t0 := time.Now()
+	err := waitFor(ctx, deadline, func() bool {
+		now := time.Now()
+		for i, n := range nodes {
+			if i == dead {
+				continue
+			}
+			for _, v := range n.mesh.Snapshot(now) {
+				if v.ID == name && route.Excluded(rc, v, now) == "" {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return math.NaN()
+	}
+	return time.Since(t0).Seconds()
 }
 
 func newSample(origin int, k blockkey.Key, id uint64, at time.Time, gone bool, n int) *sample {

@@ -68,6 +68,10 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
+	// A sidecar's front pushes its load to every member (and refreshes it
+	// while nothing changes): the traffic of the liveness signal, which
+	// detect times.
+	m.SetLoad(route.Load{Fronted: true})
 	ix := kvindex.New(kvindex.Config{Model: model, Scheme: scheme, CapacityBlocks: cfg.CapacityBlocks, Epoch: uint64(i + 1)})
 	c := cachestate.DefaultConfig()
 	c.Node = name
