@@ -113,14 +113,14 @@ type Result struct {
 	// it held before the nodes started, over N: each node's index, digests,
 	// mesh and route state, plus its simulated engine's LRU and its share
 	// of the central index, so above a sidecar's own.
-	HeapPerNodeMiB   float64 `json:"heap_inuse_per_node_mib"`
-	JoinBytes        float64 `json:"join_received_bytes"`
-	JoinSeconds      float64 `json:"join_seconds"`
+	HeapPerNodeMiB float64 `json:"heap_inuse_per_node_mib"`
+	JoinBytes      float64 `json:"join_received_bytes"`
+	JoinSeconds    float64 `json:"join_seconds"`
 	// DetectSeconds is how long after a node dies (its mesh shut down
 	// without leaving, as a killed pod's) every other node's choice
 	// excludes it (route.Excluded: its load pushes silent for SilentFor,
 	// or gone from the table).
-	DetectSeconds float64 `json:"detect_seconds"`
+	DetectSeconds    float64 `json:"detect_seconds"`
 	HitRate          float64 `json:"hit_rate"`
 	CentralHitRate   float64 `json:"central_hit_rate"`
 	Requests         int     `json:"requests"`

@@ -37,7 +37,7 @@ const (
 	targetHeapMiB      = 128e6 / (1 << 20)
 	targetJoinSeconds  = 10
 	targetJoinBytes    = 32e6
-	targetDetectS      = 2 // a dead node out of every choice (issue 25: 3 s at any N; the chaos suite's 2 s)
+	targetDetectS      = 2    // a dead node out of every choice (issue 25: 3 s at any N; the chaos suite's 2 s)
 	targetHitRatio     = 0.95 // hit rate over the central exact index's
 )
 
