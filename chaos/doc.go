@@ -49,4 +49,10 @@
 // responses through the Service during the run (probeStored), and a
 // follow-up whose response's engine died is counted unservable, not lost
 // (stored.go, followups.go).
+//
+// A scenario's Burst overloads the pods on top of the workload (long
+// unique chats at a multiple of what the engines can prefill) and the
+// report gets the burst's verdict (overload.go): every request served or
+// refused retryably and early, no sidecar retries or second hops, every
+// sidecar's RSS under a bound, the workload's TTFT back within a bound.
 package chaos

@@ -304,18 +304,6 @@ func streamTTFT(ctx context.Context, hc *http.Client, url, body string) (time.Du
 	return ttft, nil
 }
 
-// metricSumLabel is metricSum over the series of name whose labels
-// include label (k="v").
-func metricSumLabel(text, name, label string) float64 {
-	var keep []string
-	for _, line := range strings.Split(text, "\n") {
-		if strings.HasPrefix(line, name+"{") && strings.Contains(line[:strings.LastIndex(line, "}")+1], label) {
-			keep = append(keep, line)
-		}
-	}
-	return metricSum(strings.Join(keep, "\n"), name)
-}
-
 // TestNoEngineAnswersRetryably hangs every pod's engine (SIGSTOP: they
 // take connections and answer nothing) with requests in flight and more
 // arriving through the Service. Every request must end in a 503 with

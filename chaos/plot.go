@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -71,7 +72,7 @@ func (r *Result) PlotTimeline(path string) error {
 			p.Add(l)
 		}
 		var labels plotter.XYLabels
-		for _, f := range r.Faults {
+		for _, f := range r.marks() {
 			if err := marker(p, f.AtS, ymax, faultColor); err != nil {
 				return err
 			}
@@ -202,4 +203,14 @@ func (r *Result) PlotResources(dir string) ([]string, error) {
 		files = append(files, path)
 	}
 	return files, nil
+}
+
+// marks are the timeline's events: the faults, and a burst as a fault
+// from its start to its end.
+func (r *Result) marks() []FaultResult {
+	if r.Overload == nil {
+		return r.Faults
+	}
+	b := FaultResult{FaultRecord: FaultRecord{Fault: "burst", AtS: r.Overload.AtS, UndoneS: r.Overload.EndS}}
+	return append(slices.Clone(r.Faults), b)
 }

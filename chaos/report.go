@@ -161,6 +161,9 @@ type Result struct {
 	ResourcePeak ResourcePeak     `json:"resource_peak"`
 	Flat         []FlatCheck      `json:"flat,omitempty"`
 	FlatRule     string           `json:"flat_rule,omitempty"`
+	// Overload is the burst's figures and verdict (scenarios with a
+	// burst only).
+	Overload *OverloadResult `json:"overload,omitempty"`
 	// Timeline is one entry per second of send time.
 	Timeline []Second `json:"timeline"`
 }
@@ -661,6 +664,7 @@ func (r *Result) Markdown() string {
 				f.ServedEnteringDuring, f.ForwardedToAfter, orDash(f.Err))
 		}
 	}
+	b.WriteString(r.Overload.markdown())
 	b.WriteString(r.apiMarkdown())
 	b.WriteString(r.windowMarkdown())
 	b.WriteString(r.resourceMarkdown())

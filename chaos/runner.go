@@ -98,7 +98,7 @@ func (c RunConfig) withDefaults() RunConfig {
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
-	c.BlocksPerPod = pick(c.BlocksPerPod, 0, 2048)
+	c.BlocksPerPod = pick(s.BlocksPerPod, c.BlocksPerPod, 2048)
 	if c.TimeScale <= 0 {
 		c.TimeScale = 1
 	}
@@ -114,6 +114,9 @@ func (c RunConfig) withDefaults() RunConfig {
 	}
 	if c.ResourceEvery <= 0 {
 		c.ResourceEvery = 5 * time.Second
+		if s.Burst != nil {
+			c.ResourceEvery = time.Second // a burst's RSS peak lasts seconds
+		}
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -267,6 +270,11 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 		r.stored = newStoreLog(time.Now())
 		rt = storeTap{base: tr, log: r.stored}
 	}
+	var refused *refusalTap
+	if cfg.Scenario.Burst != nil {
+		refused = &refusalTap{base: rt}
+		rt = refused
+	}
 	client := loadgen.NewClient(&http.Client{Transport: rt}, c.Config().Model)
 	if cfg.ClientRetry {
 		jr := rand.New(rand.NewPCG(cfg.Seed, 0x5d4))
@@ -288,12 +296,24 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 			Timeout: cfg.RequestTimeout, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e7))}
 		bg.Go(func() { r.gets = probeStored(faultCtx, r.stored, pc) })
 	}
+	var burst []burstOutcome
+	var burstRate float64
+	var burstWG sync.WaitGroup
+	if b := cfg.Scenario.Burst; b != nil {
+		burstRate = b.Factor * burstCapacity(cfg.Pods, b.PromptTokens)
+		fmt.Fprintf(cfg.Progress, "chaos: burst at %v for %v: %d-token chats at %.1f req/s (%.1fx the %.2f req/s the pods can prefill)\n",
+			b.At.D(), b.For.D(), b.PromptTokens, burstRate, b.Factor, burstCapacity(cfg.Pods, b.PromptTokens))
+		burstWG.Go(func() {
+			burst = runBurst(runCtx, b.withDefaults(), svc.URL(), c.Config().Model, burstRate, r.start, cfg.RequestTimeout, cfg.Seed)
+		})
+	}
 	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
 		Endpoints: []loadgen.Endpoint{{URL: svc.URL()}}, Client: client, Seed: cfg.Seed,
 		Stop: cfg.Duration, RequestTimeout: cfg.RequestTimeout, PlainEvery: cfg.PlainEvery, RequestIDs: true,
 		Progress: cfg.Progress, ProgressEvery: 5 * time.Second,
 	}, sched)
 	end := r.since()
+	burstWG.Wait()
 	stopFaults()
 	bg.Wait()
 	smp.Stop()
@@ -306,6 +326,14 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	sidecar := func(p PodInfo) string { return "http://" + p.Admin + "/metrics" }
 	sim := func(p PodInfo) string { return p.SimURL + "/metrics" }
 	gaps := r.scrape(ctx, sidecar, "kvroute_kv_event_gaps_total")
+	var counters map[string]float64
+	if cfg.Scenario.Burst != nil {
+		counters = map[string]float64{
+			"retries":      r.scrape(ctx, sidecar, "kvroute_forward_retries_total"),
+			"hops_refused": r.scrapeLabel(ctx, sidecar, "kvroute_routing_decisions_total", `outcome="refused"`),
+			"queue_full":   r.scrapeLabel(ctx, sidecar, "kvroute_request_errors_total", `kind="queue_full"`),
+		}
+	}
 	dropped := r.scrape(ctx, sim, "vllm_sim_kv_batches_dropped_total")
 	replays := r.scrape(ctx, sim, "vllm_sim_kv_replay_requests_total")
 	conns := svc.Conns()
@@ -317,6 +345,10 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	res.Resources, res.ResourcePeak = smp.Series(), smp.Peak()
 	res.Flat, res.FlatRule = CheckFlat(res.Resources, cfg.Flat), flatRule(cfg.Flat)
 	res.KVEventGaps, res.KVBatchesDropped, res.KVReplays = gaps, dropped, replays
+	if b := cfg.Scenario.Burst; b != nil {
+		res.Overload = summarizeOverload(overloadInput{burst: *b, pods: cfg.Pods, offered: burstRate, outcomes: burst,
+			samples: samples, refusals: refused.refusals(), attempts: attempts, resources: res.Resources, counters: counters})
+	}
 	if aerr != nil || len(attempts) == 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("no forward attempts in the sidecars' debug logs (%v): forwards_to_dead_after_detection is 0 for want of evidence", aerr))
 	}
@@ -334,6 +366,12 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 // scrape sums a counter over every pod's metrics page (url) at the end of
 // the load; a process restarted during the run counts from its start.
 func (r *runState) scrape(ctx context.Context, url func(PodInfo) string, name string) float64 {
+	return r.scrapeLabel(ctx, url, name, "")
+}
+
+// scrapeLabel is scrape over the series whose labels include label
+// (k="v"; "" for every series).
+func (r *runState) scrapeLabel(ctx context.Context, url func(PodInfo) string, name, label string) float64 {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	var total float64
 	for _, p := range r.c.Pods() {
@@ -347,7 +385,7 @@ func (r *runState) scrape(ctx context.Context, url func(PodInfo) string, name st
 		}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 		resp.Body.Close()
-		total += metricSum(string(b), name)
+		total += metricSumLabel(string(b), name, label)
 	}
 	return total
 }
@@ -373,6 +411,27 @@ func metricSum(text, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// metricSumLabel is metricSum over the series of name whose labels
+// include label (k="v"; "" for every series).
+func metricSumLabel(text, name, label string) float64 {
+	return metricSum(withLabel(text, name, label), name)
+}
+
+// withLabel keeps the lines of text whose series of name carry label
+// (k="v"); all of text when label is "".
+func withLabel(text, name, label string) string {
+	if label == "" {
+		return text
+	}
+	var keep []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, name+"{") && strings.Contains(line[:strings.LastIndex(line, "}")+1], label) {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
 }
 
 // progressf adapts the Service's lines to the run's progress.

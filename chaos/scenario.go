@@ -35,8 +35,14 @@ type Scenario struct {
 	// this tree's) whose sidecar every pod starts with, built once and
 	// kept under out/ (BuildSidecarAt); upgrade-sidecar moves a pod to
 	// this tree's. Empty: every pod runs this tree's.
-	SidecarFrom string  `json:"sidecar_from,omitempty"`
-	Faults      []Fault `json:"faults"`
+	SidecarFrom string `json:"sidecar_from,omitempty"`
+	// BlocksPerPod is every simulator's KV capacity in blocks of 16 tokens
+	// (RunConfig's; default 2048, a 32k-token cache, which one 32k-token
+	// chat would fill).
+	BlocksPerPod int `json:"blocks_per_pod,omitempty"`
+	// Burst is an overload phase on top of the workload (nil: none).
+	Burst  *Burst  `json:"burst,omitempty"`
+	Faults []Fault `json:"faults"`
 }
 
 // Fault is one scheduled fault. For undoes it after that long (restart,
@@ -201,6 +207,14 @@ func (s Scenario) Validate(pods int, d time.Duration) error {
 	}
 	if s.Rate < 0 {
 		return fmt.Errorf("scenario: rate %v is negative", s.Rate)
+	}
+	if s.BlocksPerPod < 0 {
+		return fmt.Errorf("scenario: blocks_per_pod %d is negative", s.BlocksPerPod)
+	}
+	if s.Burst != nil {
+		if err := s.Burst.validate(d); err != nil {
+			return err
+		}
 	}
 	if s.SidecarFrom != "" && !commitRef.MatchString(s.SidecarFrom) {
 		return fmt.Errorf("scenario: sidecar_from %q is not a commit hash (7 to 40 lower-case hex digits)", s.SidecarFrom)

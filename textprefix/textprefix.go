@@ -14,12 +14,13 @@
 // mismatches often stops being trusted. A wrong guess costs at most a
 // cache hit: the request itself is served with its body untouched.
 //
-// The package is pure (no sockets, clocks, goroutines or logging); the
-// front does the tokenizing and calls it.
+// The package is pure (no sockets, goroutines or logging, and no clock but
+// the one a Store is given); the front does the tokenizing and calls it.
 package textprefix
 
 import (
 	"container/list"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -103,12 +104,36 @@ func (e Entry) Prefix() blockkey.Prefix {
 	return blockkey.Prefix{Keys: e.Keys, Tokens: e.Tokens, Last: e.Last, Tail: e.Tail}
 }
 
+// DefaultTTL is how long NewStore's entries are kept unused. An entry
+// saves one /tokenize call for a conversation's next turn and is worth it
+// only while that conversation's prefix may still be cached: a busy pod
+// turns its cache over in about two minutes (the simulator's H100 holds
+// 432k tokens and prefills 16.7k a second, so a quarter of that in new
+// prefixes evicts all of it in 104 s). A conversation idle for longer pays
+// one /tokenize call on its next turn, as a new one does. It also makes
+// the store's size a function of the last few minutes' traffic, reached
+// within them, rather than of everything since the start: without it the
+// 30-minute soak's stores grew the whole run (every sidecar holds the
+// mesh's entries), at about 0.5 MB of heap a minute.
+const DefaultTTL = 3 * time.Minute
+
+// entryBytes is what an entry costs besides its keys' and tail's arrays:
+// its item (96 B), list element (48 B), map slot and a share of the
+// map's buckets (TestStoreMemory measures it). The size bound counts it,
+// so that entries of no keys (prefixes shorter than a routing key) are
+// bounded too.
+const entryBytes = 200
+
 // Store is a bounded map of prefix entries, least recently used evicted
-// first, sized by the keys it holds (an entry's memory is its keys). It is
-// not safe for concurrent use.
+// first, sized by memory in units of a key (8 bytes: an entry's keys, its
+// tail and its fixed cost), and aged: an entry unused (Get or Put) for the
+// TTL is dropped. It is not safe for concurrent use.
 type Store struct {
 	maxKeys int
+	cost    int // of every entry, in keys (entryCost)
 	keys    int
+	ttl     time.Duration
+	now     func() time.Time
 	ll      *list.List // of *item, most recent first
 	items   map[Hash]*list.Element
 
@@ -116,15 +141,23 @@ type Store struct {
 }
 
 type item struct {
-	h Hash
-	e Entry
+	h    Hash
+	e    Entry
+	used int64 // when last used (Get or Put), Unix nanoseconds
 }
 
-// NewStore returns a store holding at most maxKeys keys in all (at least
-// one entry is always kept).
-func NewStore(maxKeys int) *Store {
-	return &Store{maxKeys: maxKeys, ll: list.New(), items: map[Hash]*list.Element{}}
+// NewStore returns a store of at most maxKeys keys' memory (at least one
+// entry is always kept), whose entries unused for DefaultTTL are dropped.
+func NewStore(maxKeys int) *Store { return NewStoreTTL(maxKeys, DefaultTTL, time.Now) }
+
+// NewStoreTTL is NewStore with entries kept unused for ttl (0: until the
+// size bound evicts them), by the clock now.
+func NewStoreTTL(maxKeys int, ttl time.Duration, now func() time.Time) *Store {
+	return &Store{maxKeys: maxKeys, ttl: ttl, now: now, ll: list.New(), items: map[Hash]*list.Element{}}
 }
+
+// entryCost is e's memory in keys, rounded up.
+func entryCost(e Entry) int { return cap(e.Keys) + (4*cap(e.Tail)+entryBytes+7)/8 }
 
 // Len is the number of entries; Keys the keys they hold.
 func (s *Store) Len() int  { return s.ll.Len() }
@@ -132,30 +165,40 @@ func (s *Store) Keys() int { return s.keys }
 
 // Get returns h's entry and marks it used.
 func (s *Store) Get(h Hash) (Entry, bool) {
+	now := s.expire()
 	el, ok := s.items[h]
 	if !ok {
 		return Entry{}, false
 	}
 	s.ll.MoveToFront(el)
-	return el.Value.(*item).e, true
+	it := el.Value.(*item)
+	it.used = now
+	return it.e, true
 }
 
 // Has reports whether h has an entry, without marking it used.
-func (s *Store) Has(h Hash) bool { _, ok := s.items[h]; return ok }
+func (s *Store) Has(h Hash) bool {
+	s.expire()
+	_, ok := s.items[h]
+	return ok
+}
 
 // Put stores e under h (replacing any entry) and evicts the least recently
 // used entries past the size bound. e.Keys is kept, not copied.
 func (s *Store) Put(h Hash, e Entry) {
+	now := s.expire()
 	if el, ok := s.items[h]; ok {
 		it := el.Value.(*item)
 		s.keys += len(e.Keys) - len(it.e.Keys)
-		it.e = e
+		s.cost += entryCost(e) - entryCost(it.e)
+		it.e, it.used = e, now
 		s.ll.MoveToFront(el)
 	} else {
-		s.items[h] = s.ll.PushFront(&item{h: h, e: e})
+		s.items[h] = s.ll.PushFront(&item{h: h, e: e, used: now})
 		s.keys += len(e.Keys)
+		s.cost += entryCost(e)
 	}
-	for s.keys > s.maxKeys && s.ll.Len() > 1 {
+	for s.cost > s.maxKeys && s.ll.Len() > 1 {
 		s.remove(s.ll.Back())
 	}
 }
@@ -167,10 +210,24 @@ func (s *Store) Delete(h Hash) {
 	}
 }
 
+// expire drops the entries unused for the TTL (the list's tail, which is
+// in order of use) and returns the time now.
+func (s *Store) expire() int64 {
+	now := s.now().UnixNano()
+	if s.ttl <= 0 {
+		return now
+	}
+	for el := s.ll.Back(); el != nil && now-el.Value.(*item).used >= int64(s.ttl); el = s.ll.Back() {
+		s.remove(el)
+	}
+	return now
+}
+
 func (s *Store) remove(el *list.Element) {
 	it := s.ll.Remove(el).(*item)
 	delete(s.items, it.h)
 	s.keys -= len(it.e.Keys)
+	s.cost -= entryCost(it.e)
 }
 
 // Trust thresholds: after minChecks checks, a store whose guesses were

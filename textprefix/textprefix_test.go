@@ -2,8 +2,10 @@ package textprefix
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
 )
@@ -60,14 +62,15 @@ func keys(n int, salt uint64) []blockkey.Key {
 	return out
 }
 
-func TestStoreEvictsLeastRecentlyUsedByKeys(t *testing.T) {
-	s := NewStore(10)
+func TestStoreEvictsLeastRecentlyUsedBySize(t *testing.T) {
+	fixed := entryCost(Entry{}) // an entry's own cost, in keys
+	s := NewStore(10 + 2*fixed)
 	s.Put(1, Entry{Keys: keys(4, 1)})
 	s.Put(2, Entry{Keys: keys(4, 2)})
 	if _, ok := s.Get(1); !ok { // 1 is now the most recent
 		t.Fatal("1 missing")
 	}
-	s.Put(3, Entry{Keys: keys(4, 3)}) // 12 keys > 10: evict the LRU, 2
+	s.Put(3, Entry{Keys: keys(4, 3)}) // 12 keys and 3 entries > 10 and 2: evict the LRU, 2
 	if s.Has(2) || !s.Has(1) || !s.Has(3) || s.Keys() != 8 || s.Len() != 2 {
 		t.Fatalf("after eviction: has 1 %v 2 %v 3 %v, keys %d, len %d", s.Has(1), s.Has(2), s.Has(3), s.Keys(), s.Len())
 	}
@@ -79,8 +82,8 @@ func TestStoreEvictsLeastRecentlyUsedByKeys(t *testing.T) {
 	}
 	// Replacing an entry accounts its keys once.
 	s.Put(4, Entry{Keys: keys(5, 4)})
-	if s.Keys() != 9 || s.Len() != 2 {
-		t.Fatalf("replace: keys %d len %d", s.Keys(), s.Len())
+	if s.Keys() != 9 || s.Len() != 2 || s.cost != 9+2*fixed {
+		t.Fatalf("replace: keys %d len %d cost %d", s.Keys(), s.Len(), s.cost)
 	}
 	// One entry above the bound is still kept: the newest.
 	s.Put(5, Entry{Keys: keys(30, 5)})
@@ -89,8 +92,88 @@ func TestStoreEvictsLeastRecentlyUsedByKeys(t *testing.T) {
 	}
 	s.Delete(5)
 	s.Delete(5)
-	if s.Len() != 0 || s.Keys() != 0 {
-		t.Fatalf("delete: len %d keys %d", s.Len(), s.Keys())
+	if s.Len() != 0 || s.Keys() != 0 || s.cost != 0 {
+		t.Fatalf("delete: len %d keys %d cost %d", s.Len(), s.Keys(), s.cost)
+	}
+}
+
+// TestStoreBoundsEntriesWithoutKeys: a prefix shorter than a routing key
+// has no keys, and its entry still costs memory; the bound counts it.
+func TestStoreBoundsEntriesWithoutKeys(t *testing.T) {
+	s := NewStoreTTL(1000, 0, time.Now)
+	for i := range 100000 {
+		s.Put(Hash(i), Entry{Tokens: 30, Bytes: 100, Chained: true, Tail: make([]uint32, 14)})
+	}
+	if max := 1000 / entryCost(Entry{Tail: make([]uint32, 14)}); s.Len() > max || s.Len() == 0 {
+		t.Fatalf("%d keyless entries held in a store of 1000 keys' memory; want 1 to %d", s.Len(), max)
+	}
+}
+
+// TestStoreAgesUnusedEntries: an entry neither got nor put for the TTL is
+// dropped by the next use of the store; one used meanwhile stays.
+func TestStoreAgesUnusedEntries(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	s := NewStoreTTL(1<<20, time.Minute, clock)
+	s.Put(1, Entry{Keys: keys(4, 1)})
+	s.Put(2, Entry{Keys: keys(4, 2)})
+	now = now.Add(40 * time.Second)
+	if _, ok := s.Get(1); !ok {
+		t.Fatal("1 missing before its TTL")
+	}
+	s.Put(3, Entry{Keys: keys(4, 3)})
+	now = now.Add(20 * time.Second) // 2 unused for 60 s, 1 for 20 s
+	if s.Has(2) || !s.Has(1) || !s.Has(3) || s.Len() != 2 || s.Keys() != 8 {
+		t.Fatalf("after 2's TTL: has 1 %v 2 %v 3 %v, len %d, keys %d", s.Has(1), s.Has(2), s.Has(3), s.Len(), s.Keys())
+	}
+	// Has does not count as a use: 1 and 3 age from their Get and Put
+	// (at 40 s), unless got again.
+	now = now.Add(39 * time.Second)
+	if !s.Has(1) || !s.Has(3) {
+		t.Fatalf("has 1 %v 3 %v; want both, used 59 s ago", s.Has(1), s.Has(3))
+	}
+	s.Get(1)
+	now = now.Add(time.Second)
+	if s.Has(3) || !s.Has(1) {
+		t.Fatalf("has 1 %v 3 %v; want only 1, used 1 s ago", s.Has(1), s.Has(3))
+	}
+	now = now.Add(time.Minute)
+	if _, ok := s.Get(1); ok || s.Len() != 0 || s.Keys() != 0 || s.cost != 0 {
+		t.Fatalf("after every TTL: len %d keys %d cost %d", s.Len(), s.Keys(), s.cost)
+	}
+	// A steady stream of new entries keeps the store at a TTL's worth.
+	for i := range 600 {
+		now = now.Add(time.Second)
+		s.Put(Hash(100+i), Entry{Keys: keys(2, uint64(i))})
+	}
+	if s.Len() != 60 {
+		t.Fatalf("a new entry a second for 10 min, TTL 1 min: %d held; want 60", s.Len())
+	}
+}
+
+// TestStoreMemory fills a store to its bound with entries as the front
+// makes them and checks that the heap they hold is what the bound says:
+// maxKeys × 8 bytes, within the map's own overhead.
+func TestStoreMemory(t *testing.T) {
+	const maxKeys = 1 << 16 // 512 KiB
+	for _, n := range []int{0, 4, 125} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := NewStoreTTL(maxKeys, 0, time.Now)
+		for i := range 200000 {
+			e := Entry{Keys: keys(n, uint64(i)), Tokens: 64*n + 10, Chained: true, Tail: make([]uint32, 10)}
+			s.Put(Hash(i), e)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		per := float64(held) / float64(s.Len())
+		t.Logf("%d keys an entry: %d entries hold %d KiB (%.0f B each; bound %d KiB)", n, s.Len(), held>>10, per, maxKeys*8>>10)
+		if held > maxKeys*8*5/4 || held < maxKeys*8/2 {
+			t.Errorf("%d keys an entry: the store holds %d KiB; its bound is %d KiB", n, held>>10, maxKeys*8>>10)
+		}
+		runtime.KeepAlive(s)
 	}
 }
 
