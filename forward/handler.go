@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -712,8 +713,13 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	p := st.plan
 	if st.flight != nil {
 		// The first byte of the answer is the first token of a stream (of a
-		// whole answer otherwise): the request's prefill is done.
-		resp.Body = &firstByte{rc: resp.Body, fn: st.flight}
+		// whole answer otherwise): the request's prefill is done. A
+		// Responses stream says so only after its preamble (firstOutput).
+		if st.api == prompt.APIResponses && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			resp.Body = newFirstOutput(resp.Body, st.flight)
+		} else {
+			resp.Body = &firstByte{rc: resp.Body, fn: st.flight}
+		}
 	}
 	served := h.cfg.Self
 	if p.served >= 0 && p.targets[p.served].Peer != "" {

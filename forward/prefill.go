@@ -86,3 +86,70 @@ func (f *firstByte) Read(p []byte) (int, error) {
 }
 
 func (f *firstByte) Close() error { return f.rc.Close() }
+
+// firstOutput is firstByte for a Responses API stream: vLLM writes its
+// response.created and response.in_progress events as soon as it takes the
+// request, before the engine schedules it, so the prefill is done only at
+// the first event after them (output_item.added comes with the first
+// output). It reads each event's first line ("event: <type>"); a stream
+// that never names one, or ends, calls fn too. Chat and Messages streams
+// need no such care: vLLM's first chunk (the role, message_start) comes
+// with the first output.
+type firstOutput struct {
+	rc   io.ReadCloser
+	fn   func()
+	line []byte // the current event's first line so far; nil while skipping to the event's end
+	prev byte   // the byte before, to find an event's end ("\n\n")
+	seen int    // bytes read
+}
+
+// maxPreamble bounds what firstOutput reads before it calls fn anyway:
+// the two events before the output echo the request's instructions and
+// tools, which stay far below it.
+const maxPreamble = 1 << 20
+
+func newFirstOutput(rc io.ReadCloser, fn func()) *firstOutput {
+	return &firstOutput{rc: rc, fn: fn, line: []byte{}}
+}
+
+func (f *firstOutput) Read(p []byte) (int, error) {
+	n, err := f.rc.Read(p)
+	if f.fn == nil {
+		return n, err
+	}
+	f.seen += n
+	if err != nil || f.seen > maxPreamble || f.scan(p[:n]) {
+		f.fn()
+		f.fn = nil
+	}
+	return n, err
+}
+
+// scan reads b and reports whether an event other than the preamble's
+// has begun.
+func (f *firstOutput) scan(b []byte) bool {
+	for _, c := range b {
+		if c == '\r' { // CRLF framing reads as LF's
+			continue
+		}
+		switch {
+		case f.line == nil: // inside a preamble event: wait for its end
+			if c == '\n' && f.prev == '\n' {
+				f.line = []byte{}
+			}
+		case c == '\n' && len(f.line) == 0: // a blank line between events
+		case c == '\n' || len(f.line) == 64:
+			ln := string(f.line)
+			if ln != "event: response.created" && ln != "event: response.in_progress" {
+				return true
+			}
+			f.line = nil
+		default:
+			f.line = append(f.line, c)
+		}
+		f.prev = c
+	}
+	return false
+}
+
+func (f *firstOutput) Close() error { return f.rc.Close() }

@@ -141,3 +141,61 @@ func FuzzHopPrefill(f *testing.F) {
 		}
 	})
 }
+
+// A Responses stream's prefill ends at the first event after vLLM's
+// preamble (response.created, response.in_progress), however the bytes
+// are cut; a stream of other events ends it at their first.
+func TestFirstOutput(t *testing.T) {
+	preamble := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"instructions\":\"" +
+		strings.Repeat("x", 3000) + "\"}}\n\n" +
+		"event: response.in_progress\r\ndata: {}\r\n\r\n"
+	output := "event: response.output_item.added\ndata: {}\n\n"
+	for _, tt := range []struct {
+		name, stream string
+		at           int // bytes read when fn must have run; -1: at EOF
+	}{
+		// fn runs once the output event's first line is read.
+		{"preamble then output", preamble + output, len(preamble) + strings.Index(output, "\n") + 1},
+		{"no preamble", output, strings.Index(output, "\n") + 1},
+		{"preamble only", preamble, -1},
+	} {
+		for _, chunk := range []int{1, 7, 4096} {
+			called, read, fired := -1, 0, false
+			f := newFirstOutput(io.NopCloser(&chunked{s: tt.stream, n: chunk}), func() { fired = true })
+			buf := make([]byte, chunk)
+			for {
+				n, err := f.Read(buf)
+				read += n
+				if fired && called < 0 {
+					called = read
+				}
+				if err != nil {
+					break
+				}
+			}
+			want := tt.at
+			if want < 0 {
+				want = len(tt.stream)
+			}
+			// fn runs on the read that crossed the point: within a chunk of it.
+			if called < want || called > want+chunk {
+				t.Errorf("%s, reads of %d: fn at byte %d; want on the read past byte %d", tt.name, chunk, called, want)
+			}
+		}
+	}
+}
+
+// chunked returns s at most n bytes a read.
+type chunked struct {
+	s string
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), c.n)], c.s)
+	c.s = c.s[k:]
+	return k, nil
+}

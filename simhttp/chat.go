@@ -533,14 +533,11 @@ func (s *Server) streamOpenAI(c *gin.Context, g *genRequest, streams []*vllmsim.
 		b, err := json.Marshal(v)
 		return err == nil && w.send("", b)
 	}
-	if resp.chat {
-		// The role chunk carries the prompt's ids and no token_ids.
-		role := resp.chatChunk(&chatDelta{Role: "assistant", Content: ptr("")}, nil, nil)
-		role.PromptTokenIDs = resp.promptIDs(0)
-		if !send(role) {
-			return
-		}
-	}
+	// A chat stream opens with the role chunk, which carries the prompt's
+	// ids and no token_ids. vLLM writes it on the first output of the
+	// engine, not when it takes the request: a client (or a sidecar) that
+	// times the first chunk times the first token, queueing included.
+	roleSent := !resp.chat
 	finals := make([]vllmsim.Output, len(streams))
 	sent := make([]bool, len(streams))
 	r := newOutputs(ctx, streams)
@@ -557,6 +554,14 @@ func (s *Server) streamOpenAI(c *gin.Context, g *genRequest, streams []*vllmsim.
 		o := x.o
 		if len(o.Tokens) == 0 && !o.Done {
 			continue
+		}
+		if !roleSent {
+			role := resp.chatChunk(&chatDelta{Role: "assistant", Content: ptr("")}, nil, nil)
+			role.PromptTokenIDs = resp.promptIDs(0)
+			if !send(role) {
+				return
+			}
+			roleSent = true
 		}
 		var fr *string
 		if o.Done {

@@ -287,11 +287,11 @@ func (s *Server) streamMessages(c *gin.Context, g *genRequest, id string, st *vl
 		return err == nil && w.send(e.Type, b)
 	}
 	zero := 0
+	// message_start goes with the engine's first output: vLLM's converter
+	// writes it for the chat stream's first chunk, which comes then.
 	start := anthropicEvent{Type: "message_start", Message: &messageStart{ID: id, Content: []anthropicBlock{}, Model: g.model,
 		Usage: anthropicUsage{InputTokens: len(g.prompt)}}}
-	if !send(start) {
-		return
-	}
+	opened := false
 	r := newOutputs(ctx, []*vllmsim.Stream{st})
 	started := false
 	var final vllmsim.Output
@@ -299,6 +299,15 @@ func (s *Server) streamMessages(c *gin.Context, g *genRequest, id string, st *vl
 		x, live := r.next(ctx)
 		if !live {
 			return
+		}
+		if x.ok && !opened {
+			if len(x.o.Tokens) == 0 && !x.o.Done {
+				continue
+			}
+			if !send(start) {
+				return
+			}
+			opened = true
 		}
 		if !x.ok {
 			// vLLM's converter answers a chunk it cannot read so.
