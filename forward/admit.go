@@ -3,6 +3,7 @@ package forward
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -22,6 +23,12 @@ import (
 // with Retry-After at once, before any of the request is proxied: queueing
 // it anyway would only lengthen every pod's wait, and the wait after the
 // burst. A refusal marks no pod failed: a full pod is busy, not dead.
+//
+// Admitted, a request goes to a pod with room: the choice's failover
+// order (Decision.Attempts) is kept, but the full pods move to its end
+// (steer), so the prefix holder serves it unless its queue is full, and a
+// request the mesh has room for does not wait behind a full queue because
+// its prefix lives there (the overload scenario's chats waited 54 s so).
 //
 // A request that arrives as a hop was admitted by its sender and is served
 // (or refused with 503 for the usual reasons, serveHop): it is never
@@ -128,6 +135,51 @@ func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView,
 		}
 	}
 	return out
+}
+
+// steer returns d with the full pods (by qs, keyed by peer ID) moved to the
+// end of its failover order and the first other one as its target, and
+// whether the target changed. Pods missing from qs are not full.
+func steer(d route.Decision, qs map[string]podQueue, b bounds) (route.Decision, bool) {
+	if b.off() || len(d.Attempts) < 2 {
+		return d, false
+	}
+	var room, full []string
+	for _, id := range d.Attempts {
+		if q, ok := qs[id]; ok && b.full(q) {
+			full = append(full, id)
+		} else {
+			room = append(room, id)
+		}
+	}
+	if len(room) == 0 || room[0] == d.Attempts[0] {
+		return d, false
+	}
+	d.Attempts = append(room, full...)
+	d.Target = room[0]
+	d.Candidates = slices.Clone(d.Candidates)
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
+		c.Chosen = c.ID == d.Target
+		if c.Chosen {
+			d.Local = c.Local
+		}
+	}
+	return d, true
+}
+
+// steered is steer for the front's peers.
+func (h *Handler) steered(d route.Decision, peers []route.PeerView) (route.Decision, bool) {
+	b := h.bounds()
+	if b.off() {
+		return d, false
+	}
+	now := h.now()
+	qs := make(map[string]podQueue, len(peers))
+	for _, p := range peers {
+		qs[p.ID] = queueAt(h.cfg.Route, p, now)
+	}
+	return steer(d, qs, b)
 }
 
 func (h *Handler) bounds() bounds {

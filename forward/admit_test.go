@@ -312,3 +312,44 @@ func TestRefusalsAreNotRetriedAcrossTheMesh(t *testing.T) {
 		})
 	}
 }
+
+// TestSteer: an admitted request goes to the first pod of the failover
+// order with room; the order is otherwise kept, and the full pods follow.
+func TestSteer(t *testing.T) {
+	b := bounds{MaxRequests: 2}
+	d := route.Decision{Target: "h", Attempts: []string{"h", "x", "y"}, Candidates: []route.Candidate{
+		{ID: "h", Chosen: true, MatchedTokens: 512}, {ID: "x", Local: true}, {ID: "y"}}}
+	for _, tt := range []struct {
+		name    string
+		qs      map[string]podQueue
+		want    []string
+		steered bool
+	}{
+		{"holder has room", map[string]podQueue{"h": {Waiting: 1}, "x": {Waiting: 9}}, []string{"h", "x", "y"}, false},
+		{"holder full", map[string]podQueue{"h": {Waiting: 2}, "x": {Waiting: 0}}, []string{"x", "y", "h"}, true},
+		{"holder and next full", map[string]podQueue{"h": {Waiting: 3}, "x": {Waiting: 2}}, []string{"y", "h", "x"}, true},
+		{"all full: as chosen (admission refuses first)", map[string]podQueue{"h": {Waiting: 3}, "x": {Waiting: 2}, "y": {Waiting: 5}}, []string{"h", "x", "y"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, steered := steer(d, tt.qs, b)
+			if !slices.Equal(got.Attempts, tt.want) || steered != tt.steered || got.Target != tt.want[0] {
+				t.Fatalf("steer = %v target %q steered %v; want %v, %v", got.Attempts, got.Target, steered, tt.want, tt.steered)
+			}
+			chosen := ""
+			for _, c := range got.Candidates {
+				if c.Chosen {
+					chosen += c.ID
+				}
+			}
+			if chosen != tt.want[0] || got.Local != (tt.want[0] == "x") {
+				t.Errorf("chosen %q local %v; want %s", chosen, got.Local, tt.want[0])
+			}
+			if d.Candidates[0].Chosen != true || d.Attempts[0] != "h" {
+				t.Error("steer modified its argument")
+			}
+		})
+	}
+	if got, steered := steer(d, map[string]podQueue{"h": {Waiting: 9}}, bounds{}); steered || got.Target != "h" {
+		t.Errorf("bounds off: steered to %q", got.Target)
+	}
+}

@@ -401,12 +401,17 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		if !h.admitted(c, st.decision, peers) {
 			return
 		}
+		var steered bool
+		st.decision, steered = h.steered(st.decision, peers)
 		targets := h.targets(st.decision, peers)
 		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route.PrefillTokensPerSecond)
 		st.routed = h.now()
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
 			st.reason += "-nokeys"
+		}
+		if steered {
+			st.reason += "-full" // the choice's pod was full: the next with room serves
 		}
 		st.predicted = st.decision.Expected()
 		h.remember(targets[0].Peer, k)
