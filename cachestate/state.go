@@ -250,8 +250,13 @@ func (s *State) apply(it vllmclient.Item) {
 		clear(s.pending)
 		return
 	}
-	// The last change of an entry within a publish interval is the one
-	// peers get: a delta's lists hold each key once.
+	s.pend(ch)
+}
+
+// pend records what ch changed for the next publish. The last change of an
+// entry within a publish interval is the one peers get: a delta's lists
+// hold each key once.
+func (s *State) pend(ch kvindex.Change) {
 	for _, k := range ch.Added {
 		s.pending[k] = true
 	}
@@ -273,6 +278,12 @@ func tag(e kvindex.Entry) blockkey.Key { return bloom.Tag(e.Key, uint8(e.Tier), 
 // nothing is advertised for an engine that cannot, and the transition to
 // serving sends the first digest itself.
 func (s *State) publish(now time.Time) {
+	// Lower-tier copies of a producer that never removes (LMCache) age out
+	// here (kvindex.Config.StoreOnlyTTL), and leave peers' views with the
+	// next delta like any removal.
+	if ch := s.ix.Expire(now); ch.Aged > 0 {
+		s.pend(ch)
+	}
 	if route.Engine(s.state.Load()) == route.EngineServing {
 		s.send(now)
 	}

@@ -389,3 +389,42 @@ func TestRanksAndTiersAdvertised(t *testing.T) {
 		t.Fatalf("rebuilt: gpu %d cpu %d ranks %d; want 0 2 2", g, c, m.digest.Ranks())
 	}
 }
+
+// TestStoreOnlyTierAges: the CPU copies of a producer that never removes
+// (LMCache announces stores only) leave peers' views once they age past
+// the index's StoreOnlyTTL, by delta, like any removal; a GPU block does
+// not age.
+func TestStoreOnlyTierAges(t *testing.T) {
+	const ttl = time.Minute
+	scheme := blockkey.Scheme{BlockSize: bs, Stride: 1}
+	ix := kvindex.New(kvindex.Config{Model: "m", Scheme: scheme, Epoch: 100, TierStride: 1, StoreOnlyTTL: ttl})
+	m := &mesh{}
+	s := New(Config{Node: "n", Params: bloom.ParamsFor(1000, 0.01), Replay: true, Now: func() time.Time { return t0 }},
+		ix, m, &front{}, nil, zerolog.Nop())
+	serving(s, false, 0)
+	p1 := uint64(1)
+	s.apply(stored(0, 1, nil, 10))
+	s.apply(stored(1, 2, &p1, 20))
+	s.apply(stored(2, 3, nil, 30)) // stays on the GPU
+	off := vllmclient.Item{Kind: vllmclient.KindBatch, Stream: vllmclient.Stream{Topic: "kv"}, Batch: kvevent.Batch{Topic: "kv", Seq: 3,
+		Events: []kvevent.Event{{Kind: kvevent.BlockStored, BlockHashes: []uint64{1, 2}, BlockSize: bs}}}}
+	s.apply(onRank(off, 0, "CPU"))
+	s.apply(onRank(removed(4, 1, 2), 0, "GPU"))
+	s.publish(t0)
+	m.log = nil
+	chain := make([]blockkey.Key, 2)
+	for _, r := range ix.Held(kvindex.CPU) {
+		chain[r.Pos] = r.Key
+	}
+	gpu := ix.Held(kvindex.GPU)[0].Key
+	if _, c, _ := m.digest.TierPrefix(chain, 0); c != 2 {
+		t.Fatalf("before the TTL a peer sees %d CPU keys; want 2", c)
+	}
+	s.publish(t0.Add(ttl / 2))
+	wantLog(t, m) // nothing aged yet
+	s.publish(t0.Add(ttl + ttl/8))
+	wantLog(t, m, "delta v3+0-2")
+	if _, c, _ := m.digest.TierPrefix(chain, 0); c != 0 || !m.digest.Test(gpu) {
+		t.Fatalf("after the TTL a peer sees %d CPU keys, GPU block %v; want 0, true", c, m.digest.Test(gpu))
+	}
+}
