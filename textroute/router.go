@@ -39,7 +39,9 @@ type Config struct {
 	// Model is the base model's name; it goes into every prefix hash.
 	Model  string
 	Scheme blockkey.Scheme
-	// MaxKeys bounds the store (8 bytes each plus ~100 per entry).
+	// MaxKeys bounds the store's memory in units of a key (8 bytes): an
+	// entry costs its keys, its tail and ~200 bytes of its own
+	// (textprefix.Store).
 	// Default 1<<20: 8 MiB, a 32k-token prefix per ~2000 conversations.
 	MaxKeys int
 	// Queue and QueueBytes bound the learning backlog in prefixes and in

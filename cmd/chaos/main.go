@@ -177,6 +177,8 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 			c.Scenario.Rate = c.Rate
 		case "workload":
 			c.Scenario.Workload = c.Workload
+		case "blocks-per-pod":
+			c.Scenario.BlocksPerPod = c.BlocksPerPod
 		}
 	})
 	if c.Workload != "" && !contains(loadgen.Workloads, c.Workload) {
