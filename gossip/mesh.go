@@ -102,7 +102,7 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	mc := cfg.memberlistConfig(delegate{m})
 	var own *transport // nil when a test brought its own
 	if mc.Transport == nil {
-		t, err := newTransport(mc.BindAddr, mc.BindPort, func(err error) { m.log.Warn().Err(err).Msg("gossip transport") })
+		t, err := newTransport(mc.BindAddr, mc.BindPort, &m.stats.sock, func(err error) { m.log.Warn().Err(err).Msg("gossip transport") })
 		if err != nil {
 			return nil, fmt.Errorf("start memberlist: %w", err)
 		}

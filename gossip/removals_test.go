@@ -66,3 +66,25 @@ func TestMeshRemovals(t *testing.T) {
 		t.Fatalf("formats sent: %v; want removals (format 2) to n1 only, format 1 to n2", formats)
 	}
 }
+
+// TestSocketBytes: the socket counters see everything the mesh moves, so
+// more than our own messages (memberlist's probes and metas too), and a
+// full digest sent by TCP is in them on both sides.
+func TestSocketBytes(t *testing.T) {
+	ms := cluster(t, 2, nil)
+	if err := ms[0].PublishDigest(testDigest("n0", 1, 1, 1, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the digest on n1", func() bool { return holds(ms[1], "n0", 1, 2, 3) })
+	a, b := ms[0].Stats(), ms[1].Stats()
+	ours := func(k ByKind) (n uint64) {
+		for _, tr := range k.All {
+			n += tr.Bytes
+		}
+		return n
+	}
+	if a.Sent.Digest.Bytes == 0 || a.SocketSent <= ours(a.Sent) || b.SocketReceived <= ours(b.Received) {
+		t.Fatalf("n0 socket sent %d (ours %d, digest %d), n1 socket received %d (ours %d); want more than ours",
+			a.SocketSent, ours(a.Sent), a.Sent.Digest.Bytes, b.SocketReceived, ours(b.Received))
+	}
+}

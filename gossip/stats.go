@@ -42,12 +42,19 @@ type Stats struct {
 	// this build knows, the rest ignored. Both are expected while a mesh
 	// upgrades (docs/compat.md).
 	NewerDropped, NewerRead uint64
+
+	// SocketSent and SocketReceived are the bytes through the mesh's
+	// sockets: every UDP payload and TCP stream byte, memberlist's own
+	// (probes, acks, gossip of metas, push/pull) and ours, without IP,
+	// UDP or TCP headers. Zero with a transport a test brought.
+	SocketSent, SocketReceived uint64
 }
 
 type counters struct {
 	sent, recv                             kindTraffic
 	sendErrors, decodeErrors, metaErrors   atomic.Uint64
 	newerDropped, newerRead                atomic.Uint64
+	sock                                   sockBytes // transport.go
 	inboxDrops, outboxDrops, unknownOrigin atomic.Uint64
 	held, gaps, stale, epochDrops          atomic.Uint64
 	fullRequests, fullServed               atomic.Uint64
@@ -78,24 +85,26 @@ func (t *kindTraffic) byKind() ByKind {
 
 func (c *counters) snapshot() Stats {
 	return Stats{
-		Sent:          c.sent.byKind(),
-		Received:      c.recv.byKind(),
-		SendErrors:    c.sendErrors.Load(),
-		DecodeErrors:  c.decodeErrors.Load(),
-		MetaErrors:    c.metaErrors.Load(),
-		NewerDropped:  c.newerDropped.Load(),
-		NewerRead:     c.newerRead.Load(),
-		InboxDrops:    c.inboxDrops.Load(),
-		OutboxDrops:   c.outboxDrops.Load(),
-		UnknownOrigin: c.unknownOrigin.Load(),
-		Held:          c.held.Load(),
-		Gaps:          c.gaps.Load(),
-		Stale:         c.stale.Load(),
-		MetaUpdates:   c.metaUpdates.Load(),
-		EpochDrops:    c.epochDrops.Load(),
-		FullRequests:  c.fullRequests.Load(),
-		FullServed:    c.fullServed.Load(),
-		JoinAttempts:  c.joinAttempts.Load(),
-		JoinFailures:  c.joinFailures.Load(),
+		Sent:           c.sent.byKind(),
+		Received:       c.recv.byKind(),
+		SendErrors:     c.sendErrors.Load(),
+		DecodeErrors:   c.decodeErrors.Load(),
+		MetaErrors:     c.metaErrors.Load(),
+		NewerDropped:   c.newerDropped.Load(),
+		NewerRead:      c.newerRead.Load(),
+		SocketSent:     c.sock.sent.Load(),
+		SocketReceived: c.sock.recv.Load(),
+		InboxDrops:     c.inboxDrops.Load(),
+		OutboxDrops:    c.outboxDrops.Load(),
+		UnknownOrigin:  c.unknownOrigin.Load(),
+		Held:           c.held.Load(),
+		Gaps:           c.gaps.Load(),
+		Stale:          c.stale.Load(),
+		MetaUpdates:    c.metaUpdates.Load(),
+		EpochDrops:     c.epochDrops.Load(),
+		FullRequests:   c.fullRequests.Load(),
+		FullServed:     c.fullServed.Load(),
+		JoinAttempts:   c.joinAttempts.Load(),
+		JoinFailures:   c.joinFailures.Load(),
 	}
 }

@@ -23,6 +23,7 @@ import (
 // and each packet is copied out of it. Streams (TCP) are NetTransport's as
 // they were.
 type transport struct {
+	bytes    *sockBytes
 	bind     net.IP
 	tcp      *net.TCPListener
 	udp      *net.UDPConn
@@ -35,6 +36,28 @@ type transport struct {
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
 
+// sockBytes counts the bytes a transport moves, both ways: what the scale
+// harness reports as the mesh's whole upkeep, memberlist's included.
+type sockBytes struct{ sent, recv atomic.Uint64 }
+
+// countedConn counts a TCP stream's bytes into b.
+type countedConn struct {
+	net.Conn
+	b *sockBytes
+}
+
+func (c countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.b.recv.Add(uint64(n))
+	return n, err
+}
+
+func (c countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.b.sent.Add(uint64(n))
+	return n, err
+}
+
 // maxPacket is the largest UDP payload.
 const maxPacket = 65536
 
@@ -43,9 +66,13 @@ const maxPacket = 65536
 const udpRecvBuf = 2 << 20
 
 // newTransport listens on addr:port by TCP and UDP (port 0: one the
-// kernel picks for TCP, then the same for UDP). failures is told of read
-// and accept errors; nil ignores them.
-func newTransport(addr string, port int, failures func(error)) (*transport, error) {
+// kernel picks for TCP, then the same for UDP), counting the bytes it
+// moves into b (nil: not counted). failures is told of read and accept
+// errors; nil ignores them.
+func newTransport(addr string, port int, b *sockBytes, failures func(error)) (*transport, error) {
+	if b == nil {
+		b = &sockBytes{}
+	}
 	ip := net.ParseIP(addr)
 	if ip == nil {
 		return nil, fmt.Errorf("gossip transport: bind address %q is not an IP", addr)
@@ -75,7 +102,7 @@ func newTransport(addr string, port int, failures func(error)) (*transport, erro
 	if failures == nil {
 		failures = func(error) {}
 	}
-	t := &transport{bind: ip, tcp: tcp, udp: udp, failures: failures,
+	t := &transport{bytes: b, bind: ip, tcp: tcp, udp: udp, failures: failures,
 		packetCh: make(chan *memberlist.Packet), streamCh: make(chan net.Conn)}
 	t.wg.Add(2)
 	go t.acceptLoop()
@@ -140,7 +167,8 @@ func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 	if err != nil {
 		return time.Time{}, err
 	}
-	_, err = t.udp.WriteTo(b, ua)
+	n, err := t.udp.WriteTo(b, ua)
+	t.bytes.sent.Add(uint64(n))
 	return time.Now(), err
 }
 
@@ -155,7 +183,11 @@ func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 // DialAddressTimeout implements memberlist.NodeAwareTransport.
 func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", a.Addr)
+	c, err := d.Dial("tcp", a.Addr)
+	if err != nil {
+		return nil, err
+	}
+	return countedConn{c, t.bytes}, nil
 }
 
 // StreamCh implements memberlist.Transport.
@@ -188,6 +220,7 @@ func (t *transport) readLoop() {
 		if n < 1 {
 			continue
 		}
+		t.bytes.recv.Add(uint64(n))
 		t.packetCh <- &memberlist.Packet{Buf: bytes.Clone(buf[:n]), From: from, Timestamp: at}
 	}
 }
@@ -210,6 +243,6 @@ func (t *transport) acceptLoop() {
 			continue
 		}
 		delay = 0
-		t.streamCh <- c
+		t.streamCh <- countedConn{c, t.bytes}
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 func startTransport(t testing.TB) *transport {
 	t.Helper()
-	tr, err := newTransport("127.0.0.1", 0, func(err error) { t.Errorf("transport: %v", err) })
+	tr, err := newTransport("127.0.0.1", 0, nil, func(err error) { t.Errorf("transport: %v", err) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestTransportAdvertise(t *testing.T) {
 	if _, _, err := tr.FinalAdvertiseAddr("not-an-ip", 1); err == nil {
 		t.Error("a bad advertise address was accepted")
 	}
-	if _, err := newTransport("nowhere", 0, nil); err == nil {
+	if _, err := newTransport("nowhere", 0, nil, nil); err == nil {
 		t.Error("a bad bind address was accepted")
 	}
 }

@@ -99,16 +99,20 @@ type Result struct {
 	RecvBytesPerNode    float64            `json:"received_bytes_per_node_per_second"`
 	SentByKind          map[string]float64 `json:"sent_bytes_per_node_per_second_by_kind"`
 	RecvByKind          map[string]float64 `json:"received_bytes_per_node_per_second_by_kind"`
-	StoredP50Ms         float64            `json:"stored_propagation_p50_ms"`
-	StoredP99Ms         float64            `json:"stored_propagation_p99_ms"`
-	StoredSamples       int                `json:"stored_samples"`
-	StoredMissed        int                `json:"stored_missed"`
-	EvictedP50Ms        float64            `json:"evicted_propagation_p50_ms"`
-	EvictedP99Ms        float64            `json:"evicted_propagation_p99_ms"`
-	EvictedSamples      int                `json:"evicted_samples"`
-	EvictedMissed       int                `json:"evicted_missed"`
-	ChoiceP50Us         float64            `json:"choice_p50_us"`
-	ChoiceP99Us         float64            `json:"choice_p99_us"`
+	// SocketBytesPerNode is sent + received at the mesh's sockets
+	// (gossip.Stats.SocketSent): memberlist's own traffic included, IP,
+	// UDP and TCP headers not.
+	SocketBytesPerNode float64 `json:"socket_bytes_per_node_per_second"`
+	StoredP50Ms        float64 `json:"stored_propagation_p50_ms"`
+	StoredP99Ms        float64 `json:"stored_propagation_p99_ms"`
+	StoredSamples      int     `json:"stored_samples"`
+	StoredMissed       int     `json:"stored_missed"`
+	EvictedP50Ms       float64 `json:"evicted_propagation_p50_ms"`
+	EvictedP99Ms       float64 `json:"evicted_propagation_p99_ms"`
+	EvictedSamples     int     `json:"evicted_samples"`
+	EvictedMissed      int     `json:"evicted_missed"`
+	ChoiceP50Us        float64 `json:"choice_p50_us"`
+	ChoiceP99Us        float64 `json:"choice_p99_us"`
 	// HeapPerNodeMiB is the process's in-use heap after a GC, less what
 	// it held before the nodes started, over N: each node's index, digests,
 	// mesh and route state, plus its simulated engine's LRU and its share
@@ -374,6 +378,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			res.RecvByKind[k] += d
 			res.RecvBytesPerNode += d
 		}
+		res.SocketBytesPerNode += float64(after[i].sockSent+after[i].sockRecv-before[i].sockSent-before[i].sockRecv) /
+			window / float64(cfg.Nodes)
 		res.InboxDrops += after[i].drops
 		res.Gaps += after[i].gaps
 	}
@@ -501,15 +507,17 @@ func indexOf(ns []*node, name string) int {
 }
 
 type statsSnap struct {
-	sent, recv  map[string]uint64
-	drops, gaps uint64
+	sent, recv         map[string]uint64
+	sockSent, sockRecv uint64
+	drops, gaps        uint64
 }
 
 func snapAll(ns []*node) []statsSnap {
 	out := make([]statsSnap, len(ns))
 	for i, n := range ns {
 		st := n.mesh.Stats()
-		s := statsSnap{sent: map[string]uint64{}, recv: map[string]uint64{}, drops: st.InboxDrops, gaps: st.Gaps}
+		s := statsSnap{sent: map[string]uint64{}, recv: map[string]uint64{}, drops: st.InboxDrops, gaps: st.Gaps,
+			sockSent: st.SocketSent, sockRecv: st.SocketReceived}
 		for k, v := range st.Sent.All {
 			s.sent[k] = v.Bytes
 		}

@@ -21,6 +21,10 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 	t.Logf("%+v", r)
+	if r.SocketBytesPerNode <= r.SentBytesPerNode+r.RecvBytesPerNode {
+		t.Errorf("socket traffic %v B/s per node; want more than our messages' %v (memberlist's own too)",
+			r.SocketBytesPerNode, r.SentBytesPerNode+r.RecvBytesPerNode)
+	}
 	if r.SentBytesPerNode <= 0 || r.RecvBytesPerNode <= 0 || r.SentByKind["delta"] <= 0 {
 		t.Errorf("traffic sent %v received %v by kind %v; want > 0", r.SentBytesPerNode, r.RecvBytesPerNode, r.SentByKind)
 	}

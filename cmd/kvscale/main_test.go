@@ -78,7 +78,8 @@ func results() []scale.Result {
 		x := float64(n)
 		rs = append(rs, scale.Result{N: n, StoredPerNodePerSec: 190,
 			SentBytesPerNode: 1024 * (10 + 1*x), RecvBytesPerNode: 1024 * (10 + 1*x), // 20 + 2N KiB/s
-			SentByKind: map[string]float64{"delta": 1024 * (10 + 1*x)}, RecvByKind: map[string]float64{"delta": 1024 * (10 + 1*x)},
+			SocketBytesPerNode: 1024 * (30 + 2*x),
+			SentByKind:         map[string]float64{"delta": 1024 * (10 + 1*x)}, RecvByKind: map[string]float64{"delta": 1024 * (10 + 1*x)},
 			StoredP50Ms: 50, StoredP99Ms: 100 + x, // crosses 500 at 400
 			EvictedP50Ms: 500, EvictedP99Ms: 2000, // flat, above 1000: fails everywhere
 			ChoiceP50Us: 5, ChoiceP99Us: 10, HeapPerNodeMiB: 3,
@@ -189,7 +190,7 @@ func TestOutputs(t *testing.T) {
 	rs := results()
 	rep := report{Options: o, Results: rs, Runs: [][]scale.Result{rs[:1], rs[1:2], rs[2:]}, Model: model(rs, 200)}
 	md := markdown(rep)
-	for _, want := range []string{"| 16 | 52.0 | delta 52.0 |", "## Model", "FAIL", "PASS", "meets target up to N ≈ 478", "no data"} {
+	for _, want := range []string{"| 16 | 52.0 | 62.0 | delta 52.0 |", "## Model", "FAIL", "PASS", "meets target up to N ≈ 478", "no data"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
