@@ -39,14 +39,19 @@ const (
 	NameCHWBL          = "chwbl"
 	NameApproxPrefix   = "approx-prefix"
 	NameCentralPrecise = "central-precise"
-	NameCentralExact   = "central-exact"
-	NameLMetric        = "lmetric"
-	NameUncoordinated  = "uncoordinated"
+	// NameCentralPreciseGPU is central-precise reading its exact indexes
+	// for GPU copies alone: the router as it was before lower tiers were
+	// indexed (a pod's CPU and disk copies count for nothing), against
+	// which a tier-aware choice is measured.
+	NameCentralPreciseGPU = "central-precise-gpu-only"
+	NameCentralExact      = "central-exact"
+	NameLMetric           = "lmetric"
+	NameUncoordinated     = "uncoordinated"
 )
 
 // Names lists the proxy policies.
-var Names = []string{NameRoundRobin, NameLeastLoaded, NameCHWBL, NameApproxPrefix, NameCentralPrecise, NameCentralExact,
-	NameLMetric, NameUncoordinated}
+var Names = []string{NameRoundRobin, NameLeastLoaded, NameCHWBL, NameApproxPrefix, NameCentralPrecise, NameCentralPreciseGPU,
+	NameCentralExact, NameLMetric, NameUncoordinated}
 
 // ErrPolicy reports an unknown policy name.
 var ErrPolicy = fmt.Errorf("unknown policy (want one of %v)", Names)

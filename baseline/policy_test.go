@@ -311,6 +311,37 @@ func TestPrecise(t *testing.T) {
 	}
 }
 
+// tierFake holds the first gpu keys of any chain on its GPU and the cpu
+// keys after them on its CPU tier.
+type tierFake struct{ gpu, cpu int }
+
+func (m tierFake) PrefixLen(keys []blockkey.Key) int { return min(m.gpu, len(keys)) }
+func (m tierFake) Ranks() int                        { return 1 }
+func (m tierFake) TierPrefix(keys []blockkey.Key, _ int) (int, int, int) {
+	g := min(m.gpu, len(keys))
+	return g, min(m.cpu, len(keys)-g), 0
+}
+
+// A pod holding the prompt on its CPU tier wins over a short GPU match for
+// central-precise (route credits the load at its cost), and loses it when
+// the index is read GPU-only (central-precise-gpu-only).
+func TestPreciseTiers(t *testing.T) {
+	tokens := make([]uint32, 16*20+1)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	req := Request{Model: "m", Tokens: tokens}
+	pods := []route.Matcher{tierFake{gpu: 0, cpu: 20}, tierFake{gpu: 15}}
+	cfg := PreciseConfig{Model: "m", Scheme: blockkey.Scheme{BlockSize: 16, Stride: 1}, Route: route.DefaultConfig()}
+	if got := NewPrecise(cfg, pods).Pick(req, podsWith(0, 0), t0); got != 0 {
+		t.Errorf("tier-aware Pick = %d; want 0, the CPU holder", got)
+	}
+	gpuOnly := []route.Matcher{GPUOnly{pods[0]}, GPUOnly{pods[1]}}
+	if got := NewPrecise(cfg, gpuOnly).Pick(req, podsWith(0, 0), t0); got != 1 {
+		t.Errorf("GPU-only Pick = %d; want 1, the GPU holder", got)
+	}
+}
+
 func TestPreciseKeysMatchScheme(t *testing.T) {
 	tokens := make([]uint32, 200)
 	p := NewPrecise(PreciseConfig{Model: "m"}, nil)

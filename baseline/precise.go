@@ -48,6 +48,14 @@ type Precise struct {
 	indexes []route.Matcher
 }
 
+// GPUOnly shows a pod's index to route as a plain route.Matcher, its GPU
+// prefix alone: it hides TierPrefix, so route credits no CPU or disk copy
+// however cheap its load (central-precise-gpu-only).
+type GPUOnly struct{ M route.Matcher }
+
+// PrefixLen implements route.Matcher.
+func (g GPUOnly) PrefixLen(keys []blockkey.Key) int { return g.M.PrefixLen(keys) }
+
 // NewPrecise returns the policy over one matcher per pod, in Pick's pod
 // order (a *kvindex.Index each, which the event loop keeps applying to: it
 // is safe for concurrent reads).

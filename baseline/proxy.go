@@ -172,7 +172,7 @@ func New(cfg Config) (*Proxy, error) {
 	case NameApproxPrefix:
 		p.policy = NewApproxPrefix(len(names), cfg.Approx, rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5851f42d4c957f2d)))
 		p.scrape = true
-	case NameCentralPrecise, NameCentralExact, NameLMetric, NameUncoordinated:
+	case NameCentralPrecise, NameCentralPreciseGPU, NameCentralExact, NameLMetric, NameUncoordinated:
 		pc := cfg.Precise
 		if pc == (PreciseConfig{}) {
 			pc = d.Precise
@@ -191,6 +191,9 @@ func New(cfg Config) (*Proxy, error) {
 			ix := kvindex.New(kvindex.Config{Model: pc.Model, Scheme: pc.Scheme})
 			p.indexes = append(p.indexes, ix)
 			matchers[i] = ix
+			if cfg.Policy == NameCentralPreciseGPU {
+				matchers[i] = GPUOnly{ix}
+			}
 		}
 		for _, b := range cfg.Backends {
 			if b.Events == "" {

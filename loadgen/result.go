@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,6 +28,11 @@ type PolicyResult struct {
 	E2EP99      float64 `json:"e2e_p99_s"`
 	OutputTokS  float64 `json:"output_tok_s"`
 	MaxMeanLoad float64 `json:"max_mean_load"`
+	// RepeatTTFTP90 is the TTFT p90 of the successful requests that repeat
+	// a prefix: a later turn, or a session of a Group scheduled before.
+	// The first request of each prefix is a miss whatever the routing;
+	// when those are more than a tenth of the requests, TTFTP90 is theirs.
+	RepeatTTFTP90 float64 `json:"repeat_ttft_p90_s,omitempty"`
 	// HitByModel is HitRate per model ("base" for the default), for a
 	// workload whose sessions name models (multi-lora); nil otherwise.
 	HitByModel map[string]float64 `json:"hit_rate_by_model,omitempty"`
@@ -34,6 +40,9 @@ type PolicyResult struct {
 	// APIAll, over all requests, for a workload whose requests speak more
 	// than one API (agentic); nil otherwise.
 	ByAPI map[string]APIResult `json:"by_api,omitempty"`
+	// Tiers splits the hits between the GPU and the CPU offload tier, from
+	// the engines' counters, for a run whose pods offload; nil otherwise.
+	Tiers *TierSplit `json:"tiers,omitempty"`
 
 	// Not published in the JSON:
 
@@ -43,6 +52,20 @@ type PolicyResult struct {
 	WallTTFTP90 float64 `json:"-"`
 	// TTFTs are the successful requests' TTFTs, sorted (for CDF plots).
 	TTFTs []float64 `json:"-"`
+}
+
+// TierSplit is where the engines found the tokens they did not compute,
+// summed over pods from vLLM's counters: prefix_cache_hits (the GPU) and
+// external_prefix_cache_hits (loaded from the CPU tier), each over
+// prefix_cache_queries, every prompt token the engines scheduled (failed
+// and preempted requests included, so GPU+CPU may differ from HitRate by
+// a little).
+type TierSplit struct {
+	GPUHitRate float64 `json:"gpu_hit_rate"`
+	CPUHitRate float64 `json:"cpu_hit_rate"`
+	// CPUBlocks is the blocks the CPU tiers hold at the end of the run
+	// (the simulator's gauge), summed over pods.
+	CPUBlocks int `json:"cpu_blocks"`
 }
 
 // APIAll is the ByAPI key of the figures over every API.
@@ -158,8 +181,30 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 		res.OutputTokS = float64(out) / span
 	}
 	res.MaxMeanLoad = maxMean(res.PerPod)
+	res.RepeatTTFTP90 = Percentile(repeatTTFTs(samples), 90)
 	res.ByAPI = byAPI(samples)
 	return res
+}
+
+// repeatTTFTs are the sorted TTFTs of the successful samples that repeat a
+// prefix (PolicyResult.RepeatTTFTP90), in the schedule's order, so every
+// policy counts the same requests.
+func repeatTTFTs(samples []Sample) []float64 {
+	order := slices.Clone(samples)
+	slices.SortStableFunc(order, func(a, b Sample) int { return cmp.Compare(a.Scheduled, b.Scheduled) })
+	seen := map[string]bool{}
+	var out []float64
+	for _, s := range order {
+		repeat := s.Turn > 0 || (s.Group != "" && seen[s.Group])
+		if s.Group != "" {
+			seen[s.Group] = true
+		}
+		if repeat && s.OK() {
+			out = append(out, s.TTFT)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // byAPI is the per-API breakdown of samples, nil when they speak one API.
@@ -242,12 +287,12 @@ func WriteJSON(w io.Writer, r Report) error {
 func Markdown(r Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload %s, %d pods (times in simulated seconds)\n\n", r.Workload, r.Pods)
-	b.WriteString("| policy | requests | success | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | out tok/s | max/mean load | wall TTFT p90 |\n")
-	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| policy | requests | success | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | out tok/s | max/mean load | wall TTFT p90 | repeat TTFT p90 |\n")
+	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(&b, "| %s | %d | %.1f%% | %.1f%% | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.3f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %.1f%% | %.1f%% | %.3f | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.3f | %.3f |\n",
 			p.Name, p.Requests, 100*p.SuccessRate, 100*p.HitRate, p.TTFTP50, p.TTFTP90, p.TTFTP99,
-			p.E2EP50, p.E2EP99, p.OutputTokS, p.MaxMeanLoad, p.WallTTFTP90)
+			p.E2EP50, p.E2EP99, p.OutputTokS, p.MaxMeanLoad, p.WallTTFTP90, p.RepeatTTFTP90)
 	}
 	for _, p := range r.Policies {
 		if len(p.PerPod) == 0 {
@@ -281,7 +326,28 @@ func Markdown(r Report) string {
 		}
 	}
 	b.WriteString("\n")
+	b.WriteString(tierTable(r.Policies))
 	b.WriteString(apiTable(r.Policies))
+	return b.String()
+}
+
+// tierTable renders the GPU/CPU split of the policies that have one, ""
+// when none does.
+func tierTable(policies []PolicyResult) string {
+	var b strings.Builder
+	for _, p := range policies {
+		if p.Tiers == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\nhits by tier (the engines' counters, over every prompt token scheduled)\n\n")
+			b.WriteString("| policy | GPU hit | CPU hit | GPU+CPU | CPU tier blocks at end |\n")
+			b.WriteString("|---|--:|--:|--:|--:|\n")
+		}
+		t := p.Tiers
+		fmt.Fprintf(&b, "| %s | %.1f%% | %.1f%% | %.1f%% | %d |\n",
+			p.Name, 100*t.GPUHitRate, 100*t.CPUHitRate, 100*(t.GPUHitRate+t.CPUHitRate), t.CPUBlocks)
+	}
 	return b.String()
 }
 

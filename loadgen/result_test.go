@@ -152,6 +152,18 @@ func TestMarkdown(t *testing.T) {
 	}
 }
 
+func TestMarkdownTiers(t *testing.T) {
+	r := Report{Workload: "w", Pods: 2, Policies: []PolicyResult{{Name: "service", Requests: 1, SuccessRate: 1}}}
+	if md := Markdown(r); strings.Contains(md, "hits by tier") {
+		t.Errorf("a run without tiers shows a tier table:\n%s", md)
+	}
+	r.Policies = append(r.Policies, PolicyResult{Name: "kvroute", Tiers: &TierSplit{GPUHitRate: 0.5, CPUHitRate: 0.25, CPUBlocks: 7}})
+	md := Markdown(r)
+	if !strings.Contains(md, "| kvroute | 50.0% | 25.0% | 75.0% | 7 |") || strings.Contains(md, "| service | 0.0%") {
+		t.Errorf("tier table:\n%s", md)
+	}
+}
+
 func TestPlots(t *testing.T) {
 	dir := t.TempDir()
 	res := []PolicyResult{
@@ -214,5 +226,21 @@ func TestSummarizeByAPI(t *testing.T) {
 	one := Summarize("y", samples[:2], nil, 1)
 	if one.ByAPI != nil || strings.Contains(Markdown(Report{Policies: []PolicyResult{one}}), "by API") {
 		t.Errorf("one API: ByAPI %v; want none and no per-API table", one.ByAPI)
+	}
+}
+
+// Only requests that repeat a prefix count: later turns, and a group's
+// sessions after its first in the schedule's order (not completion order).
+func TestRepeatTTFT(t *testing.T) {
+	samples := []Sample{
+		{Session: "d1-1", Group: "d1", Scheduled: 2, TTFT: 0.2},
+		{Session: "d1-0", Group: "d1", Scheduled: 1, TTFT: 9}, // the first of d1: out
+		{Session: "conv-0", Turn: 0, Scheduled: 0, TTFT: 8},   // a first turn: out
+		{Session: "conv-0", Turn: 1, Scheduled: 3, TTFT: 0.1},
+		{Session: "d2-2", Group: "d2", Scheduled: 4, TTFT: 7}, // alone: out
+		{Session: "d1-3", Group: "d1", Scheduled: 5, TTFT: 5, Err: "x"},
+	}
+	if got := repeatTTFTs(samples); !slices.Equal(got, []float64{0.1, 0.2}) {
+		t.Errorf("repeatTTFTs = %v; want [0.1 0.2]", got)
 	}
 }

@@ -49,6 +49,7 @@ type Sample struct {
 	Session string
 	Model   string // the session's model; "" for the client's
 	Turn    int
+	Group   string // the session's Group
 	// Scheduled and Sent are offsets from the start of the run.
 	Scheduled, Sent time.Duration
 	Pod             string
@@ -249,7 +250,7 @@ func (r *run) send(ctx context.Context, x *Session, k int, scheduled time.Durati
 	cancel()
 	<-r.sem
 	s := sampleOf(rep)
-	s.Session, s.Model, s.Turn, s.Scheduled, s.Sent = x.ID, x.Model, k, scheduled, sent
+	s.Session, s.Model, s.Turn, s.Group, s.Scheduled, s.Sent = x.ID, x.Model, k, x.Group, scheduled, sent
 	s.API, s.Continued = x.Kind.API(), call.PreviousResponseID != ""
 	if err != nil {
 		s.Err = err.Error()

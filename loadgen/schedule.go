@@ -104,6 +104,12 @@ type Session struct {
 
 	System string // Chat, Messages and Responses
 	Turns  []Turn
+	// Group names the long prefix the session shares with other sessions
+	// (a document, a group's system prompt), "" when it shares none worth
+	// naming: the first request of a group, like a session's first turn,
+	// is a compulsory miss that no routing can turn into a hit
+	// (PolicyResult.RepeatTTFTP90 leaves them out).
+	Group string
 
 	// Agent sessions (Messages and Responses):
 

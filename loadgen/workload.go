@@ -230,7 +230,7 @@ func SharedPrefix(c Config, r *rand.Rand) Schedule {
 	for i, at := range poisson(r, c.Rate, c.Duration, c.MaxRequests) {
 		g := r.IntN(groups)
 		prompt := c.clip(concat(systems[g], randomTokens(r, p.QuestionTokens.Int(r))))
-		s.Sessions = append(s.Sessions, Session{ID: sessionID(fmt.Sprintf("g%d", g), i), At: at,
+		s.Sessions = append(s.Sessions, Session{ID: sessionID(fmt.Sprintf("g%d", g), i), At: at, Group: fmt.Sprintf("g%d", g),
 			Turns: []Turn{{Prompt: prompt, MaxTokens: p.OutputTokens}}})
 	}
 	return s
@@ -295,7 +295,7 @@ func DocQA(c Config, r *rand.Rand) Schedule {
 		if c.MaxPromptTokens > 0 && len(doc)+len(q) > c.MaxPromptTokens {
 			doc = doc[:max(0, c.MaxPromptTokens-len(q))]
 		}
-		s.Sessions = append(s.Sessions, Session{ID: sessionID(fmt.Sprintf("d%d", d), i), At: at,
+		s.Sessions = append(s.Sessions, Session{ID: sessionID(fmt.Sprintf("d%d", d), i), At: at, Group: fmt.Sprintf("d%d", d),
 			Turns: []Turn{{Prompt: concat(doc, q), MaxTokens: p.OutputTokens}}})
 	}
 	return s
@@ -371,7 +371,8 @@ func MultiLoRA(c Config, r *rand.Rand) Schedule {
 		if name == "" {
 			name = "base"
 		}
-		s.Sessions = append(s.Sessions, Session{ID: sessionID(fmt.Sprintf("%s-g%d", name, g), i), At: at, Model: m,
+		group := fmt.Sprintf("%s-g%d", name, g)
+		s.Sessions = append(s.Sessions, Session{ID: sessionID(group, i), At: at, Model: m, Group: group,
 			Turns: []Turn{{Prompt: prompt, MaxTokens: p.OutputTokens}}})
 	}
 	return s

@@ -88,14 +88,12 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	cfg.BinDir = o.BinDir
 	cfg.Model = model
 	cfg.Subnet = o.Subnet
-	cfg.Sidecars = policy == policyKVRoute || policy == policyKVRouteRequests
-	cfg.SidecarArgs = o.SidecarArgs
-	if policy == policyKVRouteRequests {
-		cfg.SidecarArgs = append(slices.Clip(cfg.SidecarArgs), "--route-load", "requests")
-	}
+	extra, sidecars := kvrouteArgs[policy]
+	cfg.Sidecars = sidecars
+	cfg.SidecarArgs = append(slices.Clip(o.SidecarArgs), extra...)
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
-	cfg.Sim.ExtraArgs = simArgs(o.Workload)
+	cfg.Sim.ExtraArgs = append(simArgs(o.Workload), o.tierArgs()...)
 	cfg.SimEnv = simEnv(o.Workload)
 	cfg.StopGrace = 2 * time.Second
 	cfg.Progress = progress
@@ -109,10 +107,10 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	var eps []loadgen.Endpoint
 	for _, p := range c.Pods() {
 		pods = append(pods, p.Name)
-		switch policy {
-		case policyService:
+		switch {
+		case policy == policyService:
 			eps = append(eps, loadgen.Endpoint{URL: p.SimURL, Pod: p.Name})
-		case policyKVRoute, policyKVRouteRequests:
+		case sidecars:
 			eps = append(eps, loadgen.Endpoint{URL: "http://" + p.API})
 		}
 	}
@@ -140,6 +138,13 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	}
 	res := loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale)
 	cached.fill(&res)
+	if o.CPUTierGiB > 0 {
+		var sims []string
+		for _, p := range c.Pods() {
+			sims = append(sims, p.SimURL)
+		}
+		res.Tiers = scrapeTiers(ctx, sims, out) // a result, as reportSidecars
+	}
 	return res, nil
 }
 

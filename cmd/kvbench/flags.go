@@ -31,7 +31,19 @@ const (
 	// (sidecar --route-load requests), the choice before load as prefill
 	// work, for side-by-side runs.
 	policyKVRouteRequests = "kvroute-requests"
+	// policyKVRouteGPUOnly: kvroute crediting no lower-tier copy (sidecar
+	// --cpu-load-rate 0 --disk-load-rate 0): the choice before tiers, on
+	// pods that offload all the same.
+	policyKVRouteGPUOnly = "kvroute-gpu-only"
 )
+
+// kvrouteArgs are the sidecar flags each kvroute policy adds to
+// --sidecar-args; a policy not listed runs no sidecars.
+var kvrouteArgs = map[string][]string{
+	policyKVRoute:         nil,
+	policyKVRouteRequests: {"--route-load", "requests"},
+	policyKVRouteGPUOnly:  {"--cpu-load-rate", "0", "--disk-load-rate", "0"},
+}
 
 // options is the parsed command line.
 type options struct {
@@ -62,10 +74,18 @@ type options struct {
 	Build bool
 	// SidecarArgs are added to every sidecar's command line.
 	SidecarArgs []string
+	// CPUTierGiB sizes each pod's CPU offload tier (vllm-sim
+	// --kv-offloading-size; 0: none), OffloadBackend its producer
+	// (--kv-offloading-backend: native or lmcache) and KVBytesPerBlock
+	// the bytes of one block (--sim-kv-bytes-per-block; 0: the simulated
+	// model's, 128 KiB per token).
+	CPUTierGiB      float64
+	OffloadBackend  string
+	KVBytesPerBlock int
 }
 
 func allPolicies() []string {
-	return append([]string{policyService, policyKVRoute, policyKVRouteRequests}, baseline.Names...)
+	return append([]string{policyService, policyKVRoute, policyKVRouteRequests, policyKVRouteGPUOnly}, baseline.Names...)
 }
 
 // parseFlags parses args; --help and --version print to stdout and return
@@ -107,6 +127,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		o.SidecarArgs = append(o.SidecarArgs, strings.Fields(s)...)
 		return nil
 	})
+	fs.Float64Var(&o.CPUTierGiB, "cpu-tier-gib", 0, "CPU offload tier per pod in GiB (vllm-sim --kv-offloading-size; 0: none); at the simulated model's 2 MiB per 16-token block, 4 GiB per 2048 GPU blocks is a tier the size of the GPU cache")
+	fs.StringVar(&o.OffloadBackend, "offload-backend", vllmsim.OffloadNative, "the CPU tier's producer with --cpu-tier-gib: native (stores and removals) or lmcache (stores only)")
+	fs.IntVar(&o.KVBytesPerBlock, "kv-bytes-per-block", 0, "KV bytes per block for the tier's size and load time (vllm-sim --sim-kv-bytes-per-block; 0: the simulated model's)")
 	fs.BoolVar(&o.Build, "build", true, "go build vllm-sim and sidecar into --bin first (cheap when they are up to date); false uses the binaries there as they are")
 	fs.BoolVar(&o.Story, "story", false, "first play the scene: five requests sharing one long system prompt on 3 pods, through the plain Service, then through kvroute")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
@@ -161,6 +184,10 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--fill %v: want (0, 4]", o.Fill)
 	case o.MaxRequests < 0 || o.Concurrency < 1:
 		return o, errors.New("--max-requests must be >= 0 and --concurrency >= 1")
+	case o.CPUTierGiB < 0 || o.CPUTierGiB != o.CPUTierGiB || o.KVBytesPerBlock < 0:
+		return o, errors.New("--cpu-tier-gib and --kv-bytes-per-block must not be negative")
+	case o.OffloadBackend != vllmsim.OffloadNative && o.OffloadBackend != vllmsim.OffloadLMCache:
+		return o, fmt.Errorf("--offload-backend %q: want native or lmcache", o.OffloadBackend)
 	}
 	if o.JSON == "" {
 		o.JSON = o.Out + "/results.json"
@@ -189,6 +216,31 @@ const blockSize = 16
 // longer one with 400: a property of the trace, not of routing).
 func (o options) maxPromptTokens(maxOutput int) int {
 	return min(o.BlocksPerPod*blockSize*3/4, vllmsim.DefaultConfig().MaxModelLen) - maxOutput
+}
+
+// tierArgs are the simulator flags of the CPU tier (none without one).
+func (o options) tierArgs() []string {
+	if o.CPUTierGiB <= 0 {
+		return nil
+	}
+	args := []string{"--kv-offloading-backend", o.OffloadBackend,
+		"--kv-offloading-size", strconv.FormatFloat(o.CPUTierGiB, 'g', -1, 64)}
+	if o.KVBytesPerBlock > 0 {
+		args = append(args, "--sim-kv-bytes-per-block", strconv.Itoa(o.KVBytesPerBlock))
+	}
+	return args
+}
+
+// tierBlocks is each pod's CPU tier in blocks, as vllm-sim sizes it.
+func (o options) tierBlocks() int {
+	if o.CPUTierGiB <= 0 {
+		return 0
+	}
+	bpb := o.KVBytesPerBlock
+	if bpb <= 0 {
+		bpb = vllmsim.KVBytesPerToken * blockSize
+	}
+	return int(o.CPUTierGiB * (1 << 30) / float64(bpb))
 }
 
 // workloadConfig is the synthetic workload sized to this cluster at rate.

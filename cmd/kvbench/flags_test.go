@@ -49,6 +49,33 @@ func TestParseFlags(t *testing.T) {
 		{name: "tiny cache", args: []string{"--blocks-per-pod", "8"}, wantErr: "--blocks-per-pod"},
 		{name: "zero rate", args: []string{"--rate", "0"}, wantErr: "--rate"},
 		{name: "extra args", args: []string{"x"}, wantErr: "unexpected"},
+		{name: "cpu tier", args: []string{"--cpu-tier-gib", "16", "--policies", "kvroute,kvroute-gpu-only,central-precise-gpu-only"},
+			check: func(t *testing.T, o options) {
+				want := []string{"--kv-offloading-backend", "native", "--kv-offloading-size", "16"}
+				if got := o.tierArgs(); !slices.Equal(got, want) {
+					t.Errorf("tierArgs %q; want %q", got, want)
+				}
+				if n := o.tierBlocks(); n != 8192 {
+					t.Errorf("tierBlocks %d; want 8192 (16 GiB of 2 MiB blocks)", n)
+				}
+				if got := kvrouteArgs[policyKVRouteGPUOnly]; !slices.Contains(got, "--cpu-load-rate") {
+					t.Errorf("kvroute-gpu-only sidecar args %q", got)
+				}
+			}},
+		{name: "no tier", check: func(t *testing.T, o options) {
+			if o.tierArgs() != nil || o.tierBlocks() != 0 {
+				t.Errorf("tierArgs %q tierBlocks %d without --cpu-tier-gib", o.tierArgs(), o.tierBlocks())
+			}
+		}},
+		{name: "lmcache tier", args: []string{"--cpu-tier-gib", "1", "--offload-backend", "lmcache", "--kv-bytes-per-block", "1048576"},
+			check: func(t *testing.T, o options) {
+				want := []string{"--kv-offloading-backend", "lmcache", "--kv-offloading-size", "1", "--sim-kv-bytes-per-block", "1048576"}
+				if got := o.tierArgs(); !slices.Equal(got, want) || o.tierBlocks() != 1024 {
+					t.Errorf("tierArgs %q tierBlocks %d", got, o.tierBlocks())
+				}
+			}},
+		{name: "bad offload backend", args: []string{"--offload-backend", "gds"}, wantErr: "--offload-backend"},
+		{name: "negative tier", args: []string{"--cpu-tier-gib", "-1"}, wantErr: "--cpu-tier-gib"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

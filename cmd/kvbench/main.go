@@ -6,6 +6,13 @@
 //	kvbench --trace conversation_trace.jsonl --time-scale 2 --policies service,kvroute
 //	kvbench --workload shared-prefix --sweep 4,8,16 --policies service,kvroute
 //	kvbench --workload agentic --pods 4 --policies service,kvroute,central-precise
+//	kvbench --workload doc-qa --fill 3 --cpu-tier-gib 16 \
+//	  --policies kvroute,kvroute-gpu-only,central-precise,central-precise-gpu-only
+//
+// With --cpu-tier-gib every pod offloads GPU evictions to a CPU tier of
+// that size (vLLM's native offloading), the table adds the hits' split
+// between GPU and CPU, and kvroute-gpu-only and central-precise-gpu-only
+// are kvroute and central-precise crediting no lower tier (docs/tiers.md).
 //
 // Run from the repository root it needs no preparation: it builds the
 // vllm-sim and sidecar binaries into --bin (go build skips what is up to
@@ -94,8 +101,12 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		if s.PromptTokens() == 0 {
 			tokens = "prompts grown by the answers" // chat and agent sessions
 		}
-		fmt.Fprintf(log, "kvbench: workload %s, %d pods, %d requests at %.2f req/s offered, %s, cluster KV %d tokens\n",
-			s.Workload, o.Pods, s.Requests(), rate, tokens, o.Pods*o.BlocksPerPod*blockSize)
+		tier := ""
+		if n := o.tierBlocks(); n > 0 {
+			tier = fmt.Sprintf(" on the GPUs and %d in %s CPU tiers", o.Pods*n*blockSize, o.OffloadBackend)
+		}
+		fmt.Fprintf(log, "kvbench: workload %s, %d pods, %d requests at %.2f req/s offered, %s, cluster KV %d tokens%s\n",
+			s.Workload, o.Pods, s.Requests(), rate, tokens, o.Pods*o.BlocksPerPod*blockSize, tier)
 		pt := loadgen.SweepPoint{Rate: rate}
 		for _, p := range o.Policies {
 			label := p

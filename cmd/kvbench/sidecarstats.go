@@ -144,21 +144,8 @@ type cachedByAPI map[string]*[2]float64
 func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) cachedByAPI {
 	sum := make([]float64, len(sidecarSeries))
 	cached := cachedByAPI{}
-	hc := &http.Client{Timeout: 5 * time.Second}
 	for _, p := range c.Pods() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Admin+"/metrics", nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			fmt.Fprintf(w, "kvbench: %s metrics: %v\n", p.Name, err)
-			continue
-		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			s, ok := parseSeries(sc.Text())
-			if !ok {
-				continue
-			}
+		scrape(ctx, "http://"+p.Admin+"/metrics", p.Name+" metrics", w, func(s series) {
 			for i, spec := range sidecarSeries {
 				if s.matches(spec) {
 					sum[i] += s.value
@@ -175,8 +162,7 @@ func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) cachedBy
 					a[k] += s.value
 				}
 			}
-		}
-		resp.Body.Close()
+		})
 	}
 	fmt.Fprintln(w, sidecarLine(sum))
 	return cached
@@ -223,4 +209,54 @@ func (c cachedByAPI) fill(res *loadgen.PolicyResult) {
 	x := res.ByAPI[loadgen.APIAll]
 	x.PredictedCached, x.ActualCached = &all[0], &all[1]
 	res.ByAPI[loadgen.APIAll] = x
+}
+
+// scrapeTiers sums the prefix-cache counters of the simulators at sims
+// (their base URLs; best effort: one that does not answer is left out and
+// said so) into the GPU/CPU split of the run's hits.
+func scrapeTiers(ctx context.Context, sims []string, w io.Writer) *loadgen.TierSplit {
+	var queries, gpu, cpu, blocks float64
+	for _, u := range sims {
+		scrape(ctx, u+"/metrics", u+" engine metrics", w, func(s series) {
+			switch s.name {
+			case "vllm:prefix_cache_queries_total":
+				queries += s.value
+			case "vllm:prefix_cache_hits_total":
+				gpu += s.value
+			case "vllm:external_prefix_cache_hits_total":
+				cpu += s.value
+			case "vllm_sim:cpu_cache_blocks":
+				blocks += s.value
+			}
+		})
+	}
+	t := &loadgen.TierSplit{CPUBlocks: int(blocks)}
+	if queries > 0 {
+		t.GPUHitRate, t.CPUHitRate = gpu/queries, cpu/queries
+	}
+	return t
+}
+
+// scrape calls f with every sample of the Prometheus text at url; a failed
+// request is reported to w, named what, and skipped.
+func scrape(ctx context.Context, url, what string, w io.Writer, f func(series)) {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		fmt.Fprintf(w, "kvbench: %s: %v\n", what, err)
+		return
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		fmt.Fprintf(w, "kvbench: %s: %v\n", what, err)
+		return
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if s, ok := parseSeries(sc.Text()); ok {
+			f(s)
+		}
+	}
 }

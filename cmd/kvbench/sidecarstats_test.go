@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -138,5 +142,25 @@ func TestSidecarLine(t *testing.T) {
 	sum[2] = 7
 	if got := sidecarLine(sum); !strings.HasSuffix(got, "; textprefix_requests_total{path=\"prefix\"}=7") {
 		t.Errorf("a moved counter: %q", got)
+	}
+}
+
+func TestScrapeTiers(t *testing.T) {
+	page := `# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 300
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 200
+vllm_sim:cpu_cache_blocks{engine="0",model_name="m"} 7
+`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, page) }))
+	defer srv.Close()
+	var log strings.Builder
+	got := scrapeTiers(context.Background(), []string{srv.URL, srv.URL, "http://127.0.0.1:1"}, &log)
+	want := loadgen.TierSplit{GPUHitRate: 0.3, CPUHitRate: 0.2, CPUBlocks: 14}
+	if *got != want {
+		t.Errorf("scrapeTiers = %+v; want %+v", *got, want)
+	}
+	if !strings.Contains(log.String(), "127.0.0.1:1") {
+		t.Errorf("the pod that did not answer is not reported: %q", log.String())
 	}
 }
