@@ -24,8 +24,14 @@ import (
 type Config struct {
 	// Node is this node's name in the mesh, the digests' origin. Required.
 	Node string
-	// Params size the digest (bloom.ParamsFor the KV capacity).
+	// Params size the digest (bloom.ParamsFor the KV capacity). A digest
+	// of more entries than Params holds at its design rate (lower-tier
+	// copies: vLLM does not say how large its CPU tier is) is built at
+	// bloom.ParamsFor(entries + a quarter, FPRate) instead, at a rebuild.
 	Params bloom.Params
+	// FPRate is the false-positive rate Params was sized for. Default
+	// bloom.DefaultFPRate.
+	FPRate float64
 	// PublishInterval is how often digest changes go to the mesh.
 	// Default 100 ms.
 	PublishInterval time.Duration
@@ -34,9 +40,11 @@ type Config struct {
 	// keep each one (8 bytes) until then, and the bits keep the load of
 	// every key added since the last build, so it bounds both the memory a
 	// peer holds for this pod and how far the false-positive rate drifts
-	// above Params' target. Default an eighth of the keys Params is sized
-	// for (bloom.Params.Keys): about a 1.3% rate for a 1% target, and a full
-	// digest every ~12 s for a 20k-block cache evicting 200 blocks/s.
+	// above Params' target. Default (0) an eighth of the keys the digest
+	// is sized for (bloom.Params.Keys): about a 1.3% rate for a 1% target,
+	// and a full digest every ~17 s for a 20k-block cache evicting 166
+	// blocks/s. Added entries past that eighth over the design load rebuild
+	// it too (a lower tier filling).
 	RebuildRemoved int
 	// RebuildEvery bounds how long removed keys stay in the views of
 	// members of wire 1, which read no removals: while one is in the mesh
@@ -68,8 +76,8 @@ func (c Config) withDefaults() Config {
 	if c.PublishInterval <= 0 {
 		c.PublishInterval = d.PublishInterval
 	}
-	if c.RebuildRemoved <= 0 {
-		c.RebuildRemoved = max(c.Params.Keys()/8, 64)
+	if !(c.FPRate > 0 && c.FPRate < 1) {
+		c.FPRate = bloom.DefaultFPRate
 	}
 	if c.RebuildEvery <= 0 {
 		c.RebuildEvery = d.RebuildEvery

@@ -50,6 +50,8 @@ type State struct {
 	pending  map[blockkey.Key]bool // digest entries changed since the last publish: true added, false removed
 	removed  int                   // removals published or pending since the last full digest
 	marks    marks                 // the markers the published digest holds
+	params   bloom.Params          // the published digest's size
+	load     int                   // entries added to it since it was built, and at the build
 	needFull bool
 	lastFull time.Time
 	streams  map[vllmclient.Stream]bool // streams seen since the last restart
@@ -309,7 +311,12 @@ func (s *State) send(now time.Time) {
 	}
 	add = append(add, mk.newer(s.marks)...)
 	removed := s.removed + len(rem)
-	full := s.needFull || epoch != s.epoch || removed >= s.cfg.RebuildRemoved ||
+	design := s.params.Keys()
+	limit := s.cfg.RebuildRemoved
+	if limit <= 0 {
+		limit = max(design/8, 64)
+	}
+	full := s.needFull || epoch != s.epoch || removed >= limit || s.load+len(add) > design+limit ||
 		(removed > 0 && now.Sub(s.lastFull) >= s.cfg.RebuildEvery && s.pub.OldestWire() < 2)
 	if !full && len(add)+len(rem) == 0 {
 		return
@@ -318,7 +325,7 @@ func (s *State) send(now time.Time) {
 		x := bloom.Delta{Node: s.cfg.Node, Epoch: epoch, From: s.version, To: s.version + 1, Keys: add, Removed: rem}
 		if err := s.pub.PublishDelta(x); err == nil {
 			s.version++
-			s.removed = removed
+			s.removed, s.load = removed, s.load+len(add)
 			s.marks = s.marks.union(mk)
 			clear(s.pending)
 			s.metrics.digestPublished.WithLabelValues("delta").Inc()
@@ -327,7 +334,12 @@ func (s *State) send(now time.Time) {
 			s.log.Debug().Err(err).Msg("delta refused; publishing a full digest")
 		}
 	}
-	d := bloom.Build(bloom.Header{Node: s.cfg.Node, Epoch: epoch, Version: s.version + 1, Params: s.cfg.Params}, s.entries(mk))
+	ks := s.entries(mk)
+	params := s.cfg.Params
+	if n := len(ks); n > params.Keys() {
+		params = bloom.ParamsFor(n+n/4, s.cfg.FPRate)
+	}
+	d := bloom.Build(bloom.Header{Node: s.cfg.Node, Epoch: epoch, Version: s.version + 1, Params: params}, ks)
 	if err := s.pub.PublishDigest(d); err != nil {
 		s.log.Error().Err(err).Msg("publish digest")
 		return
@@ -335,6 +347,7 @@ func (s *State) send(now time.Time) {
 	s.version++
 	s.epoch = epoch
 	s.removed, s.needFull, s.lastFull, s.marks = 0, false, now, mk
+	s.params, s.load = d.Header().Params, len(ks)
 	clear(s.pending)
 	s.metrics.digestPublished.WithLabelValues("full").Inc()
 	s.metrics.digestBytes.Set(float64(d.Size()))

@@ -428,3 +428,47 @@ func TestStoreOnlyTierAges(t *testing.T) {
 		t.Fatalf("after the TTL a peer sees %d CPU keys, GPU block %v; want 0, true", c, m.digest.Test(gpu))
 	}
 }
+
+// TestDigestGrowsWithItsEntries: a digest is sized for the GPU cache, but
+// lower tiers add entries vLLM does not announce a size for; past its
+// design load by an eighth it is rebuilt at a size for what it holds, so
+// its false-positive rate stays near the target.
+func TestDigestGrowsWithItsEntries(t *testing.T) {
+	s, m, _, _ := newState(t, true)
+	s.cfg.Params = bloom.ParamsFor(64, 0.01)
+	serving(s, false, 0)
+	design := m.digest.Header().Params
+	var parent *uint64
+	for i := range uint64(300) {
+		s.apply(stored(i, i+1, parent, uint32(10*i)))
+		h := i + 1
+		parent = &h
+		s.publish(t0.Add(time.Duration(i+1) * 100 * time.Millisecond))
+	}
+	got := m.digest.Header()
+	if got.Params.M <= design.M || got.Params.Keys() < 300 {
+		t.Fatalf("after 300 entries the digest is M=%d bits for %d keys; want grown past M=%d to hold them", got.Params.M, got.Params.Keys(), design.M)
+	}
+	fp := 0
+	for _, k := range uniformKeys(1, 20000) {
+		if m.digest.Test(k) {
+			fp++
+		}
+	}
+	if rate := float64(fp) / 20000; rate > 0.03 {
+		t.Errorf("false-positive rate %.3f with 300 entries; want near the 1%% target", rate)
+	}
+}
+
+func uniformKeys(seed uint64, n int) []blockkey.Key {
+	ks := make([]blockkey.Key, n)
+	x := seed
+	for i := range ks {
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		ks[i] = blockkey.Key(z ^ z>>31)
+	}
+	return ks
+}
