@@ -257,7 +257,10 @@ func (f *fixture) warmChats(t *testing.T, rng *mrand.Rand, n int) []*conversatio
 		via := (cv.holder + 1 + c%2) % f.c.Len()
 		holder := f.c.Pod(cv.holder).Name
 		tries := 0
-		waitFor(t, 20*time.Second, fmt.Sprintf("conversation %d's second turn routed on a prefix by %s to %s", c, f.c.Pod(via).Name, holder),
+		// 45 s: the prefix is learned from answers and a loaded machine
+		// (make test's -race beside benchmarks) took 7 tries and ran a 20 s
+		// budget out mid-request.
+		waitFor(t, 45*time.Second, fmt.Sprintf("conversation %d's second turn routed on a prefix by %s to %s", c, f.c.Pod(via).Name, holder),
 			func(ctx context.Context) (bool, string) {
 				tries++
 				was := metricValue(f.metrics(t, via), prefixRouted)
