@@ -294,7 +294,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 		r.stored.start = r.start
 		pc := probeConfig{URL: svc.URL(), Every: probeEvery, Window: probeWindow, Retry: cfg.ClientRetry,
 			Timeout: cfg.RequestTimeout, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e7))}
-		bg.Go(func() { r.gets = probeStored(faultCtx, r.stored, pc) })
+		bg.Go(func() { r.gets = probeStored(runCtx, faultCtx, r.stored, pc) })
 	}
 	var burst []burstOutcome
 	var burstRate float64

@@ -267,9 +267,11 @@ type probeConfig struct {
 
 // probeStored reads a stored response the workload made through the
 // Service every Every, each on a new connection (so the Service spreads
-// them over the pods as it spreads new clients), until ctx ends; it
-// returns one Sample per GET, as loadgen records its requests.
-func probeStored(ctx context.Context, log *storeLog, c probeConfig) []loadgen.Sample {
+// them over the pods as it spreads new clients), until stop ends; the
+// GETs in flight then go on, with their retries, until ctx ends (the
+// run's drain), as loadgen's requests do. It returns one Sample per GET,
+// as loadgen records its requests.
+func probeStored(ctx, stop context.Context, log *storeLog, c probeConfig) []loadgen.Sample {
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	tk := time.NewTicker(c.Every)
 	defer tk.Stop()
@@ -278,7 +280,7 @@ func probeStored(ctx context.Context, log *storeLog, c probeConfig) []loadgen.Sa
 	var mu sync.Mutex
 	for n := 0; ; {
 		select {
-		case <-ctx.Done():
+		case <-stop.Done():
 			wg.Wait()
 			return out
 		case <-tk.C:

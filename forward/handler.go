@@ -159,6 +159,8 @@ type Handler struct {
 
 	render *renderer // nil: no render endpoints are used
 	stored Stored    // nil: stored responses are the local vLLM's only
+	// engines are where peers' vLLMs listen (direct.go).
+	engines *engines
 
 	mu      sync.Mutex // guards recent, flights, sent and policy use
 	recent  *route.Recent
@@ -189,6 +191,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 	h.policy = route.DefaultChain(cfg.Route, h.recent)
 	bufs := &copyBuffers{}
 	dialer := &httpDialer{timeout: cfg.DialTimeout, bufs: bufs}
+	h.engines = newEngines(dialer.DialContext)
 	base := &http.Transport{
 		DialContext:         dialer.DialContext,
 		MaxIdleConns:        1024,

@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "routing_decisions_total",
-			Help: "Routing decisions by outcome (local, forwarded, fallback, refused), the policy that decided, and the request's API (chat, completions, messages, responses).",
+			Help: "Routing decisions by outcome (local, forwarded, direct: a stored response's request sent to its pod's vLLM itself while that pod's sidecar is away, fallback, refused), the policy that decided, and the request's API (chat, completions, messages, responses).",
 		}, []string{"outcome", "reason", "api"}),
 		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "request_errors_total",
@@ -64,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind", "api"}),
 		storedProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "stored_response_probes_total",
-			Help: "Stored responses the mesh's map did not know, looked for on every pod, by result (found, not_found).",
+			Help: "Stored responses looked for: those the mesh's map did not know, on every pod (found, not_found, incomplete); those whose pod's sidecar was away, at that pod's vLLM itself (engine_found, engine_not_found, engine_vanished: nothing listens where it was reached, engine_unknown).",
 		}, []string{"result"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "kvroute", Name: "inflight_requests",

@@ -24,6 +24,8 @@ type target struct {
 	PrefillFor time.Duration
 	// Rank is RankHeader's value for the target's vLLM; "" leaves it be.
 	Rank string
+	// Direct: URL is Peer's vLLM itself, not its sidecar (direct.go).
+	Direct bool
 }
 
 // plan is one request's ordered list of targets, shared between the handler
@@ -89,7 +91,7 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		out.Header.Del(HopHeader)
 		out.Header.Del(PrefillHeader)
-		if tg.Peer != "" {
+		if tg.Peer != "" && !tg.Direct {
 			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
 			out.Header.Set(PrefillHeader, prefillValue(tg))
 		}
@@ -119,7 +121,7 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		lastErr = err
 		if r.Context().Err() == nil {
 			switch {
-			case tg.Peer != "" && a.failed != nil:
+			case tg.Peer != "" && !tg.Direct && a.failed != nil:
 				a.failed(tg.Peer, a.now())
 			case tg.Peer == "" && a.localFailed != nil && err != errEngineDown: // the engine is known down
 				a.localFailed(err)

@@ -132,7 +132,10 @@ func (h *Handler) routeStored(c *gin.Context, st *reqState, tg target) {
 	st.reason, st.routed = ReasonStored, h.now()
 	st.decision = route.Decision{Target: tg.Peer, Local: tg.Peer == "", Reason: ReasonStored}
 	outcome := "local"
-	if tg.Peer != "" {
+	switch {
+	case tg.Direct:
+		outcome = "direct" // its sidecar is away
+	case tg.Peer != "":
 		outcome = "forwarded"
 		c.Request.Header.Set(PinnedHeader, "1")
 	}
@@ -163,12 +166,15 @@ func (h *Handler) storedTarget(ctx context.Context, id string, wait time.Duratio
 // locateStored is where the response id is stored, or the front's own
 // answer (status not 0). The rule: a response is gone (a final 404) only
 // when its engine's memory is known to be gone: its pod left the mesh
-// respown.DefaultGrace ago or more, or its engine began anew after the
-// entry was recorded and no longer holds it. While its pod may still hold
-// it (the pod away, draining, its engine not serving, or not answering
-// since a forward to it failed), the answer is a retryable 503. An id the map does not know goes to the
-// pod that answers a probe; when every pod answered that it does not hold
-// it and none is away, to the local vLLM, whose 404 says so; else a 503.
+// respown.DefaultGrace ago or more, its engine began anew after the entry
+// was recorded and no longer holds it, or, asked itself while its sidecar
+// is away or not answering (direct.go), that engine does not hold it or
+// no longer listens. Such an engine that holds it serves the request. While
+// its pod may still hold it otherwise (the pod away, draining, its engine
+// not serving, or not answering since a forward to it failed), the answer
+// is a retryable 503. An id the map does not know goes to the pod that
+// answers a probe; when every pod answered that it does not hold it and
+// none is away, to the local vLLM, whose 404 says so; else a 503.
 func (h *Handler) locateStored(ctx context.Context, id string) (tg target, status int, msg string) {
 	local := target{URL: h.cfg.VLLM}
 	if id == "" || len(id) > maxResponseID {
@@ -183,6 +189,9 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		return target{}, http.StatusNotFound,
 			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone", id, l.Node)
 	case respown.Away:
+		if tg, status, msg, ok := h.storedDirect(ctx, l.Node, id); ok {
+			return tg, status, msg
+		}
 		return target{}, http.StatusServiceUnavailable,
 			fmt.Sprintf("the pod that stores response '%s' (%s) left the mesh %s ago and may be back: retry",
 				id, l.Node, h.now().Sub(l.Left).Round(100*time.Millisecond))
@@ -190,12 +199,19 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 	tg, pv, found := h.peerTarget(l.Node)
 	switch {
 	case !found:
+		if tg, status, msg, ok := h.storedDirect(ctx, l.Node, id); ok {
+			return tg, status, msg
+		}
 		return target{}, http.StatusServiceUnavailable,
 			fmt.Sprintf("the pod that stores response '%s' (%s) has no address here yet: retry", id, l.Node)
 	case pv.Draining:
 		return target{}, http.StatusServiceUnavailable,
 			fmt.Sprintf("the pod that stores response '%s' (%s) is draining: retry", id, l.Node)
 	case pv.Engine != route.EngineServing:
+		// A hung engine does not answer; a dead one no longer listens.
+		if _, status, msg, ok := h.storedDirect(ctx, l.Node, id); ok && status != 0 {
+			return target{}, status, msg
+		}
 		return target{}, http.StatusServiceUnavailable,
 			fmt.Sprintf("the engine of the pod that stores response '%s' (%s) is %s: retry", id, l.Node, pv.Engine)
 	}
@@ -219,8 +235,33 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		return target{}, http.StatusNotFound,
 			fmt.Sprintf("Response with id '%s' not found: it was stored in the engine of pod %s, which is gone (it restarted)", id, l.Node)
 	}
+	if tg.Peer != "" {
+		if tg, status, msg, ok := h.storedDirect(ctx, l.Node, id); ok {
+			return tg, status, msg
+		}
+	}
 	return target{}, http.StatusServiceUnavailable,
 		fmt.Sprintf("the pod that stores response '%s' (%s) did not answer: retry", id, l.Node)
+}
+
+// storedDirect asks node's vLLM itself about response id (askEngine): ok
+// when it told, with the target that serves it or the final 404.
+func (h *Handler) storedDirect(ctx context.Context, node, id string) (tg target, status int, msg string, ok bool) {
+	if node == h.cfg.Self {
+		return target{}, 0, "", false
+	}
+	tg, hd := h.askEngine(ctx, node, id)
+	switch hd {
+	case held:
+		return tg, 0, "", true
+	case absent:
+		return target{}, http.StatusNotFound,
+			fmt.Sprintf("Response with id '%s' not found: it was stored in the engine of pod %s, which no longer holds it (it restarted)", id, node), true
+	case vanished:
+		return target{}, http.StatusNotFound,
+			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone (its engine no longer listens at %s)", id, node, tg.URL.Host), true
+	}
+	return target{}, 0, "", false
 }
 
 // peerTarget is where to send a request for node (this node: the local

@@ -458,3 +458,101 @@ func TestStoredWaitsForTheOwner(t *testing.T) {
 		}
 	})
 }
+
+// While a stored response's pod is away (its sidecar restarting or dead,
+// its vLLM alive), the front asks that vLLM itself, where it once reached
+// it: a vLLM that holds the response serves the request, one that does not
+// or no longer listens gets the final 404 at once; one never reached is
+// not relied on (a NetworkPolicy may close its port to peers).
+func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
+	const id = "resp_a"
+	tests := []struct {
+		name string
+		// setup breaks p1 after node 0 has reached its engine.
+		setup  func(p1 *storeNode, s *fakeStored, v *route.PeerView, engine *httptest.Server)
+		reach  bool // node 0 reached p1's engine first
+		status int
+		msg    string // for an error: a piece of the message
+	}{
+		{name: "sidecar away, engine holds it: served there", reach: true, status: 200,
+			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, _ *httptest.Server) {
+				p1.srv.Close()
+				s.away["p1"] = time.Now()
+			}},
+		{name: "sidecar dead but still a member (a forward failed): served there", reach: true, status: 200,
+			setup: func(p1 *storeNode, _ *fakeStored, v *route.PeerView, _ *httptest.Server) {
+				p1.srv.Close()
+				v.LastFailure = time.Now()
+			}},
+		{name: "sidecar away, engine restarted empty", reach: true, status: 404, msg: "p1, which no longer holds it",
+			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, _ *httptest.Server) {
+				p1.srv.Close()
+				s.away["p1"] = time.Now()
+				delete(p1.eng.ids, id)
+			}},
+		{name: "pod gone: nothing listens where its engine was", reach: true, status: 404, msg: "p1, which is gone (its engine no longer listens",
+			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, engine *httptest.Server) {
+				p1.srv.Close()
+				engine.Close()
+				s.away["p1"] = time.Now()
+			}},
+		{name: "engine down as its live sidecar says, and not listening", reach: true, status: 404, msg: "which is gone",
+			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, engine *httptest.Server) {
+				engine.Close()
+				v.Engine = route.EngineDown
+			}},
+		{name: "never reached: a refusal proves nothing", status: 503, msg: "may be back",
+			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, engine *httptest.Server) {
+				p1.srv.Close()
+				engine.Close()
+				s.away["p1"] = time.Now()
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nodes, shared := storeMesh(t, 3)
+			// p1's engine on a server of its own, so that closing it is
+			// seen by its address.
+			engine := httptest.NewServer(nodes[1].eng)
+			t.Cleanup(engine.Close)
+			nodes[1].eng.ids[id] = true
+			shared.owner[id] = "p1"
+			fp := nodes[0].h.peers.(*fakePeers)
+			fp.views[1].EngineAddr, fp.views[1].Engine = hostOf(engine), route.EngineServing
+			if !tt.reach {
+				engine.Close() // the check's dial is refused
+			}
+			e := nodes[0].h.engines
+			e.observe(t.Context(), fp.views, time.Now())
+			deadline := time.Now().Add(5 * time.Second)
+			for checked := false; !checked; {
+				if time.Now().After(deadline) {
+					t.Fatal("p1's engine not checked within 5 s")
+				}
+				time.Sleep(10 * time.Millisecond)
+				e.mu.Lock()
+				checked = !e.m["p1"].checking
+				e.mu.Unlock()
+			}
+			if _, reached := e.lookup("p1"); reached != tt.reach {
+				t.Fatalf("p1's engine reached %v; want %v", reached, tt.reach)
+			}
+			tt.setup(nodes[1], shared, &fp.views[1], engine)
+			for _, c := range []struct{ method, path, body string }{
+				{"GET", "/v1/responses/" + id, ""},
+				{"POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"` + id + `"}`},
+			} {
+				resp, body := do(t, c.method, nodes[0].srv.URL+c.path, c.body)
+				switch {
+				case resp.StatusCode != tt.status:
+					t.Errorf("%s %s: %d %s; want %d", c.method, c.path, resp.StatusCode, body, tt.status)
+				case tt.status == 200 && (resp.Header.Get("X-Pod") != "p1" || resp.Header.Get(ServedByHeader) != "p1"):
+					t.Errorf("%s %s: served by %q (engine %q); want p1's engine", c.method, c.path,
+						resp.Header.Get(ServedByHeader), resp.Header.Get("X-Pod"))
+				case tt.status != 200 && !strings.Contains(body, tt.msg):
+					t.Errorf("%s %s: %d %s; want a message containing %q", c.method, c.path, resp.StatusCode, body, tt.msg)
+				}
+			}
+		})
+	}
+}

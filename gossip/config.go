@@ -69,6 +69,12 @@ type Config struct {
 	// It travels in the node meta. Required.
 	APIAddr string
 
+	// EngineAddr is the host:port where peers can reach this pod's vLLM
+	// itself, advertised in the node meta (Meta.EngineAddr). Optional:
+	// peers use it only to ask that vLLM about a stored response while
+	// this sidecar is away. At most 255 bytes.
+	EngineAddr string
+
 	// Models are the model and LoRA names this pod serves, advertised in the
 	// node meta. Names that do not fit the 512-byte meta are left out and
 	// the meta says so (Meta.ModelsTruncated).
@@ -261,6 +267,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("api address is empty: %w", ErrConfig)
 	case len(c.APIAddr) > maxAPIAddrBytes:
 		return fmt.Errorf("api address of %d bytes: %w", len(c.APIAddr), ErrConfig)
+	case len(c.EngineAddr) > maxAPIAddrBytes:
+		return fmt.Errorf("engine address of %d bytes: %w", len(c.EngineAddr), ErrConfig)
 	case c.SecretKey != nil && len(c.SecretKey) != 16 && len(c.SecretKey) != 24 && len(c.SecretKey) != 32:
 		return fmt.Errorf("secret key of %d bytes, want 16, 24 or 32: %w", len(c.SecretKey), ErrConfig)
 	case len(c.Label) > memberlist.LabelMaxSize:

@@ -83,10 +83,11 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	}
 	m.advert.kick = make(chan struct{}, 1)
 	m.advert.meta = Meta{
-		APIAddr:   cfg.APIAddr,
-		Models:    slices.Clone(cfg.Models),
-		KeyScheme: uint8(cfg.KeyScheme),
-		Engine:    cfg.Engine,
+		APIAddr:    cfg.APIAddr,
+		EngineAddr: cfg.EngineAddr,
+		Models:     slices.Clone(cfg.Models),
+		KeyScheme:  uint8(cfg.KeyScheme),
+		Engine:     cfg.Engine,
 	}
 	if err := m.advert.encodeLocked(); err != nil { // no one else holds m yet
 		return nil, err
@@ -231,17 +232,18 @@ func (m *Mesh) self(now time.Time) route.PeerView {
 	defer m.load.mu.Unlock()
 	meta := m.advert.view()
 	v := route.PeerView{
-		ID:        m.cfg.NodeName,
-		Addr:      m.cfg.APIAddr,
-		Local:     true,
-		Models:    meta.Models,
-		KeyScheme: m.cfg.KeyScheme,
-		Ranks:     meta.Ranks,
-		Load:      m.load.load,
-		LoadAt:    m.load.at,
-		Draining:  meta.Draining,
-		Engine:    m.load.engine,
-		Claims:    m.load.self, // copy-on-write (addClaim)
+		ID:         m.cfg.NodeName,
+		Addr:       m.cfg.APIAddr,
+		EngineAddr: m.cfg.EngineAddr,
+		Local:      true,
+		Models:     meta.Models,
+		KeyScheme:  m.cfg.KeyScheme,
+		Ranks:      meta.Ranks,
+		Load:       m.load.load,
+		LoadAt:     m.load.at,
+		Draining:   meta.Draining,
+		Engine:     m.load.engine,
+		Claims:     m.load.self, // copy-on-write (addClaim)
 		// The front's recent forwards to this node from before its
 		// engine restarted are about a cache that is gone, as they are
 		// for a peer (table: since).

@@ -36,6 +36,11 @@ type Meta struct {
 	// (route.PeerView.Ranks), appended after the models; 0: not said (a
 	// sender that predates the field, or a count above bloom.MaxRanks).
 	Ranks int
+	// EngineAddr is the host:port where peers can reach the node's vLLM
+	// itself, appended after Ranks; empty: not said. Peers use it only to
+	// ask that vLLM about a stored response while its sidecar is away
+	// (forward/direct.go).
+	EngineAddr string
 }
 
 // Wire format of the meta:
@@ -44,7 +49,7 @@ type Meta struct {
 //	epoch uvarint | version uvarint | running uvarint | waiting uvarint |
 //	kv usage milli uvarint | serving uvarint | queued prefill uvarint |
 //	model count u8 | (len u8 | name)* |
-//	appended: ranks uvarint
+//	appended: ranks uvarint | engine addr len u8 | engine addr
 //
 // The first byte is the sender's WireVersion: v0.1.0 wrote 1 there as the
 // meta's version and reads any version of 1 or more with this layout,
@@ -84,6 +89,9 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	limit = min(limit, maxMetaBytes)
 	if len(m.APIAddr) > maxAPIAddrBytes {
 		return nil, fmt.Errorf("encode meta: api address of %d bytes", len(m.APIAddr))
+	}
+	if len(m.EngineAddr) > maxAPIAddrBytes {
+		return nil, fmt.Errorf("encode meta: engine address of %d bytes", len(m.EngineAddr))
 	}
 	flags := byte(0)
 	if m.Draining {
@@ -143,8 +151,16 @@ func appendedFields(m Meta, wire uint8) []byte {
 		return nil
 	}
 	var b []byte
+	ranks := 0
 	if m.Ranks > 0 && m.Ranks <= bloom.MaxRanks {
-		b = binary.AppendUvarint(b, uint64(m.Ranks))
+		ranks = m.Ranks
+	}
+	if ranks > 0 || m.EngineAddr != "" {
+		b = binary.AppendUvarint(b, uint64(ranks))
+	}
+	if m.EngineAddr != "" {
+		b = append(b, byte(len(m.EngineAddr)))
+		b = append(b, m.EngineAddr...)
 	}
 	return b
 }
@@ -197,6 +213,9 @@ func DecodeMeta(b []byte) (Meta, error) {
 		// A count this build cannot describe pins nothing (bloom.MaxRanks).
 		if m.Ranks = r.int(); m.Ranks > bloom.MaxRanks {
 			m.Ranks = 0
+		}
+		if len(r.b) > 0 && r.err == nil {
+			m.EngineAddr = string(r.bytes(int(r.byte())))
 		}
 	}
 	if r.err != nil {

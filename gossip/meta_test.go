@@ -26,6 +26,8 @@ func TestMetaRoundTrip(t *testing.T) {
 		}},
 		{"one rank", Meta{APIAddr: "a:1", Ranks: 1}},
 		{"most ranks", Meta{Models: []string{"m"}, Ranks: 256}},
+		{"engine address", Meta{APIAddr: "10.1.2.3:8000", EngineAddr: "10.1.2.3:8001"}},
+		{"engine address and ranks", Meta{APIAddr: "a:1", Ranks: 2, EngineAddr: "[fd00::1]:8001"}},
 		{"draining", Meta{APIAddr: "[fd00::1]:8000", Draining: true}},
 		{"max integers", Meta{DigestEpoch: ^uint64(0), DigestVersion: ^uint64(0), Running: 1<<31 - 1}},
 		{"truncated flag kept", Meta{Models: []string{"a"}, ModelsTruncated: true}},
@@ -132,7 +134,7 @@ func TestDecodeMetaErrors(t *testing.T) {
 }
 
 func TestDecodeMetaIgnoresAppendedFields(t *testing.T) {
-	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1, Ranks: 2} // a later version that appends fields
+	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1, Ranks: 2, EngineAddr: "a:2"} // a later version that appends fields
 	b, _ := EncodeMeta(in, 512)
 	got, err := DecodeMeta(append(b, 1, 2, 3))
 	if err != nil {
@@ -218,7 +220,7 @@ func TestMetaRanksCompat(t *testing.T) {
 		wantErr bool
 	}{
 		{"count", []byte{3}, 3, false},
-		{"a newer version's fields after it", []byte{3, 9, 9, 9}, 3, false},
+		{"an engine address and a newer version's fields after it", []byte{3, 3, 'a', ':', '1', 9, 9}, 3, false},
 		{"above bloom.MaxRanks: no count", []byte{0x81, 0x02}, 0, false},
 		{"cut in the varint", []byte{0x81}, 0, true},
 	}
@@ -242,6 +244,41 @@ func TestMetaRanksCompat(t *testing.T) {
 		if b, err := EncodeMeta(m, 512); err != nil || !bytes.Equal(b, without) {
 			t.Errorf("EncodeMeta(Ranks %d) = %x, %v; want no count, %x", n, b, err, without)
 		}
+	}
+}
+
+// TestMetaEngineAddrCompat: the engine address follows the rank count
+// (written as 0 when there is none), so a reader that knows only the rank
+// count, as v0.2.0 did, reads the rest unchanged and ignores it.
+func TestMetaEngineAddrCompat(t *testing.T) {
+	base := Meta{APIAddr: "10.0.0.7:8000", Models: []string{"m"}, HasDigest: true, DigestEpoch: 3}
+	without, _ := EncodeMeta(base, 512)
+	with := base
+	with.EngineAddr = "10.0.0.7:8001"
+	b, err := EncodeMeta(with, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail := append([]byte{0, 13}, "10.0.0.7:8001"...)
+	if !bytes.Equal(b[:len(without)], without) || !bytes.Equal(b[len(without):], tail) {
+		t.Errorf("EncodeMeta(EngineAddr) = %x; want the meta without it, %x, then %x", b, without, tail)
+	}
+	got, err := DecodeMeta(b)
+	if err != nil || got.Ranks != 0 || got.EngineAddr != with.EngineAddr {
+		t.Errorf("DecodeMeta = Ranks %d, EngineAddr %q, %v; want 0, %q", got.Ranks, got.EngineAddr, err, with.EngineAddr)
+	}
+	// Cut inside the address: malformed, not a shorter address.
+	if _, err := DecodeMeta(b[:len(b)-1]); !errors.Is(err, ErrMeta) {
+		t.Errorf("DecodeMeta(cut engine address) error %v; want ErrMeta", err)
+	}
+	if _, err := EncodeMeta(Meta{EngineAddr: strings.Repeat("a", 256)}, 512); err == nil {
+		t.Error("EncodeMeta(engine address of 256 bytes) = nil error")
+	}
+	// v0.1.0 gets none of it.
+	old := with
+	old.Wire = 1
+	if b, _ := EncodeMeta(old, 512); len(b) != len(without) {
+		t.Errorf("EncodeMeta(Wire 1, EngineAddr) = %d bytes; want %d, the fields before", len(b), len(without))
 	}
 }
 

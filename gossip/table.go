@@ -290,9 +290,11 @@ func (t *table) views() []route.PeerView {
 			continue
 		}
 		v := route.PeerView{
-			ID:     id,
-			Addr:   p.meta.APIAddr,
-			Models: slices.Clone(p.meta.Models),
+			ID:   id,
+			Addr: p.meta.APIAddr,
+			// Kept by forward after the peer leaves (forward/direct.go).
+			EngineAddr: p.meta.EngineAddr,
+			Models:     slices.Clone(p.meta.Models),
 			// Models lists only what fits the meta; route knows what that means.
 			ModelsTruncated: p.meta.ModelsTruncated,
 			KeyScheme:       int(p.meta.KeyScheme),

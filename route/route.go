@@ -76,10 +76,15 @@ func (e Engine) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
 // PeerView is one peer as the caller's peer table sees it at the moment of
 // the choice. Policies read it and never keep it.
 type PeerView struct {
-	ID     string
-	Addr   string
-	Local  bool     // the pod this sidecar runs in
-	Models []string // models served; empty means every model
+	ID   string
+	Addr string
+	// EngineAddr is where the peer's vLLM itself can be reached, as its
+	// sidecar advertises it; empty: not said. Never a routing target: the
+	// front asks it only about a stored response while the peer's sidecar
+	// is away.
+	EngineAddr string
+	Local      bool     // the pod this sidecar runs in
+	Models     []string // models served; empty means every model
 	// ModelsTruncated says Models is incomplete: the peer serves more than
 	// its node meta could list. See the package doc (Eligibility).
 	ModelsTruncated bool

@@ -26,10 +26,13 @@ type config struct {
 	Model         string
 	NodeName      string
 	AdvertiseAddr string
-	GossipPort    int
-	Join          []string
-	SecretFile    string
-	ClusterLabel  string
+	// EngineAdvertiseAddr is where peers may reach the local vLLM itself
+	// (engineAdvertise); "none" advertises nothing.
+	EngineAdvertiseAddr string
+	GossipPort          int
+	Join                []string
+	SecretFile          string
+	ClusterLabel        string
 
 	EventsEndpoint       string
 	EventsBind           bool
@@ -95,6 +98,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.StringVar(&c.Model, "model", "", "base model name that block keys are seeded with (default: the local vLLM's first /v1/models entry)")
 	fs.StringVar(&c.NodeName, "node-name", "", "unique node name in the mesh; sidecars sharing a host each need their own (default: $POD_NAME, else the hostname)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", getenv("POD_IP"), "IP that peers use to reach this pod (default: $POD_IP)")
+	fs.StringVar(&c.EngineAdvertiseAddr, "engine-advertise-addr", "", "host:port where peer sidecars may reach the local vLLM itself, only to ask it about a stored response (previous_response_id, GET, cancel) while this sidecar is away: restarting or dead, with vLLM alive. Peers rely on a refused connection (the store is gone) only where they once reached it. Default: --vllm-url with a loopback host replaced by --advertise-addr; none: advertise nothing")
 	fs.IntVar(&c.GossipPort, "gossip-port", 7946, "memberlist port (UDP and TCP), bound on --listen's host (every interface when it names none)")
 	fs.StringVar(&join, "join", "", "comma-separated seeds (host:port or DNS names, re-resolved periodically), e.g. the headless Service")
 	fs.StringVar(&c.SecretFile, "cluster-secret-file", "", "file holding the cluster secret; the gossip and hop-authentication keys derive from it (without it: unauthenticated, for local use only)")

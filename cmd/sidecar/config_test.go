@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"net/url"
 	"runtime"
 	"testing"
 	"time"
@@ -117,5 +118,28 @@ func TestTierRateDefaults(t *testing.T) {
 	if c.CPULoadRate != d.CPULoadTokensPerSecond || c.DiskLoadRate != d.DiskLoadTokensPerSecond || c.CPULoadRate <= 0 {
 		t.Errorf("--cpu-load-rate %v, --disk-load-rate %v; want route.DefaultConfig's %v, %v",
 			c.CPULoadRate, c.DiskLoadRate, d.CPULoadTokensPerSecond, d.DiskLoadTokensPerSecond)
+	}
+}
+
+func TestEngineAdvertise(t *testing.T) {
+	for _, tc := range []struct{ flag, vllm, advertise, want string }{
+		{"", "http://127.0.0.1:8001", "10.0.0.5", "10.0.0.5:8001"},
+		{"", "http://localhost:8001", "10.0.0.5", "10.0.0.5:8001"},
+		{"", "http://[::1]:8001", "fd00::5", "[fd00::5]:8001"},
+		{"", "http://127.0.0.1:8001", "", ""}, // nothing peers could use
+		{"", "http://vllm.local:9000", "10.0.0.5", "vllm.local:9000"},
+		{"", "http://10.0.0.9", "10.0.0.5", "10.0.0.9:80"},
+		{"", "https://127.0.0.1:8443", "10.0.0.5", ""},
+		{"", "https://vllm.local", "10.0.0.5", ""}, // peers ask over plain HTTP
+		{"none", "http://127.0.0.1:8001", "10.0.0.5", ""},
+		{"10.0.0.5:18001", "http://127.0.0.1:8001", "10.0.0.5", "10.0.0.5:18001"},
+	} {
+		u, err := url.Parse(tc.vllm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := engineAdvertise(tc.flag, u, tc.advertise); got != tc.want {
+			t.Errorf("engineAdvertise(%q, %s, %q) = %q; want %q", tc.flag, tc.vllm, tc.advertise, got, tc.want)
+		}
 	}
 }

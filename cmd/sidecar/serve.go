@@ -145,6 +145,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	}
 	gcfg.Join, gcfg.SecretKey, gcfg.Label = cfg.Join, keys.Gossip, cfg.ClusterLabel
 	gcfg.APIAddr = net.JoinHostPort(advertise, strconv.Itoa(port))
+	gcfg.EngineAddr = engineAdvertise(cfg.EngineAdvertiseAddr, vllmURL, advertise)
 	gcfg.Models = []string{cfg.Model}
 	gcfg.Engine = route.EngineStarting // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
@@ -217,6 +218,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	go watcher.Run(runCtx)                                                  // exits when runCtx ends
 	go cs.Run(runCtx, sub.Items(), watcher.Transitions(), scrapes)          // exits when runCtx ends
 	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log) // exits when runCtx ends
+	go front.WatchEngines(runCtx, 2*time.Second)                            // exits when runCtx ends
 
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
@@ -335,4 +337,33 @@ func recovery(log zerolog.Logger) gin.HandlerFunc {
 		}()
 		c.Next()
 	}
+}
+
+// engineAdvertise is the address peers are told to reach the local vLLM
+// at (gossip.Config.EngineAddr): the flag's, none for "none", else
+// --vllm-url's, with a loopback host replaced by the advertised IP (vLLM
+// then has to listen on the pod IP too, as the manifests' does; peers
+// check that they can reach it before they rely on it).
+func engineAdvertise(flagVal string, vllm *url.URL, advertise string) string {
+	switch flagVal {
+	case "none":
+		return ""
+	case "":
+	default:
+		return flagVal
+	}
+	if vllm.Scheme != "http" {
+		return "" // peers ask over plain HTTP
+	}
+	host, port := vllm.Hostname(), vllm.Port()
+	if port == "" {
+		port = "80"
+	}
+	if host == "localhost" || net.ParseIP(host).IsLoopback() {
+		if advertise == "" {
+			return ""
+		}
+		host = advertise
+	}
+	return net.JoinHostPort(host, port)
 }
