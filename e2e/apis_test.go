@@ -437,6 +437,7 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 	}
 	json.Unmarshal(created.Body, &resp)
 	x := f.index(created.ServedBy)
+	f.waitEngineReached(t, x)
 	// Every sidecar has heard where it is stored (a response made a
 	// moment before its pod died is simply lost).
 	for i := range f.c.Len() {
@@ -461,9 +462,12 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 		if i == x {
 			continue
 		}
-		// memberlist's detection (5-10 s here) and then respown.DefaultGrace
-		// (10 s), which keeps a restarting sidecar's responses from a final 404.
-		waitFor(t, 35*time.Second, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
+		// Its address stays (loopback), and nothing listens there: the
+		// sidecars that reached its vLLM before say so at once, without
+		// memberlist's detection (5-10 s here) and respown.DefaultGrace
+		// (10 s), which it took before (forward/direct.go). The first
+		// request may meet the dead sidecar still a member, and get a 503.
+		waitFor(t, 8*time.Second, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
 			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
 			if err != nil {
 				return false, err.Error()
@@ -472,4 +476,96 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 			return r.Status == http.StatusNotFound && strings.Contains(msg, "which is gone"), fmt.Sprintf("%d %s", r.Status, r.Body)
 		})
 	}
+}
+
+// While the owner pod's sidecar is dead and its vLLM alive, every other
+// sidecar serves the stored response from that vLLM itself: a read, and
+// a continuation, with no wait for the sidecar to be back.
+func TestStoredResponseWhileItsSidecarIsDead(t *testing.T) {
+	f := apiCluster(t)
+	body := responsesBody(longSystem(t.Name()), "remember 7")
+	body["store"] = true
+	created := f.post(t, 2, "/v1/responses", body)
+	if created.Status != http.StatusOK {
+		t.Fatalf("create: %d %s", created.Status, created.Body)
+	}
+	var resp struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(created.Body, &resp)
+	owner := created.ServedBy
+	x := f.index(owner)
+	f.waitEngineReached(t, x)
+	for i := range f.c.Len() {
+		r := f.get(t, i, "/v1/responses/"+resp.ID)
+		if r.Status != http.StatusOK || r.ServedBy != owner {
+			t.Fatalf("GET via %s: %d from %q", f.c.Pod(i).Name, r.Status, r.ServedBy)
+		}
+	}
+	if err := f.c.KillSidecar(x); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := f.c.Restart(ctx, x); err != nil {
+			t.Errorf("bring %s back: %v", owner, err)
+		}
+	})
+	for i := range f.c.Len() {
+		if i == x {
+			continue
+		}
+		// The first request may find the dead sidecar still a member, and
+		// get a retryable 503; the next goes to the vLLM itself.
+		waitFor(t, 8*time.Second, f.c.Pod(i).Name+" serves it from the owner's vLLM", func(ctx context.Context) (bool, string) {
+			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
+			if err != nil {
+				return false, err.Error()
+			}
+			return r.Status == http.StatusOK && r.ServedBy == owner, fmt.Sprintf("%d from %q: %s", r.Status, r.ServedBy, r.Body)
+		})
+		next := f.post(t, i, "/v1/responses", map[string]any{"model": model, "max_output_tokens": 4,
+			"previous_response_id": resp.ID, "input": "which number?"})
+		if next.Status != http.StatusOK || next.ServedBy != owner || next.Decision != "stored" {
+			t.Errorf("continued via %s with %s's sidecar dead: %d from %q (%s): %s", f.c.Pod(i).Name, owner, next.Status, next.ServedBy, next.Decision, next.Body)
+		}
+	}
+}
+
+// waitEngineReached waits until every other sidecar has reached pod x's
+// vLLM itself at the address x's sidecar advertised (each dials it once
+// on seeing it, within 2 s; /debug/peers says so).
+func (f *fixture) waitEngineReached(t *testing.T, x int) {
+	t.Helper()
+	owner := f.c.Pod(x).Name
+	for i := range f.c.Len() {
+		if i == x {
+			continue
+		}
+		waitFor(t, 10*time.Second, f.c.Pod(i).Name+" reached "+owner+"'s vLLM", func(ctx context.Context) (bool, string) {
+			ps, err := f.peers(ctx, f.c.Pod(i).Admin)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, p := range ps {
+				if p.ID == owner {
+					return p.EngineReached, fmt.Sprintf("%+v", p)
+				}
+			}
+			return false, owner + " not among the peers"
+		})
+	}
+}
+
+// get GETs path at pod i's API.
+func (f *fixture) get(t *testing.T, i int, path string) reply {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, path, nil, nil)
+	if err != nil {
+		t.Fatalf("GET %s via %s: %v", path, f.c.Pod(i).Name, err)
+	}
+	return r
 }

@@ -384,6 +384,8 @@ type peer struct {
 	Local     bool    `json:"local"`
 	HasDigest bool    `json:"has_digest"`
 	LoadAgeS  float64 `json:"load_age_s"`
+	// EngineReached: this sidecar reached the peer's vLLM itself.
+	EngineReached bool `json:"engine_reached"`
 }
 
 func (f *fixture) peers(ctx context.Context, admin string) ([]peer, error) {

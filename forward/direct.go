@@ -115,6 +115,26 @@ func (e *engines) lookup(node string) (addr string, reached bool) {
 	return "", false
 }
 
+// localRefuses reports whether the local vLLM's address refuses
+// connections: no process listens there, so none holds a store. A hung
+// vLLM still accepts them.
+func (h *Handler) localRefuses(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, engineDial)
+	defer cancel()
+	c, err := h.engines.dial(ctx, "tcp", h.cfg.VLLM.Host)
+	if err == nil {
+		c.Close()
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// EngineReached reports whether this front reached node's vLLM at the
+// address its sidecar advertised (/debug/peers).
+func (h *Handler) EngineReached(node string) bool {
+	_, reached := h.engines.lookup(node)
+	return reached
+}
+
 // vanished is a holding: nothing listens where the engine was reached.
 const vanished holding = absent + 1
 

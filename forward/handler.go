@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"sync/atomic"
 	"time"
 
@@ -818,6 +819,13 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		return // the client went away; nobody to answer
 	}
 	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason == "hop" {
+		if r.Header.Get(PinnedHeader) != "" && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, errEngineDown)) && h.localRefuses(r.Context()) {
+			// A stored response's request, and no vLLM listens here: the
+			// store in its memory is gone with it. Only this pod held it.
+			h.metrics.badRequests.WithLabelValues("stored_gone", st.api.String()).Inc()
+			writeAPIError(w, st.api, http.StatusNotFound, "Response not found: it was stored in the engine of pod "+h.cfg.Self+", which is gone (it is not running)")
+			return
+		}
 		// Nothing reached the sender's client yet: let it try elsewhere.
 		reason, msg := "engine-unreachable", "the engine of this pod is unreachable: "+err.Error()
 		if errors.Is(err, errModelNotServed) {

@@ -208,7 +208,15 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		return target{}, http.StatusServiceUnavailable,
 			fmt.Sprintf("the pod that stores response '%s' (%s) is draining: retry", id, l.Node)
 	case pv.Engine != route.EngineServing:
-		// A hung engine does not answer; a dead one no longer listens.
+		// A hung engine does not answer; a dead one no longer listens, and
+		// its sidecar, asked, says so.
+		switch h.holds(ctx, tg, id) {
+		case held: // its meta is behind: it serves again
+			return tg, 0, ""
+		case absent:
+			return target{}, http.StatusNotFound,
+				fmt.Sprintf("Response with id '%s' not found: it was stored in the engine of pod %s, which is gone (it is not running)", id, l.Node)
+		}
 		if _, status, msg, ok := h.storedDirect(ctx, l.Node, id); ok && status != 0 {
 			return target{}, status, msg
 		}
@@ -256,7 +264,7 @@ func (h *Handler) storedDirect(ctx context.Context, node, id string) (tg target,
 		return tg, 0, "", true
 	case absent:
 		return target{}, http.StatusNotFound,
-			fmt.Sprintf("Response with id '%s' not found: it was stored in the engine of pod %s, which no longer holds it (it restarted)", id, node), true
+			fmt.Sprintf("Response with id '%s' not found: it was stored in the engine of pod %s, which is gone (it restarted: it no longer holds it)", id, node), true
 	case vanished:
 		return target{}, http.StatusNotFound,
 			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone (its engine no longer listens at %s)", id, node, tg.URL.Host), true
@@ -361,9 +369,12 @@ const (
 	absent                 // 404: its vLLM does not hold it
 )
 
-// holds asks tg whether it holds id. A peer is asked through its sidecar
-// with a pinned hop, so that vLLM's 404 comes back as it is.
+// holds asks tg whether it holds id, for up to probeTimeout. A peer is
+// asked through its sidecar with a pinned hop, so that vLLM's 404 comes
+// back as it is.
 func (h *Handler) holds(ctx context.Context, tg target, id string) holding {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
 	u := *tg.URL
 	u.Path = "/v1/responses/" + url.PathEscape(id)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)

@@ -110,6 +110,7 @@ type storeNode struct {
 	h   *Handler
 	srv *httptest.Server
 	eng *storeEngine
+	es  *httptest.Server // eng's
 }
 
 // storeMesh starts n fronts, each with a store engine, every front's peer
@@ -132,7 +133,7 @@ func storeMesh(t *testing.T, n int) ([]*storeNode, *fakeStored) {
 		e.NoRoute(h.Passthrough)
 		srv := httptest.NewServer(e)
 		t.Cleanup(srv.Close)
-		nodes[i] = &storeNode{h: h, srv: srv, eng: eng}
+		nodes[i] = &storeNode{h: h, srv: srv, eng: eng, es: es}
 	}
 	now := time.Now()
 	for i, a := range nodes {
@@ -347,8 +348,22 @@ func TestLocateStored(t *testing.T) {
 			setup: func(_ []*storeNode, s *fakeStored, _ *route.PeerView) { s.gone["p1"] = true }},
 		{name: "owner draining", status: 503, msg: "(p1) is draining",
 			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Draining = true }},
-		{name: "owner's engine down (dead or hung)", status: 503, msg: "(p1) is down",
+		{name: "owner's engine down as its meta says, but it answers: its meta is behind", pod: "p1",
 			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Engine = route.EngineDown }},
+		{name: "owner's engine dead: nothing listens, its sidecar says so", status: 404, msg: "engine of pod p1, which is gone (it is not running)",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				n[1].es.Close()
+				p1.Engine = route.EngineDown
+			}},
+		{name: "owner's engine hung: it may resume", status: 503, msg: "(p1) is down",
+			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
+				hang := make(chan struct{})
+				n[1].es.Config.Handler = http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-hang })
+				n[1].es.Config.SetKeepAlivesEnabled(false)
+				n[1].srv.Config.SetKeepAlivesEnabled(false)
+				go func() { time.Sleep(3 * time.Second); close(hang) }()
+				p1.Engine = route.EngineDown
+			}},
 		{name: "owner's engine restarted empty", status: 404, msg: "engine of pod p1, which is gone",
 			setup: func(n []*storeNode, _ *fakeStored, p1 *route.PeerView) {
 				delete(n[1].eng.ids, "resp_a")
@@ -484,7 +499,7 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				p1.srv.Close()
 				v.LastFailure = time.Now()
 			}},
-		{name: "sidecar away, engine restarted empty", reach: true, status: 404, msg: "p1, which no longer holds it",
+		{name: "sidecar away, engine restarted empty", reach: true, status: 404, msg: "p1, which is gone (it restarted",
 			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, _ *httptest.Server) {
 				p1.srv.Close()
 				s.away["p1"] = time.Now()
@@ -496,9 +511,10 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				engine.Close()
 				s.away["p1"] = time.Now()
 			}},
-		{name: "engine down as its live sidecar says, and not listening", reach: true, status: 404, msg: "which is gone",
-			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, engine *httptest.Server) {
+		{name: "engine down as its live sidecar says, and not listening", reach: true, status: 404, msg: "which is gone (it is not running)",
+			setup: func(p1 *storeNode, _ *fakeStored, v *route.PeerView, engine *httptest.Server) {
 				engine.Close()
+				p1.es.Close()
 				v.Engine = route.EngineDown
 			}},
 		{name: "never reached: a refusal proves nothing", status: 503, msg: "may be back",

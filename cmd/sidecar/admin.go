@@ -93,6 +93,12 @@ type peerJSON struct {
 	// Sent counts the requests this sidecar has sent the peer (the local
 	// entry: served here) by API, since it started.
 	Sent map[string]uint64 `json:"sent,omitempty"`
+	// EngineAddr is where the peer's vLLM itself listens, as its sidecar
+	// advertises it; EngineReached says this sidecar reached it there,
+	// so it asks that vLLM about stored responses while the peer's
+	// sidecar is away (forward/direct.go).
+	EngineAddr    string `json:"engine_addr,omitempty"`
+	EngineReached bool   `json:"engine_reached,omitempty"`
 }
 
 func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
@@ -105,6 +111,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 			Load: p.Load}
 		if !p.Local {
 			j.Excluded = a.front.Excluded(p, now)
+			j.EngineAddr, j.EngineReached = p.EngineAddr, a.front.EngineReached(p.ID)
 		}
 		if p.Local {
 			var st route.Engine
