@@ -182,22 +182,12 @@ func TestAgentAPIsFollowUpsReachHolder(t *testing.T) {
 func TestStoredResponseFromEverySidecar(t *testing.T) {
 	f := apiCluster(t)
 	sys := longSystem(t.Name())
-	body := responsesBody(sys, "remember 42")
-	body["store"] = true
-	created := f.post(t, 1, "/v1/responses", body)
-	if created.Status != http.StatusOK {
-		t.Fatalf("create: %d %s", created.Status, created.Body)
-	}
-	var resp struct {
-		ID string `json:"id"`
-	}
-	json.Unmarshal(created.Body, &resp)
-	owner := created.ServedBy
+	id, owner := f.store(t, 1, sys, "remember 42")
 	x := f.index(owner)
 	check := func(when string) {
 		for i := range f.c.Len() {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			got, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
+			got, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+id, nil, nil)
 			cancel()
 			if err != nil || got.Status != http.StatusOK || got.ServedBy != owner {
 				t.Errorf("%s: GET via %s: %v %d from %q: %s", when, f.c.Pod(i).Name, err, got.Status, got.ServedBy, got.Body)
@@ -206,7 +196,7 @@ func TestStoredResponseFromEverySidecar(t *testing.T) {
 			// (vLLM's construct_input_messages, as OpenAI's API): a client
 			// sends them again.
 			next := f.post(t, i, "/v1/responses", map[string]any{"model": model, "max_output_tokens": 4,
-				"instructions": sys, "previous_response_id": resp.ID, "input": "which number?"})
+				"instructions": sys, "previous_response_id": id, "input": "which number?"})
 			if next.Status != http.StatusOK || next.ServedBy != owner || next.Decision != "stored" {
 				t.Errorf("%s: continued via %s: %d from %q (%s): %s", when, f.c.Pod(i).Name, next.Status, next.ServedBy, next.Decision, next.Body)
 			}
@@ -483,21 +473,11 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 // a continuation, with no wait for the sidecar to be back.
 func TestStoredResponseWhileItsSidecarIsDead(t *testing.T) {
 	f := apiCluster(t)
-	body := responsesBody(longSystem(t.Name()), "remember 7")
-	body["store"] = true
-	created := f.post(t, 2, "/v1/responses", body)
-	if created.Status != http.StatusOK {
-		t.Fatalf("create: %d %s", created.Status, created.Body)
-	}
-	var resp struct {
-		ID string `json:"id"`
-	}
-	json.Unmarshal(created.Body, &resp)
-	owner := created.ServedBy
+	id, owner := f.store(t, 2, longSystem(t.Name()), "remember 7")
 	x := f.index(owner)
 	f.waitEngineReached(t, x)
 	for i := range f.c.Len() {
-		r := f.get(t, i, "/v1/responses/"+resp.ID)
+		r := f.get(t, i, "/v1/responses/"+id)
 		if r.Status != http.StatusOK || r.ServedBy != owner {
 			t.Fatalf("GET via %s: %d from %q", f.c.Pod(i).Name, r.Status, r.ServedBy)
 		}
@@ -519,14 +499,14 @@ func TestStoredResponseWhileItsSidecarIsDead(t *testing.T) {
 		// The first request may find the dead sidecar still a member, and
 		// get a retryable 503; the next goes to the vLLM itself.
 		waitFor(t, 8*time.Second, f.c.Pod(i).Name+" serves it from the owner's vLLM", func(ctx context.Context) (bool, string) {
-			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
+			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+id, nil, nil)
 			if err != nil {
 				return false, err.Error()
 			}
 			return r.Status == http.StatusOK && r.ServedBy == owner, fmt.Sprintf("%d from %q: %s", r.Status, r.ServedBy, r.Body)
 		})
 		next := f.post(t, i, "/v1/responses", map[string]any{"model": model, "max_output_tokens": 4,
-			"previous_response_id": resp.ID, "input": "which number?"})
+			"previous_response_id": id, "input": "which number?"})
 		if next.Status != http.StatusOK || next.ServedBy != owner || next.Decision != "stored" {
 			t.Errorf("continued via %s with %s's sidecar dead: %d from %q (%s): %s", f.c.Pod(i).Name, owner, next.Status, next.ServedBy, next.Decision, next.Body)
 		}
@@ -568,4 +548,23 @@ func (f *fixture) get(t *testing.T, i int, path string) reply {
 		t.Fatalf("GET %s via %s: %v", path, f.c.Pod(i).Name, err)
 	}
 	return r
+}
+
+// store creates a stored response through pod i; it returns its id and
+// the pod that made it.
+func (f *fixture) store(t *testing.T, i int, instructions, input string) (id, owner string) {
+	t.Helper()
+	body := responsesBody(instructions, input)
+	body["store"] = true
+	created := f.post(t, i, "/v1/responses", body)
+	if created.Status != http.StatusOK {
+		t.Fatalf("create: %d %s", created.Status, created.Body)
+	}
+	var resp struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(created.Body, &resp); err != nil || resp.ID == "" {
+		t.Fatalf("create: no id in %s (%v)", created.Body, err)
+	}
+	return resp.ID, created.ServedBy
 }
