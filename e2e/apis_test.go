@@ -568,3 +568,47 @@ func (f *fixture) store(t *testing.T, i int, instructions, input string) (id, ow
 	}
 	return resp.ID, created.ServedBy
 }
+
+// A pod deleted gracefully stops vLLM before its (native) sidecar, whose
+// shutdown then tells the mesh that the pod's stored responses are gone:
+// every other sidecar answers their follow-ups with the final 404 at
+// once, not after respown's 10 s grace. The sidecars here advertise no
+// engine address (as where a NetworkPolicy closes vLLM's port), so no
+// sidecar can ask the pod's vLLM itself, and only that message tells.
+func TestStoredResponseOfAPodDeletedGracefully(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 6, timeScale: 20,
+		args:    []string{"--engine-advertise-addr", "none"},
+		simEnv:  []string{"VLLM_ENABLE_RESPONSES_API_STORE=1"},
+		simArgs: []string{"--enable-scale-out"}}, t.Cleanup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, owner := f.store(t, 0, longSystem(t.Name()), "keep this")
+	x := f.index(owner)
+	other := 1 - x
+	waitFor(t, 10*time.Second, f.c.Pod(other).Name+" reads it", func(ctx context.Context) (bool, string) {
+		r, err := f.do(ctx, http.MethodGet, f.c.Pod(other).API, "/v1/responses/"+id, nil, nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		return r.Status == http.StatusOK && r.ServedBy == owner, fmt.Sprintf("%d from %q", r.Status, r.ServedBy)
+	})
+	if err := f.c.KillSim(x); err != nil { // vLLM's container exits first
+		t.Fatal(err)
+	}
+	if err := f.c.StopSidecar(x); err != nil { // then the sidecar, SIGTERM
+		t.Fatal(err)
+	}
+	left := time.Now()
+	waitFor(t, 5*time.Second, f.c.Pod(other).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
+		r, err := f.do(ctx, http.MethodGet, f.c.Pod(other).API, "/v1/responses/"+id, nil, nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		_, _, msg, _ := r.apiError()
+		return r.Status == http.StatusNotFound && strings.Contains(msg, "which is gone"), fmt.Sprintf("%d %s", r.Status, r.Body)
+	})
+	t.Logf("the 404 came %v after the sidecar stopped", time.Since(left).Round(10*time.Millisecond))
+}

@@ -115,9 +115,13 @@ func (e *engines) lookup(node string) (addr string, reached bool) {
 	return "", false
 }
 
-// localRefuses reports whether the local vLLM's address refuses
+// LocalEngineGone reports whether the local vLLM's address refuses
 // connections: no process listens there, so none holds a store. A hung
-// vLLM still accepts them.
+// vLLM still accepts them. The sidecar asks as it leaves the mesh
+// (gossip's SetStoreGone).
+func (h *Handler) LocalEngineGone(ctx context.Context) bool { return h.localRefuses(ctx) }
+
+// localRefuses is LocalEngineGone.
 func (h *Handler) localRefuses(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, engineDial)
 	defer cancel()

@@ -455,11 +455,15 @@ func (h *Handler) trustedHop(r *http.Request, id string) (from string, ok bool) 
 // the sender already parsed and routed it, and holds it for a retry, so
 // reading it whole first would only add its transfer time and a copy.
 func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
-	if h.draining.Load() {
+	// A stored response's request only this pod can serve: while its vLLM
+	// lives (draining too) it serves it, and its local attempt tells a
+	// vLLM gone (proxyError's 404) from one hung (a refusal).
+	pinned := c.Request.Header.Get(PinnedHeader) != ""
+	if h.draining.Load() && !pinned {
 		h.refuse(c, "draining", "node is draining")
 		return
 	}
-	if !h.localReady.Load() {
+	if !h.localReady.Load() && !pinned {
 		h.refuse(c, "engine-down", "the engine of this pod cannot serve")
 		return
 	}

@@ -169,10 +169,10 @@ func (h *Handler) storedTarget(ctx context.Context, id string, wait time.Duratio
 // respown.DefaultGrace ago or more, its engine began anew after the entry
 // was recorded and no longer holds it, or, asked itself while its sidecar
 // is away or not answering (direct.go), that engine does not hold it or
-// no longer listens. Such an engine that holds it serves the request. While
-// its pod may still hold it otherwise (the pod away, draining, its engine
-// not serving, or not answering since a forward to it failed), the answer
-// is a retryable 503. An id the map does not know goes to the pod that
+// no longer listens. Such an engine that holds it serves the request, as
+// a draining pod does while its vLLM lives. While its pod may still hold
+// it otherwise (the pod away, its engine hung, or not answering since a
+// forward to it failed), the answer is a retryable 503. An id the map does not know goes to the pod that
 // answers a probe; when every pod answered that it does not hold it and
 // none is away, to the local vLLM, whose 404 says so; else a 503.
 func (h *Handler) locateStored(ctx context.Context, id string) (tg target, status int, msg string) {
@@ -204,13 +204,14 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		}
 		return target{}, http.StatusServiceUnavailable,
 			fmt.Sprintf("the pod that stores response '%s' (%s) has no address here yet: retry", id, l.Node)
-	case pv.Draining:
-		return target{}, http.StatusServiceUnavailable,
-			fmt.Sprintf("the pod that stores response '%s' (%s) is draining: retry", id, l.Node)
 	case pv.Engine != route.EngineServing:
 		// A hung engine does not answer; a dead one no longer listens, and
 		// its sidecar, asked, says so.
-		switch h.holds(ctx, tg, id) {
+		hd := h.holds(ctx, tg, id)
+		if tg.Peer == "" && hd == unknown && h.localRefuses(ctx) {
+			hd = absent // this pod's own vLLM is not running
+		}
+		switch hd {
 		case held: // its meta is behind: it serves again
 			return tg, 0, ""
 		case absent:

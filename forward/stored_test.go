@@ -346,7 +346,7 @@ func TestLocateStored(t *testing.T) {
 			}},
 		{name: "owner gone past the grace", status: 404, msg: "stored on pod p1, which is gone",
 			setup: func(_ []*storeNode, s *fakeStored, _ *route.PeerView) { s.gone["p1"] = true }},
-		{name: "owner draining", status: 503, msg: "(p1) is draining",
+		{name: "owner draining: its vLLM still holds it", pod: "p1",
 			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Draining = true }},
 		{name: "owner's engine down as its meta says, but it answers: its meta is behind", pod: "p1",
 			setup: func(_ []*storeNode, _ *fakeStored, p1 *route.PeerView) { p1.Engine = route.EngineDown }},
@@ -570,5 +570,49 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A draining pod's vLLM still holds its stored responses: their requests
+// are served there (a pod deleted gracefully drains first), and once its
+// vLLM has exited, its sidecar answers the final 404 that says so.
+func TestStoredOnADrainingPod(t *testing.T) {
+	nodes, shared := storeMesh(t, 3)
+	nodes[1].eng.ids["resp_d"] = true
+	shared.owner["resp_d"] = "p1"
+	nodes[1].h.SetDraining(true)
+	for _, n := range nodes {
+		n.h.peers.(*fakePeers).views[1].Draining = true
+	}
+	reqs := []struct{ method, path, body string }{
+		{"GET", "/v1/responses/resp_d", ""},
+		{"POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"resp_d"}`},
+	}
+	for _, n := range nodes {
+		for _, c := range reqs {
+			resp, body := do(t, c.method, n.srv.URL+c.path, c.body)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "p1" {
+				t.Errorf("%s %s via %s, p1 draining: %d from %q: %s; want p1's answer", c.method, c.path, n.h.cfg.Self, resp.StatusCode, resp.Header.Get("X-Pod"), body)
+			}
+		}
+	}
+	// A request that is not p1's alone is still refused there.
+	resp, _ := do(t, "POST", nodes[1].srv.URL+"/v1/responses", `{"model":"m","input":"new"}`)
+	if resp.StatusCode == 200 && resp.Header.Get("X-Pod") == "p1" {
+		t.Error("a new Responses request entering draining p1 was served there")
+	}
+	// Its vLLM exits (the pod's main container stops before the sidecar).
+	nodes[1].es.Close()
+	nodes[1].h.SetLocalReady(false)
+	for _, n := range nodes {
+		n.h.peers.(*fakePeers).views[1].Engine = route.EngineDown
+	}
+	for _, n := range nodes {
+		for _, c := range reqs {
+			resp, body := do(t, c.method, n.srv.URL+c.path, c.body)
+			if resp.StatusCode != 404 || !strings.Contains(body, "p1, which is gone") {
+				t.Errorf("%s %s via %s, p1's vLLM exited: %d %s; want the 404 that says p1 is gone", c.method, c.path, n.h.cfg.Self, resp.StatusCode, body)
+			}
+		}
 	}
 }

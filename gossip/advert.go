@@ -169,6 +169,27 @@ func (m *Mesh) SetRanks(n int) {
 	}
 }
 
+// SetStoreGone advertises that this node's vLLM no longer listens, so its
+// stored responses are gone (Meta.StoreGone), and waits up to maxMetaWait
+// for the update to leave: call it just before Leave, whose peers then
+// answer those responses' follow-ups with the final 404 at once rather
+// than after respown's grace.
+func (m *Mesh) SetStoreGone() {
+	a := &m.advert
+	a.mu.Lock()
+	a.meta.StoreGone = true
+	err := a.encodeLocked()
+	a.mu.Unlock()
+	if err != nil {
+		m.log.Error().Err(err).Msg("encode node meta")
+		return
+	}
+	m.stats.metaUpdates.Add(1)
+	if err := m.ml.Load().UpdateNode(maxMetaWait); err != nil {
+		m.log.Debug().Err(err).Msg("update node meta")
+	}
+}
+
 // SetDraining sets the draining flag and advertises it at once.
 func (m *Mesh) SetDraining(draining bool) {
 	m.advert.edit(func(mt *Meta) bool { mt.Draining = draining; return true })

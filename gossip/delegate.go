@@ -66,11 +66,12 @@ func (d delegate) NotifyJoin(n *memberlist.Node) {
 }
 
 // NotifyLeave removes the peer (members.go) and marks its responses gone
-// (responses.go).
+// (responses.go): at once when its last meta said its store is gone.
 func (d delegate) NotifyLeave(n *memberlist.Node) {
 	if n.Name != d.m.cfg.NodeName {
+		meta, _ := DecodeMeta(n.Meta) // a meta that does not decode says nothing
 		d.m.peerLeft(n.Name)
-		d.m.responsesLeft(n.Name)
+		d.m.responsesLeft(n.Name, meta.StoreGone)
 	}
 }
 

@@ -41,6 +41,10 @@ type Meta struct {
 	// ask that vLLM about a stored response while its sidecar is away
 	// (forward/direct.go).
 	EngineAddr string
+	// StoreGone: the node's vLLM no longer listens, so the Responses
+	// store in its memory is gone; set as its sidecar leaves (a flag v0.1.0
+	// ignores). Peers take its stored responses as gone at once.
+	StoreGone bool
 }
 
 // Wire format of the meta:
@@ -76,6 +80,7 @@ const (
 	flagModelsTruncated = 1 << 2
 	flagEngineStarting  = 1 << 3 // neither engine flag: serving (and every earlier version)
 	flagEngineDown      = 1 << 4
+	flagStoreGone       = 1 << 5
 )
 
 // ErrMeta is wrapped by every DecodeMeta error.
@@ -99,6 +104,9 @@ func EncodeMeta(m Meta, limit int) ([]byte, error) {
 	}
 	if m.HasDigest {
 		flags |= flagHasDigest
+	}
+	if m.StoreGone {
+		flags |= flagStoreGone
 	}
 	switch m.Engine {
 	case route.EngineStarting:
@@ -188,6 +196,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 		Draining:        flags&flagDraining != 0,
 		HasDigest:       flags&flagHasDigest != 0,
 		ModelsTruncated: flags&flagModelsTruncated != 0,
+		StoreGone:       flags&flagStoreGone != 0,
 	}
 	switch {
 	case flags&flagEngineDown != 0:

@@ -34,6 +34,7 @@ func TestMetaRoundTrip(t *testing.T) {
 		{"empty model name", Meta{Models: []string{""}}},
 		{"engine down", Meta{APIAddr: "a:1", Engine: route.EngineDown, Draining: true}},
 		{"engine starting", Meta{Engine: route.EngineStarting}},
+		{"store gone", Meta{APIAddr: "a:1", Engine: route.EngineDown, Draining: true, StoreGone: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

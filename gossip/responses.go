@@ -341,11 +341,16 @@ func (m *Mesh) responsesJoined(node string) {
 	r.wake()
 }
 
-// responsesLeft is NotifyLeave's part: the node's entries are kept, gone.
-func (m *Mesh) responsesLeft(node string) {
+// responsesLeft is NotifyLeave's part: the node's entries are kept, gone,
+// and Gone at once (no grace) when it left with its store lost.
+func (m *Mesh) responsesLeft(node string, lost bool) {
 	r := &m.responses
 	r.mu.Lock()
-	r.table.Gone(node, m.now())
+	if lost {
+		r.table.Lost(node, m.now())
+	} else {
+		r.table.Gone(node, m.now())
+	}
 	r.mu.Unlock()
 }
 

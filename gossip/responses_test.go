@@ -218,6 +218,30 @@ func TestMeshResponsesOfALeaver(t *testing.T) {
 	}
 }
 
+// A node that says, as it leaves, that its store is gone (its vLLM no
+// longer listens) has its responses Gone on every peer at once: no grace.
+func TestMeshResponsesOfALeaverWhoseStoreIsGone(t *testing.T) {
+	ms := cluster(t, 3, nil)
+	ms[2].AnnounceResponses(vid(1))
+	waitFor(t, 2*time.Second, "n2's responses on n0 and n1", func() bool {
+		return ownerOf(ms[0], vid(1)).Alive && ownerOf(ms[1], vid(1)).Alive
+	})
+	ms[2].SetStoreGone()
+	if err := ms[2].Leave(time.Second); err != nil {
+		t.Fatalf("Leave error %v", err)
+	}
+	ms[2].Shutdown()
+	for _, m := range ms[:2] {
+		waitFor(t, 3*time.Second, m.cfg.NodeName+" has n2's responses gone", func() bool {
+			l, ok := m.LookupResponse(vid(1))
+			return ok && l.Node == "n2" && l.Status == respown.Gone
+		})
+		if got := m.AwayNodes(); len(got) != 0 {
+			t.Errorf("%s: AwayNodes() = %v; want none (n2 is not coming back with a store)", m.cfg.NodeName, got)
+		}
+	}
+}
+
 // A member's entry is Live, recorded when it was announced; one whose owner
 // is no member is Away even before the table heard it leave.
 func TestMeshLookupResponse(t *testing.T) {

@@ -126,6 +126,7 @@ type owner struct {
 	n      int // entries
 	gone   bool
 	goneAt time.Time
+	lost   bool // gone with its store: Gone at once (Lost)
 }
 
 // New returns an empty table of at most maxEntries entries (at least 1),
@@ -214,7 +215,7 @@ func (t *Table) Lookup(id string, now time.Time) (Lookup, bool) {
 
 // status is a gone owner's status at now.
 func (t *Table) status(o owner, now time.Time) Status {
-	if now.Sub(o.goneAt) < t.grace {
+	if !o.lost && now.Sub(o.goneAt) < t.grace {
 		return Away
 	}
 	return Gone
@@ -251,10 +252,20 @@ func (t *Table) Gone(node string, now time.Time) {
 	}
 }
 
+// Lost is Gone for a node known to have lost its store as it left (its
+// sidecar said so: nothing listened at its vLLM's address): its entries
+// are Gone at once, with no grace.
+func (t *Table) Lost(node string, now time.Time) {
+	t.Gone(node, now)
+	if i, ok := t.byName[node]; ok {
+		t.owners[i].lost = true
+	}
+}
+
 // Back undoes Gone: node is in the mesh again and its entries stay.
 func (t *Table) Back(node string) {
 	if i, ok := t.byName[node]; ok {
-		t.owners[i].gone, t.owners[i].goneAt = false, time.Time{}
+		t.owners[i].gone, t.owners[i].goneAt, t.owners[i].lost = false, time.Time{}, false
 	}
 }
 

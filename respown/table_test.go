@@ -407,3 +407,33 @@ func TestLookupGrace(t *testing.T) {
 		t.Errorf("Away after a came back = %v; want no a", got)
 	}
 }
+
+// A node that left with its store lost is Gone at once, not Away for the
+// grace; back in the mesh, it is Live again, and a later leave has the
+// grace again.
+func TestLost(t *testing.T) {
+	const grace = 10 * time.Second
+	tb := New(16, time.Hour, grace)
+	tb.Add("a", []string{vid(1)}, t0)
+	tb.Add("b", []string{vid(2)}, t0)
+	tb.Lost("a", t0)
+	tb.Gone("b", t0)
+	status := func(id string, at time.Time) Status {
+		l, _ := tb.Lookup(id, at)
+		return l.Status
+	}
+	if a, b := status(vid(1), t0), status(vid(2), t0); a != Gone || b != Away {
+		t.Errorf("just left: lost a %v, gone b %v; want gone, away", a, b)
+	}
+	if away := tb.Away(t0); len(away) != 1 || away[0] != "b" {
+		t.Errorf("Away = %v; want [b]", away)
+	}
+	tb.Back("a")
+	if got := status(vid(1), t0); got != Live {
+		t.Errorf("back: %v; want live", got)
+	}
+	tb.Gone("a", t0.Add(time.Minute))
+	if got := status(vid(1), t0.Add(time.Minute)); got != Away {
+		t.Errorf("left again, store not said lost: %v; want away", got)
+	}
+}

@@ -247,6 +247,16 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 		return fmt.Errorf("server stopped: %w", err)
 	}
 	ad.drain(context.Background())
+	// In a pod being deleted, vLLM has exited before its native sidecar
+	// is stopped: say that its stored responses went with it, so peers
+	// answer their follow-ups with the final 404 at once. A sidecar
+	// restarting beside a live vLLM says nothing.
+	gctx, gcancel := context.WithTimeout(context.Background(), time.Second)
+	if front.LocalEngineGone(gctx) {
+		log.Info().Msg("local vLLM not listening: telling peers its stored responses are gone")
+		mesh.SetStoreGone()
+	}
+	gcancel()
 	if err := mesh.Leave(5 * time.Second); err != nil {
 		log.Warn().Err(err).Msg("leave mesh")
 	}
