@@ -281,7 +281,7 @@ func (c *checker) run() {
 	}
 	c.secret(side, pod, sf)
 	c.resources(side)
-	c.networkPolicy(labels, side, vllm, listen, admin, gossip)
+	c.networkPolicy(labels, side, vllm, listen, admin, gossip, vport)
 	if len(b.PDBs) != 1 || b.PDBs[0].Spec.MaxUnavailable == nil && b.PDBs[0].Spec.MinAvailable == nil {
 		c.errorf("want one PodDisruptionBudget with maxUnavailable or minAvailable")
 	}
@@ -606,7 +606,21 @@ func admits(rule networkingv1.NetworkPolicyIngressRule, pod *corev1.PodSpec, cp 
 	return false
 }
 
-func (c *checker) networkPolicy(labels map[string]string, side, vllm *corev1.Container, listen, admin, gossip int) {
+// fromPods reports whether rule admits only the pods with labels: every peer a podSelector
+// that selects them, in the policy's own namespace (no namespaceSelector, no ipBlock).
+func fromPods(rule networkingv1.NetworkPolicyIngressRule, labels map[string]string) bool {
+	return len(rule.From) > 0 && !slices.ContainsFunc(rule.From, func(p networkingv1.NetworkPolicyPeer) bool {
+		return p.NamespaceSelector != nil || p.IPBlock != nil || p.PodSelector == nil || !subset(p.PodSelector.MatchLabels, labels)
+	})
+}
+
+// networkPolicy checks the ingress allow-list. vLLM's HTTP port (vport: its --port, the
+// container port "vllm") is open to the Deployment's own pods only: a peer sidecar asks this
+// pod's vLLM about a stored response while this pod's sidecar is away (forward/direct.go,
+// --engine-advertise-addr). Its other ports, the KV-event sockets, stay closed to every pod.
+// The chart's plainService also opens vport to the API's clients; charts/kvroute/test checks
+// that rule, as these manifests have no such Service.
+func (c *checker) networkPolicy(labels map[string]string, side, vllm *corev1.Container, listen, admin, gossip, vport int) {
 	var pols []*networkingv1.NetworkPolicy
 	for _, p := range c.b.NetworkPolicies {
 		if subset(p.Spec.PodSelector.MatchLabels, labels) && slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
@@ -630,7 +644,20 @@ func (c *checker) networkPolicy(labels map[string]string, side, vllm *corev1.Con
 		return rs
 	}
 	for _, cp := range vllm.Ports {
-		if rs := rulesFor(cp); len(rs) > 0 {
+		rs := rulesFor(cp)
+		if int(cp.ContainerPort) == vport && (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) {
+			if len(rs) == 0 {
+				c.errorf("NetworkPolicy closes vLLM's HTTP port %s (%d) to the Deployment's pods: while a pod's sidecar is away, "+
+					"peers cannot ask its vLLM for a stored response, and stored-response follow-ups then wait 10 s for their 404", cp.Name, cp.ContainerPort)
+			}
+			for _, r := range rs {
+				if !fromPods(r, labels) {
+					c.errorf("NetworkPolicy admits vLLM's HTTP port %s (%d) from outside the Deployment's pods: only peer sidecars may call it directly", cp.Name, cp.ContainerPort)
+				}
+			}
+			continue
+		}
+		if len(rs) > 0 {
 			c.errorf("NetworkPolicy admits other pods to vLLM's port %s (%d): only the sidecar, on loopback, may use it", cp.Name, cp.ContainerPort)
 		}
 	}
@@ -646,9 +673,7 @@ func (c *checker) networkPolicy(labels map[string]string, side, vllm *corev1.Con
 				c.errorf("NetworkPolicy closes gossip %d/%s between the pods", gossip, cp.Protocol)
 			}
 			for _, r := range rs {
-				if len(r.From) == 0 || slices.ContainsFunc(r.From, func(p networkingv1.NetworkPolicyPeer) bool {
-					return p.NamespaceSelector != nil || p.IPBlock != nil || p.PodSelector == nil || !subset(p.PodSelector.MatchLabels, labels)
-				}) {
+				if !fromPods(r, labels) {
 					c.errorf("NetworkPolicy admits gossip %d/%s from outside the Deployment's pods", gossip, cp.Protocol)
 				}
 			}

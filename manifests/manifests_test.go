@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
@@ -199,6 +200,12 @@ func TestCheckFindsProblems(t *testing.T) {
 			}
 		}
 	}
+	// vllmRule is the index of the ingress rule for vLLM's HTTP port 8001.
+	vllmRule := func(b *bundle) int {
+		return slices.IndexFunc(b.NetworkPolicies[0].Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+			return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntVal == 8001 })
+		})
+	}
 	tests := []struct {
 		name   string
 		mutate func(b *bundle)
@@ -261,6 +268,25 @@ func TestCheckFindsProblems(t *testing.T) {
 			np := &b.NetworkPolicies[0].Spec
 			np.Ingress = append(np.Ingress, networkingv1.NetworkPolicyIngressRule{})
 		}, "vLLM's port kv-events"},
+		{"events port admitted from peers", func(b *bundle) {
+			np := &b.NetworkPolicies[0].Spec
+			port := intstr.FromInt32(5557)
+			np.Ingress = append(np.Ingress, networkingv1.NetworkPolicyIngressRule{
+				From:  np.Ingress[1].From,
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
+			})
+		}, "vLLM's port kv-events (5557)"},
+		{"vLLM HTTP open to all", func(b *bundle) {
+			b.NetworkPolicies[0].Spec.Ingress[vllmRule(b)].From = nil
+		}, "vLLM's HTTP port vllm (8001) from outside the Deployment's pods"},
+		{"vLLM HTTP open to a namespace", func(b *bundle) {
+			r := &b.NetworkPolicies[0].Spec.Ingress[vllmRule(b)]
+			r.From = append(r.From, networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{}})
+		}, "vLLM's HTTP port vllm (8001) from outside the Deployment's pods"},
+		{"vLLM HTTP rule removed", func(b *bundle) {
+			np := &b.NetworkPolicies[0].Spec
+			np.Ingress = slices.Delete(np.Ingress, vllmRule(b), vllmRule(b)+1)
+		}, "wait 10 s for their 404"},
 		{"gossip open to all", func(b *bundle) {
 			b.NetworkPolicies[0].Spec.Ingress[1].From = nil
 		}, "gossip 7946/TCP from outside"},

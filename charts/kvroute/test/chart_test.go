@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -189,15 +190,58 @@ func TestPlainService(t *testing.T) {
 	if s == nil || !selects(s.Spec.Selector, pods) || s.Spec.Ports[0].TargetPort != intstr.FromInt32(8001) {
 		t.Fatalf("plain Service %+v; want kvroute-direct selecting the pods, to vLLM's 8001", s)
 	}
-	open := map[int32]bool{}
+	open := map[int32]bool{} // ports some rule admits from beyond the release's pods
 	for _, r := range b.NetworkPolicies[0].Spec.Ingress {
 		for _, p := range r.Ports {
-			open[p.Port.IntVal] = true
+			if !fromPods(r, pods) {
+				open[p.Port.IntVal] = true
+			}
 		}
 	}
 	if !open[8001] || open[5557] || open[5558] {
-		t.Errorf("NetworkPolicy opens %v; want 8001 for the plain Service and never the KV-event ports", open)
+		t.Errorf("NetworkPolicy opens %v beyond the release's pods; want 8001 for the plain Service and never the KV-event ports", open)
 	}
+}
+
+// TestNetworkPolicyVLLM: without plainService, vLLM's HTTP port 8001 is admitted from the
+// release's own pods only (a peer sidecar asks this vLLM about a stored response while this
+// pod's sidecar is away), and the KV-event ports 5557/5558 from no one.
+func TestNetworkPolicyVLLM(t *testing.T) {
+	b, err := decode(mustTemplate(t, loadChart(t), presetValues(t, "values-sim.yaml")).Objects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := b.Deployments[0].Spec.Template.Labels
+	peers := false
+	for _, r := range b.NetworkPolicies[0].Spec.Ingress {
+		for _, p := range r.Ports {
+			switch port := p.Port.IntVal; {
+			case port == 5557 || port == 5558:
+				t.Errorf("NetworkPolicy rule %+v admits the KV-event port %d", r, port)
+			case port == 8001 && !fromPods(r, pods):
+				t.Errorf("NetworkPolicy rule %+v admits 8001 from beyond the release's pods %v", r, pods)
+			case port == 8001:
+				peers = true
+			}
+		}
+	}
+	if !peers {
+		t.Errorf("NetworkPolicy closes 8001 to the release's pods: stored-response follow-ups wait 10 s for their 404 while a sidecar is away")
+	}
+}
+
+// fromPods reports whether rule admits only pods that the selector labels pick, in the
+// release's namespace.
+func fromPods(r networkingv1.NetworkPolicyIngressRule, pods map[string]string) bool {
+	if len(r.From) == 0 {
+		return false
+	}
+	for _, p := range r.From {
+		if p.NamespaceSelector != nil || p.IPBlock != nil || p.PodSelector == nil || !selects(p.PodSelector.MatchLabels, pods) {
+			return false
+		}
+	}
+	return true
 }
 
 func TestNetworkPolicyClients(t *testing.T) {
