@@ -65,6 +65,8 @@ type config struct {
 	// tokens and requests) or "requests" (the count alone).
 	RouteLoad   string
 	PrefillRate float64 // the engine's prefill tokens per second
+	// Slack and MinHeadroom are route.Config's load bound.
+	Slack, MinHeadroom float64
 	// CPULoadRate and DiskLoadRate are how fast the engine loads a
 	// token's KV back from its CPU and disk tiers, tokens per second.
 	CPULoadRate  float64
@@ -135,6 +137,9 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.SilenceWindow, "kv-events-silence-window", 10*time.Second, "warn (log, metric, /readyz body) when vLLM serves this long with no KV event ever arriving")
 	fs.StringVar(&c.RouteLoad, "route-load", "work", "how a peer's load is weighed in the choice: work (the prompt tokens it must still prefill, plus its requests) or requests (the count alone, as kvroute weighed it before; for comparison)")
 	fs.Float64Var(&c.PrefillRate, "prefill-rate", route.DefaultConfig().PrefillTokensPerSecond, "the engine's prefill throughput in tokens per second, which turns /debug/route's costs into expected times to first token (default: the simulator's Llama-3.1-8B on one H100)")
+	rd := route.DefaultConfig()
+	fs.Float64Var(&c.Slack, "route-slack", rd.Slack, "the load bound's slack: a pod whose requests would exceed max(m*(1+slack), m+min-headroom), m the mean counting this request, is passed over for one within it, holder or not. Caps max/mean requests per pod near 1+slack under pressure; larger favours cache hits, smaller balance")
+	fs.Float64Var(&c.MinHeadroom, "route-min-headroom", rd.MinHeadroom, "the load bound's headroom in requests (--route-slack): a lightly loaded cluster keeps a prefix at its holder for this much imbalance")
 	fs.Float64Var(&c.CPULoadRate, "cpu-load-rate", route.DefaultCPULoadTokensPerSecond, "how fast the engine loads a token's KV from its CPU tier (vLLM's native offloading, LMCache) back to the GPU, in tokens per second; a CPU-cached token is credited 1 - prefill-rate/cpu-load-rate of a GPU-cached one. The default is Llama-3.1-8B's 128 KiB per token over PCIe Gen5 x16 at 50 GB/s, the simulator's rate; 0: CPU copies are not credited")
 	fs.Float64Var(&c.DiskLoadRate, "disk-load-rate", route.DefaultDiskLoadTokensPerSecond, "as --cpu-load-rate, for the disk tier (and shared storage). The default is the same model at 5 GB/s, one NVMe drive; 0: disk copies are not credited")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
