@@ -181,6 +181,7 @@ func TestBound(t *testing.T) {
 			}
 			cfg := DefaultConfig()
 			cfg.Slack = 0.25 // KubeAI's, so the slack case is easy to check by hand
+			cfg.MinHeadroom = 4
 			a := assess(cfg, Request{}, peers, t0)
 			if a.d.Mean != tt.wantMean || a.d.Bound != tt.wantBound {
 				t.Errorf("mean, bound = %v, %v; want %v, %v", a.d.Mean, a.d.Bound, tt.wantMean, tt.wantBound)

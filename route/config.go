@@ -42,14 +42,21 @@ type Config struct {
 	// with m the eligible peers' mean load counting this request,
 	// Bound = max(m*(1+Slack), m+MinHeadroom), and a peer with Load+1 >
 	// Bound is over it. Slack caps max/mean load at 1+Slack under pressure;
-	// default 1. KubeAI's 0.25 (docs/reference/anchors.md §5.8) sheds holders exactly when
+	// default 2. KubeAI's 0.25 (docs/reference/anchors.md §5.8) sheds holders exactly when
 	// the cluster saturates and hits matter most: on the doc-QA workload
 	// (4 pods, 32k-token documents) kvroute's hit rate was 51% at 0.25, 64%
 	// at 0.5 and 81% at 1, with max/mean requests per pod 1.17, 1.06, 1.13
 	// (kvbench, one run each). MinHeadroom, in requests,
 	// keeps a lightly loaded cluster from spilling a prefix away from its
-	// holder for a request or two of imbalance; default 4. Larger values
-	// favour cache hits, smaller ones balance.
+	// holder for a few requests of imbalance; default 8. Larger values
+	// favour cache hits, smaller ones balance. Since the choice weighs the
+	// work queued at each pod (QueuedWeight), the bound only has to stop
+	// hot spots, not balance: against Slack 1 and MinHeadroom 4, 2 and 8
+	// gave a TTFT p90 as low or lower on every run of doc-QA (3 seeds),
+	// agentic and shared-prefix, at the knee and past it (4 pods; doc-QA
+	// seed 1 at the knee 0.194 s against 0.380, with 90.0% hits against
+	// 86.0%), max/mean requests per pod 1.04-1.31 past the knee
+	// (docs/bench/2026-12-03/load-bound.md).
 	Slack       float64
 	MinHeadroom float64
 
@@ -165,8 +172,8 @@ func DefaultConfig() Config {
 		FailFor:                 10 * time.Second,
 		SilentFor:               1500 * time.Millisecond,
 		LoadTTL:                 5 * time.Second,
-		Slack:                   1,
-		MinHeadroom:             4,
+		Slack:                   2,
+		MinHeadroom:             8,
 		MinMatchKeys:            2,
 		MinMatchFraction:        0.25,
 		LoadTokens:              64,

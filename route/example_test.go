@@ -49,7 +49,7 @@ func ExampleChain() {
 	fmt.Print(d.Table())
 	// Output:
 	// target pod-b  reason affinity  local false
-	// eligible 2/2  mean 3.00  bound 7.00
+	// eligible 2/2  mean 3.00  bound 11.00
 	//   peer    keys  tokens    load  queued    ttft      score  status
 	//   pod-a      0       0    2.00       0       -   -128.000  local, no digest
 	// * pod-b      8     512    3.00       0       -    320.000
