@@ -240,7 +240,14 @@ func (f *fixture) warmChats(t *testing.T, rng *mrand.Rand, n int) []*conversatio
 	sys := chatMessage{"system", words(rng, 400)}
 	out := make([]*conversation, n)
 	for c := range out {
-		msgs := []chatMessage{sys, {"user", words(rng, 20)}}
+		// The first user turn is what tells the holder from a pod that
+		// holds the shared system prompt only: at 20 words (~3 blocks) it
+		// weighed less than one request of load (route.Config.LoadTokens,
+		// 64 tokens), so a second turn entering a pod with the system
+		// prompt stayed there whenever the holder had a request in flight,
+		// and every try after it found that pod the better holder (1 run
+		// in 4 failed so). 200 words outweigh a few requests.
+		msgs := []chatMessage{sys, {"user", words(rng, 200)}}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		r, err := f.streamChat(ctx, c%f.c.Len(), msgs, false)
 		cancel()
