@@ -441,13 +441,7 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 	if err := f.c.Kill(x); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if err := f.c.Restart(ctx, x); err != nil {
-			t.Errorf("bring %s back: %v", created.ServedBy, err)
-		}
-	})
+	f.restartAtCleanup(t, x)
 	for i := range f.c.Len() {
 		if i == x {
 			continue
@@ -457,14 +451,7 @@ func TestStoredResponseOnGonePod(t *testing.T) {
 		// memberlist's detection (5-10 s here) and respown.DefaultGrace
 		// (10 s), which it took before (forward/direct.go). The first
 		// request may meet the dead sidecar still a member, and get a 503.
-		waitFor(t, 8*time.Second, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
-			r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+resp.ID, nil, nil)
-			if err != nil {
-				return false, err.Error()
-			}
-			_, _, msg, _ := r.apiError()
-			return r.Status == http.StatusNotFound && strings.Contains(msg, "which is gone"), fmt.Sprintf("%d %s", r.Status, r.Body)
-		})
+		f.waitGone(t, i, resp.ID, 8*time.Second)
 	}
 }
 
@@ -485,13 +472,7 @@ func TestStoredResponseWhileItsSidecarIsDead(t *testing.T) {
 	if err := f.c.KillSidecar(x); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if err := f.c.Restart(ctx, x); err != nil {
-			t.Errorf("bring %s back: %v", owner, err)
-		}
-	})
+	f.restartAtCleanup(t, x)
 	for i := range f.c.Len() {
 		if i == x {
 			continue
@@ -602,13 +583,33 @@ func TestStoredResponseOfAPodDeletedGracefully(t *testing.T) {
 		t.Fatal(err)
 	}
 	left := time.Now()
-	waitFor(t, 5*time.Second, f.c.Pod(other).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
-		r, err := f.do(ctx, http.MethodGet, f.c.Pod(other).API, "/v1/responses/"+id, nil, nil)
+	f.waitGone(t, other, id, 5*time.Second)
+	t.Logf("the 404 came %v after the sidecar stopped", time.Since(left).Round(10*time.Millisecond))
+}
+
+// restartAtCleanup starts pod x's processes again when the test ends, so
+// the shared cluster has all its pods for the next test.
+func (f *fixture) restartAtCleanup(t *testing.T, x int) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := f.c.Restart(ctx, x); err != nil {
+			t.Errorf("bring %s back: %v", f.c.Pod(x).Name, err)
+		}
+	})
+}
+
+// waitGone waits up to within until pod i's sidecar answers GET of
+// stored response id with the 404 that says the pod holding it is gone.
+func (f *fixture) waitGone(t *testing.T, i int, id string, within time.Duration) {
+	t.Helper()
+	waitFor(t, within, f.c.Pod(i).Name+" says the pod is gone", func(ctx context.Context) (bool, string) {
+		r, err := f.do(ctx, http.MethodGet, f.c.Pod(i).API, "/v1/responses/"+id, nil, nil)
 		if err != nil {
 			return false, err.Error()
 		}
 		_, _, msg, _ := r.apiError()
 		return r.Status == http.StatusNotFound && strings.Contains(msg, "which is gone"), fmt.Sprintf("%d %s", r.Status, r.Body)
 	})
-	t.Logf("the 404 came %v after the sidecar stopped", time.Since(left).Round(10*time.Millisecond))
 }

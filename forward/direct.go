@@ -3,9 +3,7 @@ package forward
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"sync"
 	"syscall"
@@ -93,16 +91,28 @@ func (e *engines) observe(ctx context.Context, views []route.PeerView, now time.
 }
 
 func (e *engines) check(ctx context.Context, node string, a *engineAddr) {
-	ctx, cancel := context.WithTimeout(ctx, engineDial)
-	defer cancel()
-	c, err := e.dial(ctx, "tcp", a.addr)
-	if err == nil {
-		c.Close()
-	}
+	err := e.connect(ctx, a.addr)
 	e.mu.Lock()
 	a.checking = false
 	a.reached = a.reached || err == nil
 	e.mu.Unlock()
+}
+
+// connect dials addr and hangs up, within engineDial.
+func (e *engines) connect(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, engineDial)
+	defer cancel()
+	c, err := e.dial(ctx, "tcp", addr)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// noListener reports a dial that found no process listening at the
+// address (refused), or no host there any more.
+func noListener(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)
 }
 
 // lookup returns node's engine address, and whether it was reached there.
@@ -123,13 +133,7 @@ func (h *Handler) LocalEngineGone(ctx context.Context) bool { return h.localRefu
 
 // localRefuses is LocalEngineGone.
 func (h *Handler) localRefuses(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, engineDial)
-	defer cancel()
-	c, err := h.engines.dial(ctx, "tcp", h.cfg.VLLM.Host)
-	if err == nil {
-		c.Close()
-	}
-	return errors.Is(err, syscall.ECONNREFUSED)
+	return errors.Is(h.engines.connect(ctx, h.cfg.VLLM.Host), syscall.ECONNREFUSED)
 }
 
 // EngineReached reports whether this front reached node's vLLM at the
@@ -151,34 +155,17 @@ func (h *Handler) askEngine(ctx context.Context, node, id string) (target, holdi
 		return target{}, unknown
 	}
 	tg := target{Peer: node, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true}
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/responses/"+url.PathEscape(id), nil)
-	if err != nil {
-		return tg, unknown
+	hd, err := h.ask(ctx, tg, id)
+	if hd == unknown && reached && noListener(err) {
+		hd = vanished
 	}
-	resp, err := h.client.Do(req)
-	switch {
-	case err != nil && reached && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)):
-		h.metrics.storedProbes.WithLabelValues("engine_vanished").Inc()
-		return tg, vanished
-	case err != nil:
-		h.metrics.storedProbes.WithLabelValues("engine_unknown").Inc()
-		return tg, unknown
-	}
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-		h.metrics.storedProbes.WithLabelValues("engine_found").Inc()
-		return tg, held
-	case http.StatusNotFound:
-		h.metrics.storedProbes.WithLabelValues("engine_not_found").Inc()
-		return tg, absent
-	}
-	h.metrics.storedProbes.WithLabelValues("engine_unknown").Inc()
-	return tg, unknown
+	h.metrics.storedProbes.WithLabelValues(engineResult[hd]).Inc()
+	return tg, hd
 }
+
+// engineResult labels askEngine's answers in stored_response_probes_total.
+var engineResult = map[holding]string{
+	unknown: "engine_unknown", held: "engine_found", absent: "engine_not_found", vanished: "engine_vanished"}
 
 // WatchEngines keeps the front's memory of peers' engine addresses
 // (direct.go) until ctx ends, reading the peer table every interval.

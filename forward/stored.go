@@ -374,31 +374,38 @@ const (
 // asked through its sidecar with a pinned hop, so that vLLM's 404 comes
 // back as it is.
 func (h *Handler) holds(ctx context.Context, tg target, id string) holding {
+	hd, _ := h.ask(ctx, tg, id)
+	return hd
+}
+
+// ask is holds with the error of a request that got no answer. A direct
+// target (a peer's vLLM itself) is asked without hop headers.
+func (h *Handler) ask(ctx context.Context, tg target, id string) (holding, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	u := *tg.URL
 	u.Path = "/v1/responses/" + url.PathEscape(id)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return unknown
+		return unknown, err
 	}
-	if tg.Peer != "" {
+	if tg.Peer != "" && !tg.Direct {
 		req.Header.Set(HopHeader, h.hop.Sign(h.cfg.Self, tg.Peer, h.now()))
 		req.Header.Set(PinnedHeader, "1")
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return unknown
+		return unknown, err
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return held
+		return held, nil
 	case http.StatusNotFound:
-		return absent
+		return absent, nil
 	}
-	return unknown
+	return unknown, nil
 }
 
 // explainStored is the decision for a request about a stored response.

@@ -120,10 +120,7 @@ func (m *Mesh) metaLoop() {
 		// waiting when memberlist shuts down: bound it so Shutdown is not
 		// held up for a long MetaInterval. A broadcast still queued when the
 		// wait ends goes out all the same.
-		m.stats.metaUpdates.Add(1)
-		if err := m.ml.Load().UpdateNode(min(m.cfg.MetaInterval, maxMetaWait)); err != nil {
-			m.log.Debug().Err(err).Msg("update node meta")
-		}
+		m.updateMeta(min(m.cfg.MetaInterval, maxMetaWait))
 		if dirty && kicked {
 			repeat.Reset(metaRepeat)
 		}
@@ -184,8 +181,14 @@ func (m *Mesh) SetStoreGone() {
 		m.log.Error().Err(err).Msg("encode node meta")
 		return
 	}
+	m.updateMeta(maxMetaWait)
+}
+
+// updateMeta broadcasts the encoded meta, waiting up to wait for it to
+// leave.
+func (m *Mesh) updateMeta(wait time.Duration) {
 	m.stats.metaUpdates.Add(1)
-	if err := m.ml.Load().UpdateNode(maxMetaWait); err != nil {
+	if err := m.ml.Load().UpdateNode(wait); err != nil {
 		m.log.Debug().Err(err).Msg("update node meta")
 	}
 }
