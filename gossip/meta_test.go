@@ -364,6 +364,8 @@ func FuzzMeta(f *testing.F) {
 	f.Add(append(newer, 7, 7, 7)) // a newer version's appended fields
 	ranked, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, Ranks: 2}, 512)
 	f.Add(ranked)
+	engine, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, EngineAddr: "a:2", StoreGone: true}, 512)
+	f.Add(engine)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMeta(b)
 		if err != nil {
