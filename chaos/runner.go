@@ -188,7 +188,11 @@ type runState struct {
 	faults []*FaultRecord
 	polls  []Poll
 	busy   map[int]bool // slots a pod fault holds
-	locks  []sync.Mutex // serialise faults per slot
+	// held counts the faults holding each pod (by name) now, for the
+	// prober: a pod's store is read while a fault holds it even when
+	// the workload's sessions moved away from it.
+	held  map[string]int
+	locks []sync.Mutex // serialise faults per slot
 
 	// stored is what the clients saw of stored responses (nil when the
 	// workload stores none); gets are the prober's reads of them.
@@ -197,6 +201,17 @@ type runState struct {
 }
 
 func (r *runState) since() float64 { return time.Since(r.start).Seconds() }
+
+// heldPods are the pods a fault holds now.
+func (r *runState) heldPods() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for p := range r.held {
+		out = append(out, p)
+	}
+	return out
+}
 
 func (r *runState) logf(format string, args ...any) {
 	fmt.Fprintf(r.cfg.Progress, "  [%5.1fs] "+format+"\n", append([]any{r.since()}, args...)...)
@@ -262,7 +277,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	defer svc.Close()
 
 	r := &runState{cfg: cfg, c: c, svc: svc, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4a05)),
-		busy: map[int]bool{}, locks: make([]sync.Mutex, cfg.Pods)}
+		busy: map[int]bool{}, held: map[string]int{}, locks: make([]sync.Mutex, cfg.Pods)}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost, tr.MaxIdleConns = 512, 2048 // as loadgen's own client
 	var rt http.RoundTripper = tr
@@ -293,7 +308,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if r.stored != nil {
 		r.stored.start = r.start
 		pc := probeConfig{URL: svc.URL(), Every: probeEvery, Window: probeWindow, Retry: cfg.ClientRetry,
-			Timeout: cfg.RequestTimeout, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e7))}
+			Timeout: cfg.RequestTimeout, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e7)), Held: r.heldPods}
 		bg.Go(func() { r.gets = probeStored(runCtx, faultCtx, r.stored, pc) })
 	}
 	var burst []burstOutcome
@@ -611,7 +626,15 @@ func (r *runState) apply(ctx context.Context, f Fault, i int) {
 	rec := &FaultRecord{Fault: f.Fault, Pod: c.Pod(i).Name, AtS: r.since(), slot: i}
 	r.mu.Lock()
 	r.faults = append(r.faults, rec)
+	r.held[rec.Pod]++
 	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		if r.held[rec.Pod]--; r.held[rec.Pod] <= 0 {
+			delete(r.held, rec.Pod)
+		}
+		r.mu.Unlock()
+	}()
 	var do, undo func() error
 	switch f.Fault {
 	case FaultKillPod:

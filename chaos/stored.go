@@ -91,11 +91,14 @@ func (l *storeLog) followUp(req string) (id string, m madeResponse, ok, known bo
 }
 
 // pick returns a stored response for the prober's n-th read: the pods
-// that made one in the last window seconds take turns (sorted by name),
-// and the pod whose turn it is gives one of its newest few. Taking turns
-// makes every pod's store, the faulted one's too, be read within a few
-// reads of any moment.
-func (l *storeLog) pick(n int, rng *rand.Rand, window float64) (string, bool) {
+// that made one in the last window seconds, and the held pods (those a
+// fault holds now) that ever made one, take turns (sorted by name), and
+// the pod whose turn it is gives one of its newest few. Taking turns
+// makes every pod's store be read within a few reads of any moment; the
+// held pods' stores are read even when the workload's sessions moved
+// away from them before the fault (a hung pod's sessions settle
+// elsewhere and may not come back), which is when reads matter most.
+func (l *storeLog) pick(n int, rng *rand.Rand, window float64, held []string) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.since()
@@ -104,8 +107,8 @@ func (l *storeLog) pick(n int, rng *rand.Rand, window float64) (string, bool) {
 	for k := len(l.order) - 1; k >= 0; k-- {
 		id := l.order[k]
 		m := l.made[id]
-		if now-m.EndS > window {
-			break
+		if now-m.EndS > window && !slices.Contains(held, m.Pod) {
+			continue
 		}
 		if _, ok := byPod[m.Pod]; !ok {
 			pods = append(pods, m.Pod)
@@ -263,6 +266,8 @@ type probeConfig struct {
 	Retry   bool
 	Timeout time.Duration
 	Rng     *rand.Rand
+	// Held returns the pods a fault holds now (nil: none).
+	Held func() []string
 }
 
 // probeStored reads a stored response the workload made through the
@@ -285,7 +290,11 @@ func probeStored(ctx, stop context.Context, log *storeLog, c probeConfig) []load
 			return out
 		case <-tk.C:
 		}
-		id, ok := log.pick(n, c.Rng, c.Window)
+		var held []string
+		if c.Held != nil {
+			held = c.Held()
+		}
+		id, ok := log.pick(n, c.Rng, c.Window, held)
 		if !ok {
 			continue
 		}

@@ -158,7 +158,7 @@ func TestPickTakesTurns(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var got []string
 	for n := range 6 {
-		id, ok := log.pick(n, rng, 20)
+		id, ok := log.pick(n, rng, 20, nil)
 		if !ok {
 			t.Fatalf("pick(%d) found nothing", n)
 		}
@@ -167,7 +167,17 @@ func TestPickTakesTurns(t *testing.T) {
 	if d := cmp.Diff([]string{"pod1", "pod2", "pod3", "pod1", "pod2", "pod3"}, got); d != "" {
 		t.Errorf("pods read (-want +got):\n%s", d)
 	}
-	if _, ok := newStoreLog(time.Now()).pick(0, rng, 20); ok {
+	// A pod a fault holds takes its turn with its old responses: the
+	// reads that matter are those of a faulted pod's store.
+	got = nil
+	for n := range 4 {
+		id, _ := log.pick(n, rng, 20, []string{"pod9"})
+		got = append(got, id)
+	}
+	if d := cmp.Diff([]string{"pod1-b", got[1], "pod3-d", "old"}, got); d != "" || got[1][:4] != "pod2" {
+		t.Errorf("reads with pod9 held (-want +got):\n%s", d)
+	}
+	if _, ok := newStoreLog(time.Now()).pick(0, rng, 20, []string{"pod1"}); ok {
 		t.Error("pick on an empty log found a response")
 	}
 }
