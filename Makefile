@@ -102,7 +102,7 @@ fuzz:
 # answers), 20000 execs each, one line per target. Six instrumented package builds: about
 # seven minutes on a busy 2-core machine, most of it compiling.
 FUZZ_CI ?= ./kvevent:FuzzDecodeFrames ./gossip:FuzzMeta ./gossip:FuzzDigestMsg ./gossip:FuzzTextPrefix ./prompt:FuzzScanObject ./prompt:FuzzParsePromptStd ./tokenids:FuzzParsePrefix ./forward:FuzzSplitMessages ./forward:FuzzTakeTokenIDs \
-	./prompt:FuzzParseAPI ./forward:FuzzFirstID ./vllmclient:FuzzParseRendered ./gossip:FuzzResponses ./forward:FuzzHopPrefill
+	./prompt:FuzzParseAPI ./forward:FuzzFirstID ./vllmclient:FuzzParseRendered ./gossip:FuzzResponses ./forward:FuzzHopPrefill ./forward:FuzzHopRankChoice
 fuzz-ci:
 	@for t in $(FUZZ_CI); do dir=$${t%%:*}; name=$${t##*:}; \
 	  out=$$($(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=20000x $$dir 2>&1) \

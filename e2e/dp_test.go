@@ -6,9 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
+	mrand "math/rand/v2"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/forward"
 )
 
 // rankedDecision is the part of /debug/route's decision that says where
@@ -152,6 +157,72 @@ func TestDataParallelRouting(t *testing.T) {
 		}
 	}
 	t.Logf("unpinned, straight to the pod's vLLM: %d of %d follow-ups found their prefix cached", direct, len(ps))
+
+	burstPlacedByWork(ctx, t, f, rng, ps[0].tokens, ps[0].rank)
+}
+
+// burstPlacedByWork sends a burst of eight requests of a prefix that pod
+// 0 holds on rank, each with a long new suffix, to pod 0's sidecar as
+// hops pinned to that rank (as an entry sidecar pins them): the serving
+// sidecar, counting each rank's work, keeps the first on the holder and
+// sends the next ones to the other rank once the holder's queue costs
+// more than the prefix saves, so both ranks serve the burst. Without it
+// all eight queue on the holder (pinned, vLLM cannot balance them).
+func burstPlacedByWork(ctx context.Context, t *testing.T, f *fixture, rng *mrand.Rand, prefix []uint32, rank int) {
+	const n, suffix, maxTokens = 8, 2048, 200
+	pod := f.c.Pod(0)
+	served := func() [2]float64 {
+		res, err := f.do(ctx, http.MethodGet, pod.SimAddr, "/metrics", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every request of the burst decodes maxTokens tokens: the
+		// per-rank count of requests vLLM does not export.
+		var out [2]float64
+		for r := range out {
+			out[r] = metricValue(string(res.Body), fmt.Sprintf(`vllm:generation_tokens_total{engine="%d",model_name="%s"}`, r, model)) / maxTokens
+		}
+		return out
+	}
+	before := served()
+	moved := metricValue(f.metrics(t, 0), fmt.Sprintf(`kvroute_rank_placed_total{rank="%d",why="moved"}`, 1-rank))
+	hop := forward.NewHop(f.hopKey(t), time.Minute)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		prompt := join(prefix, tokens(rng, suffix))
+		b := body(prompt, maxTokens, false)
+		wg.Go(func() {
+			<-start
+			hdr := http.Header{
+				forward.HopHeader:        {hop.Sign("pod9", pod.Name, time.Now())},
+				forward.PrefillHeader:    {fmt.Sprint(suffix)},
+				forward.RankChoiceHeader: {fmt.Sprintf("prompt=%d; rank=%d", len(prompt), rank)},
+				forward.RankHeader:       {fmt.Sprint(rank)},
+			}
+			res, err := f.do(ctx, http.MethodPost, pod.API, "/v1/completions", b, hdr)
+			if err == nil && (res.Status != http.StatusOK || res.ServedBy != pod.Name) {
+				err = fmt.Errorf("status %d served by %q: %s", res.Status, res.ServedBy, res.Body)
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("burst request %d: %v", i, err)
+		}
+	}
+	after := served()
+	holder, other := after[rank]-before[rank], after[1-rank]-before[1-rank]
+	movedNow := metricValue(f.metrics(t, 0), fmt.Sprintf(`kvroute_rank_placed_total{rank="%d",why="moved"}`, 1-rank)) - moved
+	t.Logf("burst of %d pinned to rank %d of %s: the holder served %v, the other rank %v (%v moved there for the holder's queue)", n, rank, pod.Name, holder, other, movedNow)
+	holder, other = math.Round(holder), math.Round(other)
+	if holder+other != n || holder < 1 || other < 1 || movedNow != other {
+		t.Errorf("burst: rank %d served %v, rank %d %v, moved %v; want both ranks some of the %d, every one on the other rank moved there", rank, holder, 1-rank, other, movedNow, n)
+	}
 }
 
 // rankPins sums kvroute_route_rank_pins_total over ranks 0 and 1.

@@ -3,6 +3,8 @@ package forward
 import (
 	"slices"
 	"time"
+
+	"github.com/kvroute/kvroute/route"
 )
 
 // flights are this front's requests in flight by first target ("" is the
@@ -22,10 +24,15 @@ type flight struct {
 	// rate: a non-streamed answer's first byte is its last, so its
 	// prefill would otherwise stay queued through its decode.
 	until time.Time
+	// rank is the local vLLM's data-parallel rank the request was sent
+	// to (RankHeader), or -1: not named, or not the local vLLM.
+	rank int
 }
 
-func (f flights) add(peer string, at time.Time, prefill int, prefillFor time.Duration) {
-	fl := flight{at: at, prefill: max(prefill, 0)}
+// add records a request to peer sent at at; rank is the local vLLM's
+// rank it names (-1: none).
+func (f flights) add(peer string, at time.Time, prefill int, prefillFor time.Duration, rank int) {
+	fl := flight{at: at, prefill: max(prefill, 0), rank: rank}
 	if prefillFor > 0 {
 		fl.until = at.Add(prefillFor)
 	}
@@ -70,6 +77,22 @@ func (f flights) since(peer string, t, now time.Time) (n, prefill int) {
 		}
 	}
 	return n, prefill
+}
+
+// ranks is the local vLLM's load per data-parallel rank, of n ranks, at
+// now: the requests that named each rank and their prefill not yet done.
+func (f flights) ranks(n int, now time.Time) []route.RankLoad {
+	out := make([]route.RankLoad, n)
+	for _, fl := range f[""] {
+		if fl.rank < 0 || fl.rank >= n {
+			continue
+		}
+		out[fl.rank].Serving++
+		if !fl.answered && (fl.until.IsZero() || now.Before(fl.until)) {
+			out[fl.rank].Queued += fl.prefill
+		}
+	}
+	return out
 }
 
 // next is the earliest until after now among peer's queued flights: when

@@ -10,11 +10,11 @@ func TestFlights(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	f := flights{}
-	f.add("a", at(1), 100, 0)
-	f.add("a", at(2), 20, 0)
-	f.add("a", at(2), 20, 0)
-	f.add("", at(3), 7, 0)
-	f.add("", at(4), -5, 0) // a prediction above the prompt: nothing queued
+	f.add("a", at(1), 100, 0, -1)
+	f.add("a", at(2), 20, 0, -1)
+	f.add("a", at(2), 20, 0, -1)
+	f.add("", at(3), 7, 0, -1)
+	f.add("", at(4), -5, 0, -1) // a prediction above the prompt: nothing queued
 	check := func(when, peer string, since time.Time, wantN, wantPrefill int) {
 		t.Helper()
 		if n, p := f.since(peer, since, at(5)); n != wantN || p != wantPrefill {
@@ -42,8 +42,8 @@ func TestFlights(t *testing.T) {
 	}
 
 	// A non-streamed answer's prefill counts until its time is up.
-	f.add("", at(10), 300, 2*time.Second)
-	f.add("", at(11), 5, 0)
+	f.add("", at(10), 300, 2*time.Second, -1)
+	f.add("", at(11), 5, 0, -1)
 	if n, p := f.since("", time.Time{}, at(11)); n != 2 || p != 305 {
 		t.Errorf("within its time: %d, %d; want 2, 305", n, p)
 	}

@@ -117,6 +117,17 @@ type Config struct {
 	// sidecar memory no longer. Default 10 s (32 MiB at 3.2 MB/s, a
 	// 32k-token chat at 15 KB/s). 0: no bound.
 	BodyTimeout time.Duration
+	// Ranks is how many data-parallel ranks the local vLLM runs (the
+	// sidecar's --kv-events-dp-ranks). Above 1, with PlaceRanks, the front
+	// names the rank of every request it sends its vLLM that the client
+	// did not pin (RankHeader): the rank holding the prefix, unless the
+	// work queued there costs more than the prefix saves, else the rank
+	// with the least work (route.Config.PickRank). It counts each rank's
+	// work exactly because it names every rank; vLLM's own balancer sees
+	// only request counts. Default 1; PlaceRanks default true (false: the
+	// mesh's pin goes as chosen, and vLLM balances the rest).
+	Ranks      int
+	PlaceRanks bool
 	// WriteTimeout bounds every write of an answer to the client: a
 	// client that reads a stream so slowly that a write blocks that long
 	// is cut off (request_errors_total{kind="write_timeout"}) and the
@@ -140,6 +151,8 @@ func DefaultConfig() Config {
 		MaxQueueWait:    8 * time.Second,
 		BodyTimeout:     10 * time.Second,
 		WriteTimeout:    10 * time.Second,
+		Ranks:           1,
+		PlaceRanks:      true,
 	}
 }
 
@@ -408,7 +421,7 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		var steered bool
 		st.decision, steered = h.steered(st.decision, peers)
 		targets := h.targets(st.decision, peers)
-		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route.PrefillTokensPerSecond)
+		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route)
 		st.routed = h.now()
 		st.reason = st.decision.Reason
 		if len(keys) == 0 && st.reason != route.ReasonNone {
@@ -477,6 +490,7 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 	h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
 	local := []target{{URL: h.cfg.VLLM}}
 	local[0].Prefill, local[0].PrefillFor = hopPrefill(r)
+	hopRankChoice(r, &local[0])
 	// Full duplex, or the server drains and closes the body when the
 	// answer's headers go out, under the transport still reading it, and
 	// the failed write cuts the answer on its way (docs/design.md §5). The
@@ -666,7 +680,11 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	first, start := p.targets[0].Peer, h.now()
 	st.flight = func() { h.track(func() { h.flights.answered(first, start) }, first) }
 	h.track(func() {
-		h.flights.add(first, start, p.targets[0].Prefill, p.targets[0].PrefillFor)
+		rank := -1
+		if first == "" {
+			rank = h.placeRank(&p.targets[0], c.Request.Header.Get(RankHeader), start)
+		}
+		h.flights.add(first, start, p.targets[0].Prefill, p.targets[0].PrefillFor, rank)
 		h.sent[sentKey{first, st.api}]++
 	}, first)
 	h.metrics.inflight.Inc()
@@ -680,6 +698,21 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	r.Body = io.NopCloser(http.NoBody)
 	r.ContentLength = p.length
 	h.proxy.ServeHTTP(h.slowReaderBound(c), r)
+}
+
+// placeRank names the local vLLM's rank that serves t (placeRank), when
+// it runs several and the front places requests on them; -1 otherwise.
+// Called with mu held, so that a burst sees each pick in the next one's
+// counts.
+func (h *Handler) placeRank(t *target, client string, now time.Time) int {
+	if h.cfg.Ranks < 2 || !h.cfg.PlaceRanks {
+		return -1
+	}
+	r, why := placeRank(h.cfg.Route, t, client, h.flights.ranks(h.cfg.Ranks, now))
+	if h.metrics != nil {
+		h.metrics.tiers.placed.WithLabelValues(strconv.Itoa(r), why).Inc()
+	}
+	return r
 }
 
 // track applies change to the flights and, for the local vLLM, tells the

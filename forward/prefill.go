@@ -2,6 +2,7 @@ package forward
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,22 +20,25 @@ const PrefillHeader = "X-Kvroute-Prefill"
 // maxPrefill caps what a hop may claim: more than any context vLLM serves.
 const maxPrefill = 1 << 24
 
-// withPrefill sets each target's predicted uncached tokens: the prompt's
-// tokens less what the decision expected cached there. For a non-streamed
-// answer (stream false) it also sets how long the prefill should take
-// there, the work queued ahead and its own at rate tokens per second (0:
-// unknown, counted until the answer).
-func withPrefill(ts []target, d route.Decision, promptTokens int, stream bool, rate float64) {
+// withPrefill sets each target's prompt tokens and its predicted prefill
+// work: the prompt less what the decision expected it to save there (a
+// lower tier's tokens at their load's cost, route.Config.Work: loaded,
+// not computed, but not free). For a non-streamed answer (stream false)
+// it also sets how long the prefill should take there, the work queued
+// ahead and its own at cfg's prefill rate (0: unknown, counted until the
+// answer).
+func withPrefill(ts []target, d route.Decision, promptTokens int, stream bool, cfg route.Config) {
 	for i := range ts {
-		matched, queued := 0, 0
+		work, queued := float64(promptTokens), 0
 		for _, c := range d.Candidates {
 			if c.ID == ts[i].Peer || (ts[i].Peer == "" && c.Local) {
-				matched, queued = c.MatchedTokens, c.Queued
+				work, queued = cfg.Work(&c, promptTokens), c.Queued
 				break
 			}
 		}
-		ts[i].Prefill = max(promptTokens-matched, 0)
-		if !stream && rate > 0 {
+		ts[i].Prompt = max(promptTokens, 0)
+		ts[i].Prefill = max(int(math.Ceil(work)), 0)
+		if rate := cfg.PrefillTokensPerSecond; !stream && rate > 0 {
 			ts[i].PrefillFor = time.Duration(float64(queued+ts[i].Prefill) / rate * float64(time.Second))
 		}
 	}

@@ -199,3 +199,26 @@ func (c *chunked) Read(p []byte) (int, error) {
 	c.s = c.s[k:]
 	return k, nil
 }
+
+// A prefix the chosen pod holds on its CPU tier is loaded, not computed,
+// and not free either: the target's queued work counts its tokens at
+// their load's cost (route.Config.Work), where it counted them as none.
+func TestWithPrefillCountsLoadedTokens(t *testing.T) {
+	cfg := route.DefaultConfig()
+	cfg.CPULoadTokensPerSecond = 4 * cfg.PrefillTokensPerSecond // a CPU token costs a quarter
+	d := route.Decision{Candidates: []route.Candidate{
+		{ID: "a", Local: true},
+		{ID: "b", MatchedTokens: 3000, GPUTokens: 1000, CPUTokens: 2000, Queued: 500},
+	}}
+	ts := []target{{Peer: "b"}, {}}
+	withPrefill(ts, d, 4000, false, cfg)
+	if b := ts[0]; b.Prompt != 4000 || b.Prefill != 1000+500 {
+		t.Errorf("b: prompt %d, prefill %d; want 4000, 1500 (1000 uncached, 2000 loaded at a quarter)", b.Prompt, b.Prefill)
+	}
+	if want := time.Duration(float64(500+1500) / cfg.PrefillTokensPerSecond * float64(time.Second)); ts[0].PrefillFor != want {
+		t.Errorf("b: prefill for %v; want %v", ts[0].PrefillFor, want)
+	}
+	if a := ts[1]; a.Prefill != 4000 {
+		t.Errorf("local: prefill %d; want the whole prompt", a.Prefill)
+	}
+}

@@ -24,6 +24,9 @@ type target struct {
 	PrefillFor time.Duration
 	// Rank is RankHeader's value for the target's vLLM; "" leaves it be.
 	Rank string
+	// Prompt is the request's prompt tokens: what a data-parallel rank
+	// that does not hold its prefix computes (placeRank).
+	Prompt int
 	// Direct: URL is Peer's vLLM itself, not its sidecar (direct.go).
 	Direct bool
 }
@@ -91,9 +94,11 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		out.Header.Del(HopHeader)
 		out.Header.Del(PrefillHeader)
+		out.Header.Del(RankChoiceHeader)
 		if tg.Peer != "" && !tg.Direct {
 			out.Header.Set(HopHeader, a.hop.Sign(a.self, tg.Peer, a.now()))
 			out.Header.Set(PrefillHeader, prefillValue(tg))
+			out.Header.Set(RankChoiceHeader, rankChoiceValue(tg))
 		}
 		setRank(out, tg)
 		p.tried = append(p.tried, peerName(tg.Peer))

@@ -285,7 +285,7 @@ func (a *assessment) estimate() {
 	for i := range a.d.Candidates {
 		c := &a.d.Candidates[i]
 		if c.Eligible {
-			work := max(float64(a.prompt)-a.cfg.savedBy(c), 0)
+			work := a.cfg.Work(c, a.prompt)
 			// The queue at its real cost, whatever QueuedWeight ranks by.
 			c.TTFT = (float64(c.Queued) + max(a.cfg.LoadTokens, 0)*c.Load + work) / rate
 		}

@@ -155,6 +155,15 @@ func (cfg Config) savedBy(c *Candidate) float64 {
 	return cfg.saved(c.GPUTokens, c.CPUTokens, c.DiskTokens)
 }
 
+// Work is the prefill work, in tokens computed, of a request of prompt
+// tokens at candidate c: what c's match does not save (saved: a lower
+// tier's tokens cost their load, a GPU's nothing). It is what the request
+// adds to c's queue (route.Load.QueuedPrefillTokens) and its own share of
+// c's expected TTFT.
+func (cfg Config) Work(c *Candidate, prompt int) float64 {
+	return max(float64(prompt)-cfg.savedBy(c), 0)
+}
+
 // setMatch fills c's match columns from m, in tokens of tpk per key, capped
 // at the prompt's tokens (prompt > 0); the cap takes the tail of the chain,
 // where the lower tiers are.

@@ -39,6 +39,7 @@ type config struct {
 	EventsTopic          string
 	EventsReplayEndpoint string
 	DPRanks              int
+	PlaceRanks           bool
 
 	BlockSize      int
 	RoutingStride  int
@@ -109,7 +110,8 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.BoolVar(&c.EventsBind, "kv-events-bind", false, "bind the SUB socket at --kv-events-endpoint (for a vLLM whose endpoint names a host, which makes it connect out)")
 	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic prefix to subscribe to; must match vLLM's kv_events_config topic (empty: every topic)")
 	fs.StringVar(&c.EventsReplayEndpoint, "kv-events-replay-endpoint", "", "vLLM's replay ROUTER endpoint; enables exact recovery after lost events")
-	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks; rank r publishes on port+r")
+	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks of the local vLLM (its --data-parallel-size); rank r publishes on port+r")
+	fs.BoolVar(&c.PlaceRanks, "dp-place-ranks", true, "with several --kv-events-dp-ranks, name the rank of every request sent to the local vLLM that its client did not pin (X-data-parallel-rank): the rank holding its prefix unless the work queued there costs more than the prefix saves, else the rank with the least work; false: only the mesh's prefix pin, vLLM balances the rest")
 	fs.IntVar(&c.BlockSize, "block-size", 16, "vLLM's block size in tokens (events carry it too)")
 	fs.IntVar(&c.RoutingStride, "routing-stride", 4, "routing granularity in vLLM blocks (one digest key per stride x block-size tokens)")
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")

@@ -182,6 +182,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Route.CPULoadTokensPerSecond, fcfg.Route.DiskLoadTokensPerSecond = cfg.CPULoadRate, cfg.DiskLoadRate
 	fcfg.MaxQueue, fcfg.MaxQueueWait = cfg.MaxQueue, cfg.MaxQueueWait
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
+	fcfg.Ranks, fcfg.PlaceRanks = cfg.DPRanks, cfg.PlaceRanks
 	if cfg.RouteLoad == "requests" {
 		fcfg.Route.QueuedWeight = 0
 	}
