@@ -43,6 +43,9 @@ type PolicyResult struct {
 	// Tiers splits the hits between the GPU and the CPU offload tier, from
 	// the engines' counters, for a run whose pods offload; nil otherwise.
 	Tiers *TierSplit `json:"tiers,omitempty"`
+	// Sidecars is what the sidecars cost, scraped at the end of the run,
+	// for a policy that runs them; nil otherwise.
+	Sidecars *SidecarCost `json:"sidecars,omitempty"`
 
 	// Not published in the JSON:
 
@@ -66,6 +69,21 @@ type TierSplit struct {
 	// CPUBlocks is the blocks the CPU tiers hold at the end of the run
 	// (the simulator's gauge), summed over pods.
 	CPUBlocks int `json:"cpu_blocks"`
+}
+
+// SidecarCost is what a run's sidecars cost, from their own metrics at
+// its end: resident memory (process_resident_memory_bytes) and Go heap in
+// use (go_memstats_heap_inuse_bytes), mean and max over pods, and the
+// upkeep, the digest exchange's bytes each sidecar sent
+// (kvroute_gossip_sent_bytes_total) over the cluster's life, per second
+// (memberlist's own traffic not counted).
+type SidecarCost struct {
+	RSSMeanMiB     float64 `json:"rss_mean_mib"`
+	RSSMaxMiB      float64 `json:"rss_max_mib"`
+	HeapMeanMiB    float64 `json:"heap_inuse_mean_mib"`
+	SentKiBPerSec  float64 `json:"gossip_sent_kib_per_pod_per_second"`
+	Pods           int     `json:"pods"`
+	ClusterSeconds float64 `json:"cluster_seconds"`
 }
 
 // APIAll is the ByAPI key of the figures over every API.
@@ -328,6 +346,26 @@ func Markdown(r Report) string {
 	b.WriteString("\n")
 	b.WriteString(tierTable(r.Policies))
 	b.WriteString(apiTable(r.Policies))
+	b.WriteString(costTable(r.Policies))
+	return b.String()
+}
+
+// costTable renders what the sidecars of the policies that run them cost,
+// "" when none does.
+func costTable(policies []PolicyResult) string {
+	var b strings.Builder
+	for _, p := range policies {
+		c := p.Sidecars
+		if c == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\nsidecar cost (each pod's sidecar, at the end of the run; the digest exchange's bytes sent over the cluster's life)\n\n")
+			b.WriteString("| policy | RSS MiB | RSS max MiB | heap in use MiB | digest exchange KiB/s sent a pod |\n")
+			b.WriteString("|---|--:|--:|--:|--:|\n")
+		}
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.2f |\n", p.Name, c.RSSMeanMiB, c.RSSMaxMiB, c.HeapMeanMiB, c.SentKiBPerSec)
+	}
 	return b.String()
 }
 

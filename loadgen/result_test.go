@@ -164,6 +164,17 @@ func TestMarkdownTiers(t *testing.T) {
 	}
 }
 
+func TestMarkdownSidecarCost(t *testing.T) {
+	r := Report{Workload: "w", Pods: 2, Policies: []PolicyResult{{Name: "service", Requests: 1, SuccessRate: 1}}}
+	if md := Markdown(r); strings.Contains(md, "sidecar cost") {
+		t.Errorf("a run without sidecars shows their cost:\n%s", md)
+	}
+	r.Policies = append(r.Policies, PolicyResult{Name: "kvroute", Sidecars: &SidecarCost{RSSMeanMiB: 31.25, RSSMaxMiB: 40, HeapMeanMiB: 12.5, SentKiBPerSec: 3.125}})
+	if md := Markdown(r); !strings.Contains(md, "| kvroute | 31.2 | 40.0 | 12.5 | 3.12 |") || strings.Contains(md, "| service | 0.0") {
+		t.Errorf("cost table:\n%s", md)
+	}
+}
+
 func TestPlots(t *testing.T) {
 	dir := t.TempDir()
 	res := []PolicyResult{

@@ -102,6 +102,7 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: start cluster: %w", policy, err)
 	}
 	defer c.Stop()
+	began := time.Now()
 
 	var pods []string
 	var eps []loadgen.Endpoint
@@ -133,11 +134,13 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
 	}
 	var cached cachedByAPI
+	var cost *loadgen.SidecarCost
 	if cfg.Sidecars {
-		cached = reportSidecars(ctx, c, out) // a result, not progress: --quiet keeps it
+		cached, cost = reportSidecars(ctx, c, time.Since(began), out) // a result, not progress: --quiet keeps it
 	}
 	res := loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale)
 	cached.fill(&res)
+	res.Sidecars = cost
 	if o.CPUTierGiB > 0 {
 		var sims []string
 		for _, p := range c.Pods() {

@@ -139,18 +139,22 @@ func (s series) matches(spec string) bool {
 type cachedByAPI map[string]*[2]float64
 
 // reportSidecars prints sidecarSeries summed over c's sidecars (best
-// effort: a pod that does not answer is left out and said so) and returns
-// the predicted and actual cached tokens per API.
-func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) cachedByAPI {
+// effort: a pod that does not answer is left out and said so), and what
+// they cost over the cluster's life of span; it returns the predicted and
+// actual cached tokens per API and the cost (nil when no pod answered).
+func reportSidecars(ctx context.Context, c *chaos.Cluster, span time.Duration, w io.Writer) (cachedByAPI, *loadgen.SidecarCost) {
 	sum := make([]float64, len(sidecarSeries))
 	cached := cachedByAPI{}
+	var cost costSum
 	for _, p := range c.Pods() {
-		scrape(ctx, "http://"+p.Admin+"/metrics", p.Name+" metrics", w, func(s series) {
+		var pod podCost
+		ok := scrape(ctx, "http://"+p.Admin+"/metrics", p.Name+" metrics", w, func(s series) {
 			for i, spec := range sidecarSeries {
 				if s.matches(spec) {
 					sum[i] += s.value
 				}
 			}
+			pod.read(s)
 			if s.name == "kvroute_cached_tokens_total" {
 				kind := map[string]int{"predicted": 0, "actual": 1}
 				if k, ok := kind[s.labels["kind"]]; ok {
@@ -163,9 +167,53 @@ func reportSidecars(ctx context.Context, c *chaos.Cluster, w io.Writer) cachedBy
 				}
 			}
 		})
+		if ok {
+			cost.add(pod)
+		}
 	}
 	fmt.Fprintln(w, sidecarLine(sum))
-	return cached
+	res := cost.result(span)
+	if res != nil {
+		fmt.Fprintf(w, "kvbench: sidecars: RSS %.1f MiB a pod (max %.1f), heap in use %.1f MiB, digest exchange %.2f KiB/s sent a pod over %.0f s\n",
+			res.RSSMeanMiB, res.RSSMaxMiB, res.HeapMeanMiB, res.SentKiBPerSec, res.ClusterSeconds)
+	}
+	return cached, res
+}
+
+// podCost is one sidecar's cost series.
+type podCost struct{ rss, heap, sent float64 }
+
+func (p *podCost) read(s series) {
+	switch s.name {
+	case "process_resident_memory_bytes":
+		p.rss = s.value
+	case "go_memstats_heap_inuse_bytes":
+		p.heap = s.value
+	case "kvroute_gossip_sent_bytes_total":
+		p.sent = s.value
+	}
+}
+
+// costSum adds up podCosts.
+type costSum struct {
+	n                     int
+	rss, rssMax, heap, tx float64
+}
+
+func (c *costSum) add(p podCost) {
+	c.n++
+	c.rss, c.heap, c.tx = c.rss+p.rss, c.heap+p.heap, c.tx+p.sent
+	c.rssMax = max(c.rssMax, p.rss)
+}
+
+func (c costSum) result(span time.Duration) *loadgen.SidecarCost {
+	if c.n == 0 || span <= 0 {
+		return nil
+	}
+	const mib = 1 << 20
+	n := float64(c.n)
+	return &loadgen.SidecarCost{RSSMeanMiB: c.rss / n / mib, RSSMaxMiB: c.rssMax / mib, HeapMeanMiB: c.heap / n / mib,
+		SentKiBPerSec: c.tx / n / 1024 / span.Seconds(), Pods: c.n, ClusterSeconds: span.Seconds()}
 }
 
 // sidecarLine is the one line a run prints of the sidecars' counters:
@@ -237,19 +285,20 @@ func scrapeTiers(ctx context.Context, sims []string, w io.Writer) *loadgen.TierS
 	return t
 }
 
-// scrape calls f with every sample of the Prometheus text at url; a failed
-// request is reported to w, named what, and skipped.
-func scrape(ctx context.Context, url, what string, w io.Writer, f func(series)) {
+// scrape calls f with every sample of the Prometheus text at url and
+// reports whether it read it; a failed request is reported to w, named
+// what, and skipped.
+func scrape(ctx context.Context, url, what string, w io.Writer, f func(series)) bool {
 	hc := &http.Client{Timeout: 5 * time.Second}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		fmt.Fprintf(w, "kvbench: %s: %v\n", what, err)
-		return
+		return false
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		fmt.Fprintf(w, "kvbench: %s: %v\n", what, err)
-		return
+		return false
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -259,4 +308,5 @@ func scrape(ctx context.Context, url, what string, w io.Writer, f func(series)) 
 			f(s)
 		}
 	}
+	return sc.Err() == nil
 }

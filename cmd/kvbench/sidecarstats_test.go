@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -162,5 +163,31 @@ vllm_sim:cpu_cache_blocks{engine="0",model_name="m"} 7
 	}
 	if !strings.Contains(log.String(), "127.0.0.1:1") {
 		t.Errorf("the pod that did not answer is not reported: %q", log.String())
+	}
+}
+
+// The sidecars' cost is the mean and max over the pods that answered, and
+// the bytes sent a pod per second of the cluster's life.
+func TestSidecarCost(t *testing.T) {
+	var c costSum
+	if c.result(time.Minute) != nil {
+		t.Error("no pod answered, yet a cost")
+	}
+	for _, text := range []string{
+		"process_resident_memory_bytes 3.3554432e+07\ngo_memstats_heap_inuse_bytes 1.048576e+07\nkvroute_gossip_sent_bytes_total 61440\n",
+		"process_resident_memory_bytes 6.7108864e+07\ngo_memstats_heap_inuse_bytes 3.145728e+07\nkvroute_gossip_sent_bytes_total 184320\nkvroute_gossip_received_bytes_total 9e9\n",
+	} {
+		var p podCost
+		for _, line := range strings.Split(text, "\n") {
+			if s, ok := parseSeries(line); ok {
+				p.read(s)
+			}
+		}
+		c.add(p)
+	}
+	got := c.result(2 * time.Minute)
+	want := loadgen.SidecarCost{RSSMeanMiB: 48, RSSMaxMiB: 64, HeapMeanMiB: 20, SentKiBPerSec: 1, Pods: 2, ClusterSeconds: 120}
+	if got == nil || *got != want {
+		t.Errorf("cost %+v; want %+v", got, want)
 	}
 }
