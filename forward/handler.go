@@ -185,7 +185,8 @@ type Handler struct {
 
 	draining   atomic.Bool
 	localReady atomic.Bool
-	waiting    *waiters // local attempts waiting for headers
+	ranks      atomic.Int32 // Config.Ranks, as SetRanks last set it
+	waiting    *waiters     // local attempts waiting for headers
 	active     sync.WaitGroup
 	seq        atomic.Uint64
 }
@@ -201,6 +202,7 @@ func New(cfg Config, peers Peers, tok Tokenizer, m *Metrics, log zerolog.Logger)
 		recent: route.NewRecent(cfg.Recent), flights: flights{}, sent: map[sentKey]uint64{},
 	}
 	h.localReady.Store(true)
+	h.SetRanks(cfg.Ranks)
 	h.waiting = &waiters{}
 	h.policy = route.DefaultChain(cfg.Route, h.recent)
 	bufs := &copyBuffers{}
@@ -296,6 +298,11 @@ func (h *Handler) Passthrough(c *gin.Context) {
 // SetDraining makes the front refuse forwarded requests with 503, so peers
 // retry elsewhere, while client requests are still served.
 func (h *Handler) SetDraining(d bool) { h.draining.Store(d) }
+
+// SetRanks sets how many data-parallel ranks the local vLLM runs
+// (Config.Ranks): the sidecar lowers it to the engines vLLM's metrics
+// name when the flag says more.
+func (h *Handler) SetRanks(n int) { h.ranks.Store(int32(max(n, 1))) }
 
 // SetLocalReady tells the front whether the local vLLM can take work. When
 // it cannot, routing chooses among peers only, and a forwarded request is
@@ -705,10 +712,11 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 // Called with mu held, so that a burst sees each pick in the next one's
 // counts.
 func (h *Handler) placeRank(t *target, client string, now time.Time) int {
-	if h.cfg.Ranks < 2 || !h.cfg.PlaceRanks {
+	n := int(h.ranks.Load())
+	if n < 2 || !h.cfg.PlaceRanks {
 		return -1
 	}
-	r, why := placeRank(h.cfg.Route, t, client, h.flights.ranks(h.cfg.Ranks, now))
+	r, why := placeRank(h.cfg.Route, t, client, h.flights.ranks(n, now))
 	if h.metrics != nil {
 		h.metrics.tiers.placed.WithLabelValues(strconv.Itoa(r), why).Inc()
 	}

@@ -141,7 +141,7 @@ func TestPlacesRankByWork(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := newNode(t, "a")
-			a.h.cfg.Ranks = 2
+			a.h.SetRanks(2)
 			d := rankedSet{markers: 2}
 			if tt.holder >= 0 {
 				d = onRank(tt.holder)
@@ -175,7 +175,7 @@ func TestPlacesRankByWork(t *testing.T) {
 // costs more than the prefix saves, and vLLM never sees the hop's header.
 func TestHopRankPlacedAtTheServingPod(t *testing.T) {
 	a, b := newNode(t, "a"), newNode(t, "b")
-	b.h.cfg.Ranks = 2
+	b.h.SetRanks(2)
 	now := time.Now()
 	a.peers.views = []route.PeerView{
 		{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: now},

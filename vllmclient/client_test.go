@@ -215,7 +215,7 @@ func TestLoad(t *testing.T) {
 		wantErr bool
 	}{
 		{name: "current names summed over engines", status: 200, body: metricsNew,
-			want: Load{Running: 5, Waiting: 7, KVUsage: 0.375, BlockSize: 16, NumGPUBlocks: 27306}},
+			want: Load{Running: 5, Waiting: 7, KVUsage: 0.375, BlockSize: 16, NumGPUBlocks: 27306, Engines: 2}},
 		{name: "old usage name", status: 200, body: metricsOld,
 			want: Load{Running: 1, Waiting: 4, KVUsage: 0.875}},
 		{name: "restart signals, as Python's client writes them", status: 200,

@@ -27,6 +27,10 @@ type Load struct {
 	// down means a new engine process, and so does a new StartTime
 	// (process_start_time_seconds, 0 when absent).
 	PromptTokens, StartTime float64
+	// Engines is how many engines the gauges name (the distinct values of
+	// their "engine" label: one per data-parallel rank); 0 when they name
+	// none.
+	Engines int
 }
 
 // ErrNoLoadMetrics reports a /metrics answer without any of vLLM's load
@@ -57,6 +61,7 @@ func parseLoad(r io.Reader) (Load, error) {
 		return Load{}, ErrNoLoadMetrics
 	}
 	l.Running, l.Waiting, l.KVUsage = running, waiting, usage
+	l.Engines = engines(fams[metricRunning], fams[metricWaiting])
 	l.PromptTokens, _ = sum(fams[metricPrompt])
 	l.StartTime, _ = sum(fams[metricStartTime])
 	if f := fams[metricCacheInfo]; f != nil {
@@ -85,6 +90,21 @@ func sum(f *dto.MetricFamily) (total float64, ok bool) {
 		ok = true
 	}
 	return total, ok
+}
+
+// engines counts the distinct "engine" label values of fs' samples.
+func engines(fs ...*dto.MetricFamily) int {
+	seen := map[string]bool{}
+	for _, f := range fs {
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "engine" {
+					seen[lp.GetValue()] = true
+				}
+			}
+		}
+	}
+	return len(seen)
 }
 
 // mean averages the first family that has samples.

@@ -217,10 +217,11 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	cs := cachestate.New(ccfg, ix, mesh, front, cachestate.NewMetrics(reg), log.With().Str("component", "index").Logger())
 	registerViews(reg, ix, sub, mesh, cs)
 	scrapes := make(chan vllmclient.Load, 1)
-	go watcher.Run(runCtx)                                                  // exits when runCtx ends
-	go cs.Run(runCtx, sub.Items(), watcher.Transitions(), scrapes)          // exits when runCtx ends
-	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, log) // exits when runCtx ends
-	go front.WatchEngines(runCtx, 2*time.Second)                            // exits when runCtx ends
+	go watcher.Run(runCtx)                                         // exits when runCtx ends
+	go cs.Run(runCtx, sub.Items(), watcher.Transitions(), scrapes) // exits when runCtx ends
+	rc := &rankCheck{flag: cfg.DPRanks, set: func(n int) { mesh.SetRanks(n); front.SetRanks(n) }, log: log}
+	go watchLoad(runCtx, vc, mesh, scrapes, metrics, cfg.LoadInterval, rc, log) // exits when runCtx ends
+	go front.WatchEngines(runCtx, 2*time.Second)                                // exits when runCtx ends
 
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
@@ -301,7 +302,7 @@ func (t tokenizer) Tokenize(ctx context.Context, p prompt.Prompt) ([]uint32, err
 // watchLoad scrapes the local vLLM's /metrics every interval, advertises
 // its load and hands the scrape to the cache state (restart and silence
 // signals); it exits when ctx is done. Health is the engine watcher's job.
-func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, scrapes chan vllmclient.Load, m *sidecarMetrics, every time.Duration, log zerolog.Logger) {
+func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, scrapes chan vllmclient.Load, m *sidecarMetrics, every time.Duration, rc *rankCheck, log zerolog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -316,6 +317,7 @@ func watchLoad(ctx context.Context, vc *vllmclient.Client, mesh *gossip.Mesh, sc
 			log.Debug().Err(err).Msg("local vLLM load scrape failed")
 		} else {
 			mesh.SetLoad(route.Load{Running: int(l.Running), Waiting: int(l.Waiting), KVUsage: l.KVUsage})
+			rc.observe(l.Engines)
 			select { // the newest scrape replaces one not yet taken
 			case <-scrapes:
 			default:
