@@ -90,10 +90,11 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	cfg.Subnet = o.Subnet
 	extra, sidecars := kvrouteArgs[policy]
 	cfg.Sidecars = sidecars
-	cfg.SidecarArgs = append(slices.Clip(o.SidecarArgs), extra...)
+	dpSim, dpSidecar := o.dpArgs()
+	cfg.SidecarArgs = append(append(slices.Clip(o.SidecarArgs), dpSidecar...), extra...)
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
-	cfg.Sim.ExtraArgs = append(simArgs(o.Workload), o.tierArgs()...)
+	cfg.Sim.ExtraArgs = append(append(simArgs(o.Workload), o.tierArgs()...), dpSim...)
 	cfg.SimEnv = simEnv(o.Workload)
 	cfg.StopGrace = 2 * time.Second
 	cfg.Progress = progress

@@ -35,6 +35,11 @@ const (
 	// --cpu-load-rate 0 --disk-load-rate 0): the choice before tiers, on
 	// pods that offload all the same.
 	policyKVRouteGPUOnly = "kvroute-gpu-only"
+	// policyKVRoutePinOnly: kvroute on pods of several data-parallel
+	// ranks (--dp-ranks) without the pod's sidecar placing requests on
+	// ranks by work (sidecar --dp-place-ranks=false): the mesh's pin to
+	// the rank holding the prefix, and vLLM's own balancing of the rest.
+	policyKVRoutePinOnly = "kvroute-pin-only"
 )
 
 // kvrouteArgs are the sidecar flags each kvroute policy adds to
@@ -43,6 +48,7 @@ var kvrouteArgs = map[string][]string{
 	policyKVRoute:         nil,
 	policyKVRouteRequests: {"--route-load", "requests"},
 	policyKVRouteGPUOnly:  {"--cpu-load-rate", "0", "--disk-load-rate", "0"},
+	policyKVRoutePinOnly:  {"--dp-place-ranks=false"},
 }
 
 // options is the parsed command line.
@@ -79,13 +85,16 @@ type options struct {
 	// (--kv-offloading-backend: native or lmcache) and KVBytesPerBlock
 	// the bytes of one block (--sim-kv-bytes-per-block; 0: the simulated
 	// model's, 128 KiB per token).
-	CPUTierGiB      float64
+	CPUTierGiB float64
+	// DPRanks is each pod's data-parallel ranks (vllm-sim
+	// --data-parallel-size, sidecar --kv-events-dp-ranks); 1: none.
+	DPRanks         int
 	OffloadBackend  string
 	KVBytesPerBlock int
 }
 
 func allPolicies() []string {
-	return append([]string{policyService, policyKVRoute, policyKVRouteRequests, policyKVRouteGPUOnly}, baseline.Names...)
+	return append([]string{policyService, policyKVRoute, policyKVRouteRequests, policyKVRouteGPUOnly, policyKVRoutePinOnly}, baseline.Names...)
 }
 
 // parseFlags parses args; --help and --version print to stdout and return
@@ -130,6 +139,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.CPUTierGiB, "cpu-tier-gib", 0, "CPU offload tier per pod in GiB (vllm-sim --kv-offloading-size; 0: none); at the simulated model's 2 MiB per 16-token block, 4 GiB per 2048 GPU blocks is a tier the size of the GPU cache")
 	fs.StringVar(&o.OffloadBackend, "offload-backend", vllmsim.OffloadNative, "the CPU tier's producer with --cpu-tier-gib: native (stores and removals) or lmcache (stores only)")
 	fs.IntVar(&o.KVBytesPerBlock, "kv-bytes-per-block", 0, "KV bytes per block for the tier's size and load time (vllm-sim --sim-kv-bytes-per-block; 0: the simulated model's)")
+	fs.IntVar(&o.DPRanks, "dp-ranks", 1, "data-parallel ranks per pod, each with its own KV cache (vllm-sim --data-parallel-size, sidecar --kv-events-dp-ranks); the central baselines index one rank a pod, so above 1 only service and the kvroute policies run")
 	fs.BoolVar(&o.Build, "build", true, "go build vllm-sim and sidecar into --bin first (cheap when they are up to date); false uses the binaries there as they are")
 	fs.BoolVar(&o.Story, "story", false, "first play the scene: five requests sharing one long system prompt on 3 pods, through the plain Service, then through kvroute")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
@@ -188,6 +198,13 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		return o, errors.New("--cpu-tier-gib and --kv-bytes-per-block must not be negative")
 	case o.OffloadBackend != vllmsim.OffloadNative && o.OffloadBackend != vllmsim.OffloadLMCache:
 		return o, fmt.Errorf("--offload-backend %q: want native or lmcache", o.OffloadBackend)
+	case o.DPRanks < 1 || o.DPRanks > 8:
+		return o, fmt.Errorf("--dp-ranks %d: want 1..8", o.DPRanks)
+	}
+	for _, p := range o.Policies {
+		if _, kv := kvrouteArgs[p]; o.DPRanks > 1 && !kv && p != policyService {
+			return o, fmt.Errorf("--dp-ranks %d: policy %s indexes one rank a pod; use service and the kvroute policies", o.DPRanks, p)
+		}
 	}
 	if o.JSON == "" {
 		o.JSON = o.Out + "/results.json"
@@ -216,6 +233,15 @@ const blockSize = 16
 // longer one with 400: a property of the trace, not of routing).
 func (o options) maxPromptTokens(maxOutput int) int {
 	return min(o.BlocksPerPod*blockSize*3/4, vllmsim.DefaultConfig().MaxModelLen) - maxOutput
+}
+
+// dpArgs are the simulator's and the sidecars' flags of --dp-ranks.
+func (o options) dpArgs() (sim, sidecar []string) {
+	if o.DPRanks <= 1 {
+		return nil, nil
+	}
+	n := strconv.Itoa(o.DPRanks)
+	return []string{"--data-parallel-size", n}, []string{"--kv-events-dp-ranks", n}
 }
 
 // tierArgs are the simulator flags of the CPU tier (none without one).

@@ -76,6 +76,23 @@ func TestParseFlags(t *testing.T) {
 			}},
 		{name: "bad offload backend", args: []string{"--offload-backend", "gds"}, wantErr: "--offload-backend"},
 		{name: "negative tier", args: []string{"--cpu-tier-gib", "-1"}, wantErr: "--cpu-tier-gib"},
+		{name: "data-parallel ranks", args: []string{"--dp-ranks", "2", "--policies", "service,kvroute,kvroute-pin-only"},
+			check: func(t *testing.T, o options) {
+				sim, sc := o.dpArgs()
+				if !slices.Equal(sim, []string{"--data-parallel-size", "2"}) || !slices.Equal(sc, []string{"--kv-events-dp-ranks", "2"}) {
+					t.Errorf("dpArgs %q %q", sim, sc)
+				}
+				if got := kvrouteArgs[policyKVRoutePinOnly]; !slices.Equal(got, []string{"--dp-place-ranks=false"}) {
+					t.Errorf("kvroute-pin-only sidecar args %q", got)
+				}
+			}},
+		{name: "no ranks", check: func(t *testing.T, o options) {
+			if sim, sc := o.dpArgs(); sim != nil || sc != nil {
+				t.Errorf("dpArgs %q %q without --dp-ranks", sim, sc)
+			}
+		}},
+		{name: "ranks with a central baseline", args: []string{"--dp-ranks", "2", "--policies", "kvroute,central-precise"}, wantErr: "indexes one rank"},
+		{name: "too many ranks", args: []string{"--dp-ranks", "9"}, wantErr: "--dp-ranks"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
