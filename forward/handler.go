@@ -707,6 +707,19 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	h.proxy.ServeHTTP(h.slowReaderBound(c), r)
 }
 
+// RankLoads is each rank's requests and queued prefill at the local vLLM
+// as the front counts them, for /debug/peers; nil unless the front places
+// requests on several ranks.
+func (h *Handler) RankLoads(now time.Time) []route.RankLoad {
+	n := int(h.ranks.Load())
+	if n < 2 || !h.cfg.PlaceRanks {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.flights.ranks(n, now)
+}
+
 // placeRank names the local vLLM's rank that serves t (placeRank), when
 // it runs several and the front places requests on them; -1 otherwise.
 // Called with mu held, so that a burst sees each pick in the next one's

@@ -198,6 +198,12 @@ func TestHopRankPlacedAtTheServingPod(t *testing.T) {
 		b.h.flights.add("", now.Add(-time.Second), 5000, 0, 1)
 		b.h.mu.Unlock()
 	}
+	if got := b.h.RankLoads(time.Now()); len(got) != 2 || got[1] != (route.RankLoad{Serving: 2, Queued: 10000}) || got[0] != (route.RankLoad{}) {
+		t.Errorf("b's rank loads %+v; want rank 1 with the two added flights, rank 0 idle", got)
+	}
+	if got := a.h.RankLoads(time.Now()); got != nil {
+		t.Errorf("a pod of one rank shows rank loads %+v", got)
+	}
 }
 
 func TestHopRankChoice(t *testing.T) {

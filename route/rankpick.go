@@ -5,8 +5,8 @@ package route
 // (X-data-parallel-rank), so the count is exact where vLLM's per-rank
 // gauges are a scrape old.
 type RankLoad struct {
-	Serving int // requests at the rank's engine core
-	Queued  int // their prompt tokens not yet prefilled
+	Serving int `json:"serving"`       // requests at the rank's engine core
+	Queued  int `json:"queued_tokens"` // their prompt tokens not yet prefilled
 }
 
 // PickRank chooses the data-parallel rank of this pod that serves a

@@ -99,6 +99,10 @@ type peerJSON struct {
 	// sidecar is away (forward/direct.go).
 	EngineAddr    string `json:"engine_addr,omitempty"`
 	EngineReached bool   `json:"engine_reached,omitempty"`
+	// Ranks, the local entry of a pod of several data-parallel ranks
+	// only: each rank's requests and queued prefill as this sidecar, which
+	// names the rank of every request it sends its vLLM, counts them.
+	Ranks []route.RankLoad `json:"ranks,omitempty"`
 }
 
 func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
@@ -118,6 +122,7 @@ func (a *admin) peers(w http.ResponseWriter, _ *http.Request) {
 			st, j.EngineReason = a.cache.Engine()
 			j.Engine = st.String()
 			j.Index, j.KVEvents = a.cache.Health()
+			j.Ranks = a.front.RankLoads(now)
 		}
 		if !p.DigestAt.IsZero() {
 			j.DigestAgeS = now.Sub(p.DigestAt).Seconds()
