@@ -40,6 +40,13 @@ type Config struct {
 	// BlocksPerSecond is each node's store rate (and, with a full cache,
 	// eviction rate). Default 200, issue 25's target.
 	BlocksPerSecond float64
+	// CPUBlocks, above 0, puts a CPU offload tier of that many blocks
+	// behind each engine's GPU cache, as vLLM's native offloading does:
+	// each block the GPU evicts is stored there first (a hash-only
+	// BlockStored with medium CPU), and the tier evicts its least recent
+	// (BlockRemoved, CPU). The GPU's churn is unchanged: the tier's cost
+	// in upkeep and memory, at the same churn, is the difference. 0: none.
+	CPUBlocks int
 	// Warmup fills caches before measuring; Window is the measured span.
 	// Defaults 10 s and 20 s.
 	Warmup, Window time.Duration

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/kvindex"
 )
 
 // TestRunSmall runs three real nodes on loopback for a few seconds and
@@ -65,5 +67,39 @@ func TestKeysMatchIndex(t *testing.T) {
 	n.serve(ids, keys(ids))
 	if err := waitFor(ctx, 5*time.Second, func() bool { return n.ix.PrefixLen(keys(ids)) == len(ids) }); err != nil {
 		t.Errorf("index PrefixLen(keys) = %d; want %d", n.ix.PrefixLen(keys(ids)), len(ids))
+	}
+}
+
+// With a CPU tier the simulated engine sends vLLM's native offload events:
+// the blocks the GPU evicts reach the index's CPU tier, and the tier's own
+// evictions leave it.
+func TestTierEventsIndexed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n, err := startNode(ctx, Config{Addr: "127.0.96.9", BasePort: 27300, CapacityBlocks: 4, CPUBlocks: 6, FPRate: 0.01}.withDefaults(), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.close()
+	first, second, third := []uint64{1, 2, 3, 4}, []uint64{11, 12, 13, 14}, []uint64{21, 22, 23, 24}
+	n.serve(first, keys(first))
+	n.serve(second, keys(second)) // first goes to the CPU
+	tiers := func(ids []uint64) (gpu, cpu int) {
+		g, c, _ := n.ix.TierPrefix(keys(ids), 0)
+		return g, c
+	}
+	if err := waitFor(ctx, 5*time.Second, func() bool { g, c := tiers(first); return g == 0 && c == 4 }); err != nil {
+		g, c := tiers(first)
+		t.Fatalf("evicted from the GPU: gpu %d cpu %d; want 0 and 4 (%v)", g, c, n.ix.Stats().TierBlocks)
+	}
+	n.serve(third, keys(third)) // second to the CPU, which keeps 6: 1 and 2 leave it
+	if err := waitFor(ctx, 5*time.Second, func() bool {
+		s := n.ix.Stats().TierBlocks
+		return s[kvindex.GPU] == 4 && s[kvindex.CPU] == 6
+	}); err != nil {
+		t.Errorf("tier blocks %v; want 4 on the GPU, 6 on the CPU", n.ix.Stats().TierBlocks)
+	}
+	if g, c := tiers(second); g != 0 || c != 4 {
+		t.Errorf("second: gpu %d cpu %d; want 0 and 4", g, c)
 	}
 }

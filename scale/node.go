@@ -45,6 +45,11 @@ type node struct {
 	at     map[uint64]*list.Element
 	cap    int
 	stored uint64 // blocks stored since start
+	// cpu is the offload tier (Config.CPUBlocks): trace ids, front
+	// newest; nil without one.
+	cpu    *list.List
+	cpuAt  map[uint64]*list.Element
+	cpuCap int
 }
 
 type noFront struct{}
@@ -81,6 +86,9 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),
 		chain: route.DefaultChain(route.DefaultConfig(), rec), recent: rec,
 		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{}, cap: cfg.CapacityBlocks}
+	if cfg.CPUBlocks > 0 {
+		n.cpu, n.cpuAt, n.cpuCap = list.New(), map[uint64]*list.Element{}, cfg.CPUBlocks
+	}
 	eng := make(chan engine.Transition, 1)
 	eng <- engine.Transition{From: route.EngineStarting, To: route.EngineServing, Reason: "scale harness", At: time.Now()}
 	rctx, stop := context.WithCancel(context.Background())
@@ -159,6 +167,9 @@ func (n *node) serve(ids []uint64, ks []blockkey.Key) (h int, added []uint64, re
 		evs = append(evs, ev)
 		n.stored += uint64(len(added))
 	}
+	// The tier's copies are announced before the GPU removal, as vLLM's
+	// offload finishes storing before the GPU block is reused.
+	evs = append(evs, n.offload(removed)...)
 	if len(removed) > 0 {
 		ev := kvevent.Event{Kind: kvevent.BlockRemoved, Tag: kvevent.BlockRemoved.String()}
 		for _, b := range removed {
@@ -172,6 +183,42 @@ func (n *node) serve(ids []uint64, ks []blockkey.Key) (h int, added []uint64, re
 		n.seq++
 	}
 	return h, added, removed
+}
+
+// cpuMedium is the medium of vLLM's native CPU offload events.
+var cpuMedium = "CPU"
+
+// offload stores the blocks the GPU evicted in the CPU tier and returns
+// the events vLLM's native offloading sends: a hash-only BlockStored
+// (medium CPU, no tokens, no parent) per new copy, a BlockRemoved (CPU)
+// per copy the tier pushes out. None without a tier.
+func (n *node) offload(evicted []block) []kvevent.Event {
+	if n.cpu == nil || len(evicted) == 0 {
+		return nil
+	}
+	stored := kvevent.Event{Kind: kvevent.BlockStored, Tag: kvevent.BlockStored.String(), TokenIDs: []uint32{}, Medium: &cpuMedium}
+	gone := kvevent.Event{Kind: kvevent.BlockRemoved, Tag: kvevent.BlockRemoved.String(), Medium: &cpuMedium}
+	for _, b := range evicted {
+		if e, ok := n.cpuAt[b.id]; ok {
+			n.cpu.MoveToFront(e)
+			continue
+		}
+		for n.cpu.Len() >= n.cpuCap {
+			old := n.cpu.Remove(n.cpu.Back()).(uint64)
+			delete(n.cpuAt, old)
+			gone.BlockHashes = append(gone.BlockHashes, vllmHash(old))
+		}
+		n.cpuAt[b.id] = n.cpu.PushFront(b.id)
+		stored.BlockHashes = append(stored.BlockHashes, vllmHash(b.id))
+	}
+	var evs []kvevent.Event
+	if len(gone.BlockHashes) > 0 {
+		evs = append(evs, gone)
+	}
+	if len(stored.BlockHashes) > 0 {
+		evs = append(evs, stored)
+	}
+	return evs
 }
 
 func (n *node) close() {

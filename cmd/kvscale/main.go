@@ -41,6 +41,7 @@ type options struct {
 	Sizes              []int
 	Warmup, Window     time.Duration
 	CapacityBlocks     int
+	CPUBlocks          int
 	BlocksPerSecond    float64
 	FullDigestInterval time.Duration
 	FPRate             float64
@@ -86,6 +87,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&o.Warmup, "warmup", 0, "load before measuring; 0: long enough for every engine's cache to fill (1.15 × capacity-blocks / blocks-per-second + 5s), so the window stores and evicts")
 	fs.DurationVar(&o.Window, "window", 20*time.Second, "measured span per N")
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 20000, "each simulated engine's KV cache in blocks (also the digests' sizing)")
+	fs.IntVar(&o.CPUBlocks, "cpu-blocks", 0, "a CPU offload tier of this many blocks behind each engine's GPU cache, sending vLLM's native offload events (GPU evictions stored there, its own evictions removed); the GPU's churn is the same, so the difference is the tier's upkeep and memory; 0: none")
 	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "blocks each node stores (and, with a full cache, evicts) per second")
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (10s)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
@@ -142,13 +144,17 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, errors.New("--full-digest-interval must not be negative")
 	case o.FPRate <= 0 || o.FPRate >= 1:
 		return o, errors.New("--fp-rate must be in (0, 1)")
+	case o.CPUBlocks < 0:
+		return o, errors.New("--cpu-blocks must not be negative")
 	case o.Requests < 0 || o.Repeats < 1:
 		return o, errors.New("--requests must not be negative, --repeats must be at least 1")
 	case o.BasePort < 1024 || o.BasePort+4000+10000+maxInt(o.Sizes) > 65535:
 		return o, fmt.Errorf("--base-port %d: the ports of the largest run do not fit", o.BasePort)
 	}
 	if o.Warmup == 0 {
-		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks)/o.BlocksPerSecond*float64(time.Second)) + 5*time.Second).Round(time.Second)
+		// Long enough for the CPU tier, which the GPU's evictions fill, to
+		// fill and evict too.
+		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks+o.CPUBlocks)/o.BlocksPerSecond*float64(time.Second)) + 5*time.Second).Round(time.Second)
 	}
 	if o.Requests == 0 {
 		o.Requests = max(20000, 3*maxInt(o.Sizes)*o.CapacityBlocks/4)
@@ -205,7 +211,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		for r := range o.Repeats {
 			t0 := time.Now()
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
-				CapacityBlocks: o.CapacityBlocks, BlocksPerSecond: o.BlocksPerSecond,
+				CapacityBlocks: o.CapacityBlocks, CPUBlocks: o.CPUBlocks, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
 				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
