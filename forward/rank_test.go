@@ -277,3 +277,14 @@ func TestPlaceRankMovedComputesWhole(t *testing.T) {
 		t.Errorf("placed on %d (%s): %+v; want the holder 0, 100 tokens, a stream's prefill (until its first byte)", r, why, tg)
 	}
 }
+
+// A pin to a rank the pod does not run (a digest's false positive on a
+// count set above vLLM's, before the sidecar saw vLLM's engines) is no
+// pin: the request goes to a rank that exists, never to vLLM's 400.
+func TestPlaceRankOutOfRangePin(t *testing.T) {
+	tg := target{Rank: "3", Prefill: 10, Prompt: 4000}
+	r, why := placeRank(route.DefaultConfig(), &tg, "", []route.RankLoad{{Serving: 2}, {}})
+	if r != 1 || why != "balanced" || tg.Rank != "1" {
+		t.Errorf("placed on %d (%s), header %q; want rank 1 balanced", r, why, tg.Rank)
+	}
+}
