@@ -47,6 +47,10 @@ type Config struct {
 	// (BlockRemoved, CPU). The GPU's churn is unchanged: the tier's cost
 	// in upkeep and memory, at the same churn, is the difference. 0: none.
 	CPUBlocks int
+	// TierStride is the index's lower-tier stride (kvindex.Config.
+	// TierStride: one digest entry per that many routing keys); 0: the
+	// index's default.
+	TierStride int
 	// Warmup fills caches before measuring; Window is the measured span.
 	// Defaults 10 s and 20 s.
 	Warmup, Window time.Duration

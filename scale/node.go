@@ -77,7 +77,8 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	// while nothing changes): the traffic of the liveness signal, which
 	// detect times.
 	m.SetLoad(route.Load{Fronted: true})
-	ix := kvindex.New(kvindex.Config{Model: model, Scheme: scheme, CapacityBlocks: cfg.CapacityBlocks, Epoch: uint64(i + 1)})
+	ix := kvindex.New(kvindex.Config{Model: model, Scheme: scheme, CapacityBlocks: cfg.CapacityBlocks, Epoch: uint64(i + 1),
+		TierStride: cfg.TierStride})
 	c := cachestate.DefaultConfig()
 	c.Node = name
 	c.Params = bloom.ParamsFor(cfg.CapacityBlocks+1, cfg.FPRate)

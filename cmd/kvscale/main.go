@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/scale"
 )
@@ -42,6 +43,7 @@ type options struct {
 	Warmup, Window     time.Duration
 	CapacityBlocks     int
 	CPUBlocks          int
+	TierStride         int
 	BlocksPerSecond    float64
 	FullDigestInterval time.Duration
 	FPRate             float64
@@ -88,6 +90,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&o.Window, "window", 20*time.Second, "measured span per N")
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 20000, "each simulated engine's KV cache in blocks (also the digests' sizing)")
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", 0, "a CPU offload tier of this many blocks behind each engine's GPU cache, sending vLLM's native offload events (GPU evictions stored there, its own evictions removed); the GPU's churn is the same, so the difference is the tier's upkeep and memory; 0: none")
+	fs.IntVar(&o.TierStride, "tier-stride", 0, "with --cpu-blocks, one lower-tier digest entry per this many routing keys (the sidecar's --tier-stride: 1, 2, 4, 8 or 16); 0: the index's default, 4")
 	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "blocks each node stores (and, with a full cache, evicts) per second")
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (10s)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
@@ -146,6 +149,8 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, errors.New("--fp-rate must be in (0, 1)")
 	case o.CPUBlocks < 0:
 		return o, errors.New("--cpu-blocks must not be negative")
+	case o.TierStride != 0 && !bloom.TierStrideOK(o.TierStride):
+		return o, fmt.Errorf("--tier-stride %d: want 1, 2, 4, 8 or 16", o.TierStride)
 	case o.Requests < 0 || o.Repeats < 1:
 		return o, errors.New("--requests must not be negative, --repeats must be at least 1")
 	case o.BasePort < 1024 || o.BasePort+4000+10000+maxInt(o.Sizes) > 65535:
@@ -211,7 +216,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		for r := range o.Repeats {
 			t0 := time.Now()
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
-				CapacityBlocks: o.CapacityBlocks, CPUBlocks: o.CPUBlocks, BlocksPerSecond: o.BlocksPerSecond,
+				CapacityBlocks: o.CapacityBlocks, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
 				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}

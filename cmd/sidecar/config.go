@@ -71,6 +71,7 @@ type config struct {
 	// CPULoadRate and DiskLoadRate are how fast the engine loads a
 	// token's KV back from its CPU and disk tiers, tokens per second.
 	CPULoadRate  float64
+	TierStride   int // routing keys a lower-tier digest entry stands for
 	DiskLoadRate float64
 
 	HealthInterval time.Duration
@@ -143,6 +144,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.Float64Var(&c.Slack, "route-slack", rd.Slack, "the load bound's slack: a pod whose requests would exceed max(m*(1+slack), m+min-headroom), m the mean counting this request, is passed over for one within it, holder or not. Caps max/mean requests per pod near 1+slack under pressure; larger favours cache hits, smaller balance")
 	fs.Float64Var(&c.MinHeadroom, "route-min-headroom", rd.MinHeadroom, "the load bound's headroom in requests (--route-slack): a lightly loaded cluster keeps a prefix at its holder for this much imbalance")
 	fs.Float64Var(&c.CPULoadRate, "cpu-load-rate", route.DefaultCPULoadTokensPerSecond, "how fast the engine loads a token's KV from its CPU tier (vLLM's native offloading, LMCache) back to the GPU, in tokens per second; a CPU-cached token is credited 1 - prefill-rate/cpu-load-rate of a GPU-cached one. The default is Llama-3.1-8B's 128 KiB per token over PCIe Gen5 x16 at 50 GB/s, the simulator's rate; 0: CPU copies are not credited")
+	fs.IntVar(&c.TierStride, "tier-stride", 4, "routing keys one lower-tier (CPU, disk) digest entry stands for: 1, 2, 4, 8 or 16. Larger sends peers fewer entries for a CPU tier several times the GPU cache (upkeep) and matches lower tiers more coarsely; 4 is 256 tokens at the default scheme, LMCache's chunk")
 	fs.Float64Var(&c.DiskLoadRate, "disk-load-rate", route.DefaultDiskLoadTokensPerSecond, "as --cpu-load-rate, for the disk tier (and shared storage). The default is the same model at 5 GB/s, one NVMe drive; 0: disk copies are not credited")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -197,6 +199,8 @@ func (c config) validate() error {
 		return errors.New("--prefill-rate must not be negative")
 	case c.CPULoadRate < 0 || c.DiskLoadRate < 0:
 		return errors.New("--cpu-load-rate and --disk-load-rate must not be negative (0: that tier is not credited)")
+	case !bloom.TierStrideOK(c.TierStride):
+		return fmt.Errorf("--tier-stride %d: want 1, 2, 4, 8 or 16", c.TierStride)
 	case c.DPRanks < 1 || c.DPRanks > bloom.MaxRanks:
 		return fmt.Errorf("--kv-events-dp-ranks must be in 1..%d", bloom.MaxRanks)
 	case c.TextPrefixKeys < 0:

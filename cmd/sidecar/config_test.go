@@ -53,6 +53,8 @@ func TestParseServeErrors(t *testing.T) {
 		{"--disk-load-rate", "-1"},
 		{"--kv-events-dp-ranks", "0"},
 		{"--kv-events-dp-ranks", "257"},
+		{"--tier-stride", "3"},
+		{"--tier-stride", "0"},
 		{"--nope"},
 		{"extra"},
 	} {

@@ -114,7 +114,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	metrics := newSidecarMetrics(reg)
 
 	ix := kvindex.New(kvindex.Config{Model: cfg.Model, Scheme: scheme, CapacityBlocks: capacity,
-		Epoch: uint64(time.Now().UnixNano())})
+		Epoch: uint64(time.Now().UnixNano()), TierStride: cfg.TierStride})
 	subCfg := vllmclient.DefaultConfig()
 	subCfg.Endpoint, subCfg.Bind, subCfg.Topic = cfg.EventsEndpoint, cfg.EventsBind, cfg.EventsTopic
 	subCfg.ReplayEndpoint, subCfg.DPRanks = cfg.EventsReplayEndpoint, cfg.DPRanks
