@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,13 +28,16 @@ func TestScenarioFileAndFlags(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.json")
 	os.WriteFile(path, []byte(`{"pods": 6, "duration": "90s", "rate": 12, "blocks_per_pod": 16384, "faults": [{"at": "10s", "fault": "kill-pod", "pod": 2}]}`), 0o644)
 	o, err := parseFlags([]string{"--scenario", path, "--rate", "5", "--netns", "--blocks-per-pod", "4096",
-		"--fault", "at=20s,fault=gossip-loss,pod=all,percent=5,for=10s"}, &bytes.Buffer{})
+		"--fault", "at=20s,fault=gossip-loss,pod=all,percent=5,for=10s", "--sidecar-args", "--max-queue-wait 2s  --max-queue 8"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := o.cfg.Scenario
 	if s.Name != "s" || s.Pods != 6 || s.Duration.D() != 90*time.Second || s.Rate != 5 || !o.cfg.Netns || s.BlocksPerPod != 4096 {
 		t.Errorf("scenario %+v, netns %v; want the file's name, pods and duration, --rate 5, --blocks-per-pod 4096, netns", s, o.cfg.Netns)
+	}
+	if got := o.cfg.SidecarArgs; !slices.Equal(got, []string{"--max-queue-wait", "2s", "--max-queue", "8"}) {
+		t.Errorf("sidecar args %q", got)
 	}
 	want := chaos.Fault{At: chaos.Duration(20 * time.Second), Fault: "gossip-loss", Pod: chaos.PodRef{All: true},
 		Percent: 5, For: chaos.Duration(10 * time.Second)}

@@ -132,6 +132,10 @@ func parseFlags(args []string, usage io.Writer) (options, error) {
 	fs.BoolVar(&c.ClientRetry, "client-retry", false, "clients retry as the OpenAI SDKs do (2 retries with backoff on connection errors, 408, 409, 429, 5xx)")
 	fs.DurationVar(&c.Probe.Period, "probe-period", time.Second, "the Service's readiness probe period")
 	fs.IntVar(&c.Probe.FailureThreshold, "probe-failures", 3, "failed probes before the Service drops a pod")
+	fs.Func("sidecar-args", "space-separated flags added to every sidecar's command line (e.g. '--max-queue-wait 2s'), after the harness's own", func(v string) error {
+		c.SidecarArgs = append(c.SidecarArgs, strings.Fields(v)...)
+		return nil
+	})
 	fs.StringVar(&c.BinDir, "bin", "bin", "where the vllm-sim and sidecar binaries are built and found")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
