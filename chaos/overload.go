@@ -481,7 +481,7 @@ func summarizeOverload(in overloadInput) *OverloadResult {
 			r.Refused503++
 		default:
 			r.Failed++
-			o.listFailure(fmt.Sprintf("%s sent %.1f s: status %d: %s", loadgen.RequestID(s.Session, s.Turn), t, s.Status, s.Err))
+			o.listFailure(fmt.Sprintf("%s sent %.1f s: status %d, %d text chunks in %.1f s: %s", loadgen.RequestID(s.Session, s.Turn), t, s.Status, s.Chunks, s.WallE2E.Seconds(), s.Err))
 		}
 	}
 	o.Outcomes = append(o.Outcomes, during, other)

@@ -481,6 +481,7 @@ func readEvents(r io.Reader, kind Kind, rep *Reply, start time.Time) error {
 				rep.WallTTFT = time.Since(start)
 			}
 			text.WriteString(t)
+			rep.Chunks++
 		}
 		switch e.Type {
 		case "error":

@@ -117,6 +117,10 @@ type Reply struct {
 	Status int
 	// Streamed: the call asked for SSE.
 	Streamed bool
+	// Chunks counts the stream's chunks that carried text, about one a
+	// token: how far a stream got, kept when it then fails (0 for a plain
+	// answer).
+	Chunks int
 	// ResponseID is the answer's id (Messages "msg_...", Responses
 	// "resp_...": what previous_response_id names); "" for chat and
 	// completions.
@@ -443,6 +447,7 @@ func readStream(r io.Reader, rep *Reply, start time.Time) error {
 				rep.WallTTFT = time.Since(start)
 			}
 			text.WriteString(t)
+			rep.Chunks++
 		}
 		rep.take(c)
 	}

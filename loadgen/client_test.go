@@ -38,6 +38,18 @@ func TestReadStream(t *testing.T) {
 	}
 }
 
+// A stream cut after some text keeps how far it got: its text chunks.
+func TestStreamCutKeepsChunks(t *testing.T) {
+	var rep Reply
+	in := "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n"
+	if err := readStream(strings.NewReader(in), &rep, time.Now()); !errors.Is(err, ErrTruncated) || rep.Chunks != 2 {
+		t.Errorf("readStream = %v, %d chunks; want ErrTruncated after 2 (the empty one not counted)", err, rep.Chunks)
+	}
+	if s := sampleOf(rep); s.Chunks != 2 {
+		t.Errorf("sample chunks %d; want 2", s.Chunks)
+	}
+}
+
 func FuzzReadStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"prompt_tokens_details\":null},\"sim\":{}}\n\ndata: [DONE]\n"))

@@ -58,6 +58,9 @@ type Sample struct {
 	PromptTokens int
 	CachedTokens int
 	OutputTokens int
+	// Chunks is Reply.Chunks: the text chunks a stream got, also when it
+	// failed after them.
+	Chunks int
 	// TTFT and E2E are seconds: simulated when Sim, else wall-clock.
 	TTFT, E2E         float64
 	Sim               bool
@@ -83,7 +86,7 @@ func sampleOf(rep Reply) Sample {
 	s := Sample{Pod: rep.Pod, PromptTokens: rep.PromptTokens, CachedTokens: rep.CachedTokens,
 		OutputTokens: rep.OutputTokens, WallTTFT: rep.WallTTFT, WallE2E: rep.WallE2E,
 		Decision: rep.Decision, LocalAddr: rep.LocalAddr, Attempts: rep.Attempts, Status: rep.Status,
-		Streamed: rep.Streamed}
+		Streamed: rep.Streamed, Chunks: rep.Chunks}
 	if s.WallTTFT == 0 {
 		s.WallTTFT = s.WallE2E
 	}
