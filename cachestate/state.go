@@ -2,6 +2,7 @@ package cachestate
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +60,9 @@ type State struct {
 	start    float64 // the engine's process start time, 0 when unknown
 	prompts  float64 // the engine's prompt-token counter at the last scrape
 	scraped1 bool    // a scrape has been taken
+	// startAt is when a scrape first showed start, lastAt the last scrape
+	// (this sidecar's clock): how long the process has been seen alive.
+	startAt, lastAt time.Time
 
 	// What the admin endpoints show; written by Run only.
 	state   atomic.Uint32 // route.Engine as advertised
@@ -171,6 +175,26 @@ func (s *State) restarted(why string) {
 	s.log.Info().Str("why", why).Uint64("epoch", s.ix.Epoch()).Msg("index cleared: new epoch")
 }
 
+// startJitter is how far process_start_time_seconds moves with no new
+// process: it is the kernel's boot time, which Linux derives from the wall
+// clock at each read and truncates to the second, plus the process's start
+// in ticks, so it steps by a second under clock slewing and by the step
+// under a clock step (prometheus/client_golang#289; seen here: every pod's
+// sidecar cleared its index at the same second of a run, a third of the
+// run's hits gone).
+const startJitter = 2.0
+
+// newProcess reports whether a process start time that went from old to
+// cur says a new engine process, the old one having been seen alive for
+// watched: a later start by more than the jitter, and by at least how
+// long the old one was watched, since the new one started after the last
+// scrape that showed the old. A clock stepped forward by less than that
+// moves the start time alone; so does one stepped back, which no restart
+// does.
+func newProcess(old, cur float64, watched time.Duration) bool {
+	return cur-old > startJitter && cur-old >= watched.Seconds()-startJitter
+}
+
 // scraped takes a /metrics scrape of the engine: a new process or a counter
 // that went down is a restart even if no probe saw the engine go (vLLM can
 // come back within a probe interval), and the prompt counter tells a silent
@@ -184,12 +208,17 @@ func (s *State) scraped(l vllmclient.Load, now time.Time) {
 			s.partial.Store(true)
 		}
 	}
-	if (s.start != 0 && l.StartTime != 0 && l.StartTime != s.start) || l.PromptTokens < s.prompts {
+	started := s.start != 0 && l.StartTime != 0 && newProcess(s.start, l.StartTime, s.lastAt.Sub(s.startAt))
+	if started || l.PromptTokens < s.prompts {
 		s.metrics.eventRestarts.Inc()
-		s.restart("the engine's counters restarted")
+		s.restart(fmt.Sprintf("the engine's counters restarted (process start %.0f -> %.0f, prompt tokens %.0f -> %.0f)",
+			s.start, l.StartTime, s.prompts, l.PromptTokens))
 		s.partial.Store(false)
 	}
-	s.start, s.prompts = l.StartTime, l.PromptTokens
+	if s.start == 0 || started {
+		s.start, s.startAt = l.StartTime, now
+	}
+	s.prompts, s.lastAt = l.PromptTokens, now
 	if route.Engine(s.state.Load()) != route.EngineServing {
 		return
 	}

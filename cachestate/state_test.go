@@ -472,3 +472,56 @@ func uniformKeys(seed uint64, n int) []blockkey.Key {
 	}
 	return ks
 }
+
+// The engine's process start time moves with the wall clock with no new
+// process (the kernel's boot time is derived from it): a second either way,
+// or a clock step shorter than the process has been watched, keeps the
+// index; a later start that the watched lifetime cannot explain is a new
+// process.
+func TestStartTimeJitterIsNoRestart(t *testing.T) {
+	s, _, _, ix := newState(t, true)
+	serving(s, false, 0)
+	s.apply(stored(0, 7, nil, 70))
+	at := func(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
+	// The prompt counter stands still: a rising one with no events would
+	// be a silent event path, another rule.
+	for i, st := range []float64{1000, 1001, 999, 1001, 1000} {
+		s.scraped(vllmclient.Load{PromptTokens: 100, StartTime: st}, at(i))
+	}
+	s.scraped(vllmclient.Load{PromptTokens: 100, StartTime: 1000}, at(59))
+	s.scraped(vllmclient.Load{PromptTokens: 100, StartTime: 1030}, at(60)) // the clock stepped 30 s ahead
+	if ix.Len() != 1 || ix.Epoch() != 100 {
+		t.Fatalf("start-time jitter and a clock step restarted the index: %d keys, epoch %d", ix.Len(), ix.Epoch())
+	}
+	// A new process that started after the last scrape: later by at least
+	// the minute the old one was watched.
+	s.scraped(vllmclient.Load{PromptTokens: 100, StartTime: 1095}, at(61))
+	if ix.Epoch() != 101 {
+		t.Errorf("a new process: epoch %d; want 101", ix.Epoch())
+	}
+	// And its own jitter after that is no restart either.
+	s.scraped(vllmclient.Load{PromptTokens: 100, StartTime: 1096}, at(62))
+	if ix.Epoch() != 101 {
+		t.Errorf("the new process's jitter: epoch %d; want 101", ix.Epoch())
+	}
+}
+
+func TestNewProcess(t *testing.T) {
+	for _, tt := range []struct {
+		old, cur float64
+		watched  time.Duration
+		want     bool
+	}{
+		{1000, 1001, 0, false},              // jitter
+		{1000, 999, time.Hour, false},       // earlier: a clock stepped back
+		{1000, 1010, time.Minute, false},    // a 10 s step while watched a minute
+		{1000, 1010, 5 * time.Second, true}, // a restart right after we met it
+		{1000, 1300, 4 * time.Minute, true}, // a restart after 4 minutes
+		{1000, 1003, 3 * time.Second, true}, // a fast crash loop
+		{1000, 1002, 0, false},              // within the jitter
+	} {
+		if got := newProcess(tt.old, tt.cur, tt.watched); got != tt.want {
+			t.Errorf("newProcess(%v, %v, %v) = %v; want %v", tt.old, tt.cur, tt.watched, got, tt.want)
+		}
+	}
+}
