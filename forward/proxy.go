@@ -29,6 +29,10 @@ type target struct {
 	Prompt int
 	// Direct: URL is Peer's vLLM itself, not its sidecar (direct.go).
 	Direct bool
+	// AfterDial: tried only when the attempt before it could not connect,
+	// so nothing of the request was sent (a stored response's pod whose
+	// sidecar just died, its vLLM alive: stored.go).
+	AfterDial bool
 }
 
 // plan is one request's ordered list of targets, shared between the handler
@@ -82,6 +86,9 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	var lastErr error
 	for i, tg := range p.targets {
+		if tg.AfterDial && !dialFailed(lastErr) {
+			return nil, lastErr
+		}
 		out := r.Clone(r.Context())
 		out.URL.Scheme, out.URL.Host = tg.URL.Scheme, tg.URL.Host
 		out.Host = tg.URL.Host
@@ -114,7 +121,7 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		// A 503 is a refusal: a peer's sidecar that cannot serve, or a vLLM
 		// whose engine is dead or restarting. Another pod may serve.
-		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) {
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && i+1 < len(p.targets) && !p.targets[i+1].AfterDial {
 			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
 			err = &UpstreamStatusError{Peer: peerName(tg.Peer), Status: resp.StatusCode}

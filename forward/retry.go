@@ -36,6 +36,13 @@ func (e *UpstreamStatusError) Error() string {
 // the connection was never made (dial), was refused, reset or closed before
 // a response, or the upstream refused the work (503). A client that went
 // away is never retried.
+// dialFailed reports whether err is an attempt that could not connect:
+// nothing of the request reached the upstream.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return err != nil && (errors.As(err, &op) && op.Op == "dial" || errors.Is(err, syscall.ECONNREFUSED))
+}
+
 func retryable(err error, attempt int, c RetryConfig) bool {
 	if err == nil || attempt+1 >= c.MaxAttempts {
 		return false

@@ -84,7 +84,26 @@ func (h *Handler) serveContinued(c *gin.Context, body []byte, st *reqState, id s
 		return
 	}
 	h.routeStored(c, st, tg)
-	h.serve(c, body, st, []target{tg})
+	h.serve(c, body, st, h.storedPlan(tg))
+}
+
+// storedPlan is the targets of a request that only tg's pod can serve:
+// tg, and when tg is a peer's sidecar whose vLLM address is known, that
+// vLLM itself if the sidecar cannot be connected to. A sidecar killed a
+// moment ago is still in the mesh for a second or two, and each entry
+// sidecar learns it is dead only by failing to reach it: without this,
+// every client retry that entered another sidecar failed the same way
+// (chaos agentic-faults: a read of a killed sidecar's store lost after
+// its three attempts, all within 1.5 s of the kill).
+func (h *Handler) storedPlan(tg target) []target {
+	if tg.Peer == "" || tg.Direct {
+		return []target{tg}
+	}
+	addr, _ := h.engines.lookup(tg.Peer)
+	if addr == "" {
+		return []target{tg}
+	}
+	return []target{tg, {Peer: tg.Peer, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true, AfterDial: true}}
 }
 
 // serveStored serves GET /v1/responses/{id} and POST .../{id}/cancel from
@@ -112,7 +131,7 @@ func (h *Handler) serveStored(c *gin.Context) {
 		return
 	}
 	h.routeStored(c, st, tg)
-	h.serveFrom(c, &plan{targets: []target{tg}, served: -1}, st)
+	h.serveFrom(c, &plan{targets: h.storedPlan(tg), served: -1}, st)
 }
 
 // storedError answers a request about a stored response that the front

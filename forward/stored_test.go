@@ -505,6 +505,12 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				s.away["p1"] = time.Now()
 				delete(p1.eng.ids, id)
 			}},
+		// Still in the mesh, its failure not yet seen by this entry: the
+		// refused dial to its sidecar sends the same request to its vLLM.
+		{name: "sidecar just killed, its vLLM alive", reach: true, status: 200,
+			setup: func(p1 *storeNode, _ *fakeStored, _ *route.PeerView, _ *httptest.Server) {
+				p1.srv.Close()
+			}},
 		{name: "pod gone: nothing listens where its engine was", reach: true, status: 404, msg: "p1, which is gone (its engine no longer listens",
 			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, engine *httptest.Server) {
 				p1.srv.Close()
