@@ -137,7 +137,7 @@ func TestReadEvents(t *testing.T) {
 				t.Fatal(err)
 			}
 			rep.WallTTFT = 0
-			want := Reply{Text: "Hello world", PromptTokens: 40, CachedTokens: 32, OutputTokens: 2,
+			want := Reply{Text: "Hello world", PromptTokens: 40, CachedTokens: 32, OutputTokens: 2, Chunks: 2,
 				Sim: &SimTiming{ArrivalS: 1, FirstTokenS: 1.5, FinishS: 2}, ResponseID: "msg_1"}
 			if kind == Responses {
 				want.ResponseID = "resp_1"
