@@ -176,9 +176,10 @@ var liveEngine = []string{FaultHangEngine, FaultKillSidecar, FaultRestartSidecar
 //     away longer than the clients' retries;
 //   - a continued request's stream, served by its pod's vLLM while that
 //     pod's sidecar restarted, cut mid-answer (status 200, then EOF) as
-//     the sidecar came back: seen at 42.0 s in stop 37's and stop 38's
-//     runs, once each; not diagnosed (the harness keeps no logs of a
-//     passing-but-known run).
+//     the sidecar came back: seen at 42 s (the seeded workload's same
+//     turns) in stop 37's full run and both of stop 38's (1, 1 and 2
+//     streams); not diagnosed (the harness keeps no logs of a
+//     passing-but-known run). A real loss: users' streams are cut.
 func knownStoredBug(f RequestRecord, faults []FaultResult, end float64, netns bool) bool {
 	const grace, detect, retries = 10, 3, 6 // s: respown.DefaultGrace, memberlist's, three held attempts
 	for _, fr := range faults {
