@@ -99,11 +99,21 @@ func (h *Handler) storedPlan(tg target) []target {
 	if tg.Peer == "" || tg.Direct {
 		return []target{tg}
 	}
-	addr, _ := h.engines.lookup(tg.Peer)
-	if addr == "" {
+	d, ok := h.directTarget(tg.Peer)
+	if !ok {
 		return []target{tg}
 	}
-	return []target{tg, {Peer: tg.Peer, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true, AfterDial: true}}
+	d.AfterDial = true
+	return []target{tg, d}
+}
+
+// directTarget is node's vLLM itself, where its sidecar advertised it.
+func (h *Handler) directTarget(node string) (target, bool) {
+	addr, _ := h.engines.lookup(node)
+	if addr == "" {
+		return target{}, false
+	}
+	return target{Peer: node, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true}, true
 }
 
 // serveStored serves GET /v1/responses/{id} and POST .../{id}/cancel from
@@ -216,6 +226,15 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 				id, l.Node, h.now().Sub(l.Left).Round(100*time.Millisecond))
 	}
 	tg, pv, found := h.peerTarget(l.Node)
+	if found && tg.Peer != "" && pv.Draining && pv.Engine == route.EngineServing {
+		// Its sidecar is going away (a restart, or the pod's deletion,
+		// whose vLLM serves on through the drain): a stream through it
+		// would be cut when it exits, and each one it takes makes its
+		// drain longer.
+		if d, ok := h.directTarget(l.Node); ok {
+			return d, 0, ""
+		}
+	}
 	switch {
 	case !found:
 		if tg, status, msg, ok := h.storedDirect(ctx, l.Node, id); ok {

@@ -488,6 +488,7 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 		reach  bool // node 0 reached p1's engine first
 		status int
 		msg    string // for an error: a piece of the message
+		direct bool   // node 0 sent straight to p1's engine, not through its sidecar
 	}{
 		{name: "sidecar away, engine holds it: served there", reach: true, status: 200,
 			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, _ *httptest.Server) {
@@ -510,6 +511,13 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 		{name: "sidecar just killed, its vLLM alive", reach: true, status: 200,
 			setup: func(p1 *storeNode, _ *fakeStored, _ *route.PeerView, _ *httptest.Server) {
 				p1.srv.Close()
+			}},
+		// Its sidecar drains (restarting, or the pod deleted) while its
+		// vLLM serves on: the request goes to the vLLM, not through the
+		// sidecar, which would cut it when it exits.
+		{name: "sidecar draining, its vLLM serving", reach: true, status: 200, direct: true,
+			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, _ *httptest.Server) {
+				v.Draining = true
 			}},
 		{name: "pod gone: nothing listens where its engine was", reach: true, status: 404, msg: "p1, which is gone (its engine no longer listens",
 			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, engine *httptest.Server) {
@@ -560,6 +568,8 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				t.Fatalf("p1's engine reached %v; want %v", reached, tt.reach)
 			}
 			tt.setup(nodes[1], shared, &fp.views[1], engine)
+			direct := nodes[0].h.metrics.decisions.WithLabelValues("direct", ReasonStored, "responses")
+			before := count(direct)
 			for _, c := range []struct{ method, path, body string }{
 				{"GET", "/v1/responses/" + id, ""},
 				{"POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"` + id + `"}`},
@@ -574,6 +584,9 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				case tt.status != 200 && !strings.Contains(body, tt.msg):
 					t.Errorf("%s %s: %d %s; want a message containing %q", c.method, c.path, resp.StatusCode, body, tt.msg)
 				}
+			}
+			if got := count(direct) - before; tt.direct && got != 2 {
+				t.Errorf("%v of the 2 requests sent straight to p1's engine; want both", got)
 			}
 		})
 	}
