@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
@@ -206,11 +207,7 @@ func (r *runState) since() float64 { return time.Since(r.start).Seconds() }
 func (r *runState) heldPods() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []string
-	for p := range r.held {
-		out = append(out, p)
-	}
-	return out
+	return slices.Collect(maps.Keys(r.held))
 }
 
 func (r *runState) logf(format string, args ...any) {

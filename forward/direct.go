@@ -143,6 +143,17 @@ func (h *Handler) EngineReached(node string) bool {
 	return reached
 }
 
+// directTarget is node's vLLM itself, where its sidecar advertised it,
+// and whether this front reached it there; ok is false when no address
+// is known.
+func (h *Handler) directTarget(node string) (tg target, reached, ok bool) {
+	addr, reached := h.engines.lookup(node)
+	if addr == "" {
+		return target{}, false, false
+	}
+	return target{Peer: node, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true}, reached, true
+}
+
 // vanished is a holding: nothing listens where the engine was reached.
 const vanished holding = absent + 1
 
@@ -150,11 +161,10 @@ const vanished holding = absent + 1
 // answers unknown for an engine this sidecar never reached; vanished when
 // the address refuses connections or has no host any more.
 func (h *Handler) askEngine(ctx context.Context, node, id string) (target, holding) {
-	addr, reached := h.engines.lookup(node)
-	if addr == "" {
+	tg, reached, ok := h.directTarget(node)
+	if !ok {
 		return target{}, unknown
 	}
-	tg := target{Peer: node, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true}
 	hd, err := h.ask(ctx, tg, id)
 	if hd == unknown && reached && noListener(err) {
 		hd = vanished

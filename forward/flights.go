@@ -29,6 +29,12 @@ type flight struct {
 	rank int
 }
 
+// queued reports whether fl's prefill is still work ahead at now: no
+// answer byte yet, and, for a plain answer, not past its predicted end.
+func (fl flight) queued(now time.Time) bool {
+	return !fl.answered && (fl.until.IsZero() || now.Before(fl.until))
+}
+
 // add records a request to peer sent at at; rank is the local vLLM's
 // rank it names (-1: none).
 func (f flights) add(peer string, at time.Time, prefill int, prefillFor time.Duration, rank int) {
@@ -71,7 +77,7 @@ func (f flights) since(peer string, t, now time.Time) (n, prefill int) {
 	for _, fl := range f[peer] {
 		if fl.at.After(t) {
 			n++
-			if !fl.answered && (fl.until.IsZero() || now.Before(fl.until)) {
+			if fl.queued(now) {
 				prefill += fl.prefill
 			}
 		}
@@ -88,7 +94,7 @@ func (f flights) ranks(n int, now time.Time) []route.RankLoad {
 			continue
 		}
 		out[fl.rank].Serving++
-		if !fl.answered && (fl.until.IsZero() || now.Before(fl.until)) {
+		if fl.queued(now) {
 			out[fl.rank].Queued += fl.prefill
 		}
 	}

@@ -707,12 +707,21 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	h.proxy.ServeHTTP(h.slowReaderBound(c), r)
 }
 
+// placedRanks is how many ranks the front places requests on: the local
+// vLLM's, when it runs several and PlaceRanks is on; else 0.
+func (h *Handler) placedRanks() int {
+	if n := int(h.ranks.Load()); n > 1 && h.cfg.PlaceRanks {
+		return n
+	}
+	return 0
+}
+
 // RankLoads is each rank's requests and queued prefill at the local vLLM
 // as the front counts them, for /debug/peers; nil unless the front places
 // requests on several ranks.
 func (h *Handler) RankLoads(now time.Time) []route.RankLoad {
-	n := int(h.ranks.Load())
-	if n < 2 || !h.cfg.PlaceRanks {
+	n := h.placedRanks()
+	if n == 0 {
 		return nil
 	}
 	h.mu.Lock()
@@ -725,8 +734,8 @@ func (h *Handler) RankLoads(now time.Time) []route.RankLoad {
 // Called with mu held, so that a burst sees each pick in the next one's
 // counts.
 func (h *Handler) placeRank(t *target, client string, now time.Time) int {
-	n := int(h.ranks.Load())
-	if n < 2 || !h.cfg.PlaceRanks {
+	n := h.placedRanks()
+	if n == 0 {
 		return -1
 	}
 	r, why := placeRank(h.cfg.Route, t, client, h.flights.ranks(n, now))

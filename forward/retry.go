@@ -36,13 +36,6 @@ func (e *UpstreamStatusError) Error() string {
 // the connection was never made (dial), was refused, reset or closed before
 // a response, or the upstream refused the work (503). A client that went
 // away is never retried.
-// dialFailed reports whether err is an attempt that could not connect:
-// nothing of the request reached the upstream.
-func dialFailed(err error) bool {
-	var op *net.OpError
-	return err != nil && (errors.As(err, &op) && op.Op == "dial" || errors.Is(err, syscall.ECONNREFUSED))
-}
-
 func retryable(err error, attempt int, c RetryConfig) bool {
 	if err == nil || attempt+1 >= c.MaxAttempts {
 		return false
@@ -57,8 +50,7 @@ func retryable(err error, attempt int, c RetryConfig) bool {
 	if errors.As(err, &st) {
 		return st.Status == 503
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if dialFailed(err) {
 		return true
 	}
 	// EOF before a response: the upstream died with the request in hand
@@ -66,4 +58,11 @@ func retryable(err error, attempt int, c RetryConfig) bool {
 	// another pod may serve it.
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// dialFailed reports whether err is an attempt that could not connect:
+// nothing of the request reached the upstream.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return err != nil && (errors.As(err, &op) && op.Op == "dial" || errors.Is(err, syscall.ECONNREFUSED))
 }

@@ -99,21 +99,12 @@ func (h *Handler) storedPlan(tg target) []target {
 	if tg.Peer == "" || tg.Direct {
 		return []target{tg}
 	}
-	d, ok := h.directTarget(tg.Peer)
+	d, _, ok := h.directTarget(tg.Peer)
 	if !ok {
 		return []target{tg}
 	}
 	d.AfterDial = true
 	return []target{tg, d}
-}
-
-// directTarget is node's vLLM itself, where its sidecar advertised it.
-func (h *Handler) directTarget(node string) (target, bool) {
-	addr, _ := h.engines.lookup(node)
-	if addr == "" {
-		return target{}, false
-	}
-	return target{Peer: node, URL: &url.URL{Scheme: "http", Host: addr}, Direct: true}, true
 }
 
 // serveStored serves GET /v1/responses/{id} and POST .../{id}/cancel from
@@ -231,7 +222,7 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		// whose vLLM serves on through the drain): a stream through it
 		// would be cut when it exits, and each one it takes makes its
 		// drain longer.
-		if d, ok := h.directTarget(l.Node); ok {
+		if d, _, ok := h.directTarget(l.Node); ok {
 			return d, 0, ""
 		}
 	}
