@@ -37,8 +37,13 @@ func TestParseFlags(t *testing.T) {
 		o.FullDigestInterval != 2*time.Second || o.BlocksPerSecond != 50 || o.CapacityBlocks != 300 || o.Warmup != time.Second {
 		t.Errorf("flags over env = %+v; want the flag to win over its twin, the twin where no flag", o)
 	}
+	// A CPU tier's blocks fill after the GPU's: the default warm-up waits for both.
+	o, err = parseFlags([]string{"--capacity-blocks", "4000", "--cpu-blocks", "16000", "--tier-stride", "8"}, noEnv, &out, &errw)
+	if err != nil || o.CPUBlocks != 16000 || o.TierStride != 8 || o.Warmup != 120*time.Second {
+		t.Errorf("tier flags: %v, %+v; want 16000 CPU blocks, stride 8, warm-up 120 s (1.15 x 20000 / 200 + 5)", err, o)
+	}
 	for _, bad := range [][]string{{"--sizes", "1"}, {"--sizes", "x"}, {"--sizes", ""}, {"--window", "0s"},
-		{"--blocks-per-second", "0"}, {"extra"}, {"--no-such-flag"}} {
+		{"--blocks-per-second", "0"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"extra"}, {"--no-such-flag"}} {
 		if _, err := parseFlags(bad, noEnv, &out, &errw); err == nil {
 			t.Errorf("parseFlags(%q) = nil; want an error", bad)
 		}
