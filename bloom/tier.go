@@ -20,8 +20,8 @@ import "github.com/kvroute/kvroute/blockkey"
 //     key|CPU then key|Disk (TierPrefix), per rank.
 //
 // Lower-tier entries are kept only at every TierStride-th routing key
-// (kvindex.Config.TierStride, default 4: 256 tokens at the default scheme,
-// LMCache's default chunk): a CPU tier is typically several times the GPU
+// (kvindex.Config.TierStride, default 8: 512 tokens at the default scheme,
+// two of LMCache's default chunks): a CPU tier is typically several times the GPU
 // cache, and at one entry per routing key it would multiply the digest,
 // while a lower-tier token is credited well below a GPU one (route's
 // CPUCost), so its match needs less resolution. A pod says that it holds
@@ -55,7 +55,7 @@ const minTierEntries = 2
 
 // tierStrides are the strides a digest is scanned for, the default first,
 // so that a marker false positive cannot mislead a default deployment.
-var tierStrides = [...]int{4, 1, 2, 8, 16}
+var tierStrides = [...]int{8, 1, 2, 4, 16}
 
 // TierStrideOK reports whether stride s can be advertised.
 func TierStrideOK(s int) bool {

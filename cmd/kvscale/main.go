@@ -90,7 +90,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&o.Window, "window", 20*time.Second, "measured span per N")
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 20000, "each simulated engine's KV cache in blocks (also the digests' sizing)")
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", 0, "a CPU offload tier of this many blocks behind each engine's GPU cache, sending vLLM's native offload events (GPU evictions stored there, its own evictions removed); the GPU's churn is the same, so the difference is the tier's upkeep and memory; 0: none")
-	fs.IntVar(&o.TierStride, "tier-stride", 0, "with --cpu-blocks, one lower-tier digest entry per this many routing keys (the sidecar's --tier-stride: 1, 2, 4, 8 or 16); 0: the index's default, 4")
+	fs.IntVar(&o.TierStride, "tier-stride", 0, "with --cpu-blocks, one lower-tier digest entry per this many routing keys (the sidecar's --tier-stride: 1, 2, 4, 8 or 16); 0: the index's default (kvindex.DefaultTierStride)")
 	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "blocks each node stores (and, with a full cache, evicts) per second")
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (10s)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")

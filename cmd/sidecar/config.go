@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/forward"
 	"github.com/kvroute/kvroute/gossip"
+	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -144,7 +145,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.Float64Var(&c.Slack, "route-slack", rd.Slack, "the load bound's slack: a pod whose requests would exceed max(m*(1+slack), m+min-headroom), m the mean counting this request, is passed over for one within it, holder or not. Caps max/mean requests per pod near 1+slack under pressure; larger favours cache hits, smaller balance")
 	fs.Float64Var(&c.MinHeadroom, "route-min-headroom", rd.MinHeadroom, "the load bound's headroom in requests (--route-slack): a lightly loaded cluster keeps a prefix at its holder for this much imbalance")
 	fs.Float64Var(&c.CPULoadRate, "cpu-load-rate", route.DefaultCPULoadTokensPerSecond, "how fast the engine loads a token's KV from its CPU tier (vLLM's native offloading, LMCache) back to the GPU, in tokens per second; a CPU-cached token is credited 1 - prefill-rate/cpu-load-rate of a GPU-cached one. The default is Llama-3.1-8B's 128 KiB per token over PCIe Gen5 x16 at 50 GB/s, the simulator's rate; 0: CPU copies are not credited")
-	fs.IntVar(&c.TierStride, "tier-stride", 4, "routing keys one lower-tier (CPU, disk) digest entry stands for: 1, 2, 4, 8 or 16. Larger sends peers fewer entries for a CPU tier several times the GPU cache (upkeep) and matches lower tiers more coarsely; 4 is 256 tokens at the default scheme, LMCache's chunk")
+	fs.IntVar(&c.TierStride, "tier-stride", kvindex.DefaultTierStride, "routing keys one lower-tier (CPU, disk) digest entry stands for: 1, 2, 4, 8 or 16. Larger sends peers fewer entries for a CPU tier several times the GPU cache (upkeep) and matches lower tiers more coarsely; 8 is 512 tokens at the default scheme")
 	fs.Float64Var(&c.DiskLoadRate, "disk-load-rate", route.DefaultDiskLoadTokensPerSecond, "as --cpu-load-rate, for the disk tier (and shared storage). The default is the same model at 5 GB/s, one NVMe drive; 0: disk copies are not credited")
 	fs.IntVar(&c.Procs, "procs", 1, "Go scheduler threads (GOMAXPROCS; a GOMAXPROCS variable wins); 0 keeps Go's default, one per CPU the container may use")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
