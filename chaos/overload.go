@@ -331,6 +331,8 @@ type OverloadResult struct {
 	SidecarRetries float64    `json:"sidecar_retries"`
 	HopsRefused    float64    `json:"hops_refused"`
 	QueueFull      float64    `json:"queue_full"`
+	// PrefillBusy counts the refusals for the prefill share alone.
+	PrefillBusy float64 `json:"prefill_busy"`
 	// RSS is every sidecar process's largest RSS; MaxRSSMiB the bound.
 	RSS       []PodRSS `json:"rss"`
 	MaxRSSMiB float64  `json:"max_rss_mib"`
@@ -420,7 +422,7 @@ func summarizeOverload(in overloadInput) *OverloadResult {
 	o := &OverloadResult{AtS: at, EndS: end, PromptTokens: b.PromptTokens,
 		CapacityRPS: burstCapacity(in.pods, b.PromptTokens), OfferedRPS: in.offered,
 		MaxRSSMiB: b.MaxRSSMiB, RecoverWithinS: b.RecoverWithin.D().Seconds(),
-		SidecarRetries: in.counters["retries"], HopsRefused: in.counters["hops_refused"], QueueFull: in.counters["queue_full"],
+		SidecarRetries: in.counters["retries"], HopsRefused: in.counters["hops_refused"], QueueFull: in.counters["queue_full"], PrefillBusy: in.counters["prefill_busy"],
 		RecoveryRule: fmt.Sprintf("the workload's TTFT p90 (wall clock, served requests, by send time) over the %v before the burst; "+
 			"back when %d consecutive seconds of sends after the burst each have a p90 of at most %.2fx it (the recovery is the first of them)",
 			preBurstWindow, recoverRun, recoverTolerance)}
@@ -652,8 +654,8 @@ func (o *OverloadResult) markdown() string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d |\n", r.Traffic, r.Requests, r.Served, r.Refused429, r.Refused503, r.RefusedBad, r.Failed, r.ClientRetried)
 	}
 	fmt.Fprintf(&b, "\nrefusals the workload's clients got (every attempt): %d, %d of them without Retry-After or the error shape; slowest refusal %.3f s; "+
-		"sidecars counted %.0f queue_full refusals, %.0f retries, %.0f refused hops\n",
-		o.WorkloadRefusals, o.WorkloadRefusalsBad, o.RefusalSMax, o.QueueFull, o.SidecarRetries, o.HopsRefused)
+		"sidecars counted %.0f queue_full and %.0f prefill_busy refusals, %.0f retries, %.0f refused hops\n",
+		o.WorkloadRefusals, o.WorkloadRefusalsBad, o.RefusalSMax, o.QueueFull, o.PrefillBusy, o.SidecarRetries, o.HopsRefused)
 	b.WriteString("\n| peers tried for a request | requests |\n|--:|--:|\n")
 	for _, h := range o.Hops {
 		fmt.Fprintf(&b, "| %s | %d |\n", h.Peers, h.Requests)

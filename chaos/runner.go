@@ -344,6 +344,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 			"retries":      r.scrape(ctx, sidecar, "kvroute_forward_retries_total"),
 			"hops_refused": r.scrapeLabel(ctx, sidecar, "kvroute_routing_decisions_total", `outcome="refused"`),
 			"queue_full":   r.scrapeLabel(ctx, sidecar, "kvroute_request_errors_total", `kind="queue_full"`),
+			"prefill_busy": r.scrapeLabel(ctx, sidecar, "kvroute_request_errors_total", `kind="prefill_busy"`),
 		}
 	}
 	dropped := r.scrape(ctx, sim, "vllm_sim_kv_batches_dropped_total")

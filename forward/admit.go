@@ -30,6 +30,16 @@ import (
 // request the mesh has room for does not wait behind a full queue because
 // its prefix lives there (the overload scenario's chats waited 54 s so).
 //
+// A pod is also full for a request of over SmallPrefill uncached tokens
+// while its engine's prefill share (route.Load.PrefillShare, Config.
+// MaxPrefillShare) is at the bound: a queue bound alone is refilled as
+// fast as the engine drains it, so under a sustained backlog every engine
+// step carries a prefill chunk and the answers it decodes crawl (the
+// overload scenario's long answers got 2 tokens a second for a minute).
+// Refusing long prompts there drains the queue and gives the engine
+// prefill-free steps a share of its time; a short one (a follow-up turn
+// of a cached conversation) costs a step little and is still taken.
+//
 // A request that arrives as a hop was admitted by its sender and is served
 // (or refused with 503 for the usual reasons, serveHop): it is never
 // forwarded again and never refused for the queue, so a full mesh cannot
@@ -39,8 +49,18 @@ import (
 // Whatever the bounds, a client's request that no engine can take (every
 // candidate ineligible, the local engine down) gets a retryable 503 at once.
 
-// queueFullKind is the request_errors_total kind of a refused request.
-const queueFullKind = "queue_full"
+// queueFullKind is the request_errors_total kind of a refused request;
+// prefillBusyKind of one refused only for the prefill share.
+const (
+	queueFullKind   = "queue_full"
+	prefillBusyKind = "prefill_busy"
+)
+
+// SmallPrefill is the uncached tokens up to which a request is admitted
+// whatever the pod's prefill share: at a prefill rate near 16k tokens a
+// second (the simulator's, an 8B model on an H100) 1024 tokens are about
+// 60 ms, a few decode steps.
+const SmallPrefill = 1024
 
 // noEngineKind is the request_errors_total kind of a request no engine
 // could take (every pod's engine down).
@@ -53,29 +73,48 @@ const retryAfter = 1
 
 // podQueue is one pod's queue as the front knows it.
 type podQueue struct {
-	Waiting int // requests waiting at the engine
-	Prefill int // prompt tokens queued for prefill
+	Waiting int     // requests waiting at the engine
+	Prefill int     // prompt tokens queued for prefill
+	Share   float64 // the engine's prefill share now (route.ShareAt)
+	// Work is the uncached tokens the request at hand would prefill
+	// there (route.Config.Work); 0 when not known.
+	Work float64
 }
 
 // bounds are admission's: MaxRequests waiting, MaxWait of queued prefill
-// at PrefillRate tokens a second. A zero bound is off.
+// at PrefillRate tokens a second, MaxShare of prefill share for a request
+// of over SmallPrefill tokens. A zero bound is off, and so is a MaxShare
+// of 1 or more.
 type bounds struct {
 	MaxRequests int
 	MaxWait     time.Duration
 	PrefillRate float64
+	MaxShare    float64
 }
 
 func (b bounds) off() bool {
-	return b.MaxRequests <= 0 && (b.MaxWait <= 0 || b.PrefillRate <= 0)
+	return b.MaxRequests <= 0 && (b.MaxWait <= 0 || b.PrefillRate <= 0) && !b.shareOn()
 }
+
+func (b bounds) shareOn() bool { return b.MaxShare > 0 && b.MaxShare < 1 }
 
 // full reports whether a pod with queue q takes no new request.
 func (b bounds) full(q podQueue) bool {
+	return b.queueFull(q) || b.shareFull(q)
+}
+
+// queueFull is full by the queue bounds alone.
+func (b bounds) queueFull(q podQueue) bool {
 	if b.MaxRequests > 0 && q.Waiting >= b.MaxRequests {
 		return true
 	}
 	return b.MaxWait > 0 && b.PrefillRate > 0 &&
 		time.Duration(float64(q.Prefill)/b.PrefillRate*float64(time.Second)) >= b.MaxWait
+}
+
+// shareFull is full for q's request by the prefill share.
+func (b bounds) shareFull(q podQueue) bool {
+	return b.shareOn() && q.Work > SmallPrefill && q.Share >= b.MaxShare
 }
 
 // admit reports whether a request may be served, given the queues of the
@@ -102,6 +141,8 @@ func admit(qs []podQueue, b bounds) bool {
 // what this front sent it since the report (InFlight, taken as queued). A
 // stale or missing report counts only those. Prefill is the pushed queued
 // prefill tokens and this front's own since (the local pod's are exact).
+// Share is the pushed prefill share carried to now with the report's
+// queue (route.ShareAt); 0 for a stale report.
 func queueAt(cfg route.Config, p route.PeerView, now time.Time) podQueue {
 	q := podQueue{Waiting: max(p.Load.InFlight, 0), Prefill: max(p.Load.InFlightPrefillTokens, 0)}
 	if !p.LoadAt.IsZero() && (cfg.LoadTTL <= 0 || now.Sub(p.LoadAt) <= cfg.LoadTTL) {
@@ -111,28 +152,32 @@ func queueAt(cfg route.Config, p route.PeerView, now time.Time) podQueue {
 		}
 		q.Waiting += w
 		q.Prefill += max(p.Load.QueuedPrefillTokens, 0)
+		q.Share = route.ShareAt(p.Load.PrefillShare, p.Load.QueuedPrefillTokens > 0, now.Sub(p.LoadAt))
 	}
 	return q
 }
 
-// candidateQueues returns queueAt of each eligible candidate of d; peers
-// are those the choice was made on (choose's second result).
-func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView, now time.Time) []podQueue {
+// candidateQueues returns queueAt of each eligible candidate of d, with
+// the work a request of prompt tokens would be there (0 tokens: none);
+// peers are those the choice was made on (choose's second result).
+func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView, prompt int, now time.Time) []podQueue {
 	var out []podQueue
 	for i, c := range d.Candidates {
 		if !c.Eligible {
 			continue
 		}
-		if i < len(peers) && peers[i].ID == c.ID { // Candidates follow the peers' order
-			out = append(out, queueAt(cfg, peers[i], now))
+		j := i
+		if j >= len(peers) || peers[j].ID != c.ID { // Candidates follow the peers' order
+			j = slices.IndexFunc(peers, func(p route.PeerView) bool { return p.ID == c.ID })
+		}
+		if j < 0 {
 			continue
 		}
-		for _, p := range peers {
-			if p.ID == c.ID {
-				out = append(out, queueAt(cfg, p, now))
-				break
-			}
+		q := queueAt(cfg, peers[j], now)
+		if prompt > 0 {
+			q.Work = cfg.Work(&c, prompt)
 		}
+		out = append(out, q)
 	}
 	return out
 }
@@ -168,8 +213,8 @@ func steer(d route.Decision, qs map[string]podQueue, b bounds) (route.Decision, 
 	return d, true
 }
 
-// steered is steer for the front's peers.
-func (h *Handler) steered(d route.Decision, peers []route.PeerView) (route.Decision, bool) {
+// steered is steer for the front's peers, for a request of prompt tokens.
+func (h *Handler) steered(d route.Decision, peers []route.PeerView, prompt int) (route.Decision, bool) {
 	b := h.bounds()
 	if b.off() {
 		return d, false
@@ -179,22 +224,31 @@ func (h *Handler) steered(d route.Decision, peers []route.PeerView) (route.Decis
 	for _, p := range peers {
 		qs[p.ID] = queueAt(h.cfg.Route, p, now)
 	}
+	for _, c := range d.Candidates {
+		if q, ok := qs[c.ID]; ok && prompt > 0 {
+			q.Work = h.cfg.Route.Work(&c, prompt)
+			qs[c.ID] = q
+		}
+	}
 	return steer(d, qs, b)
 }
 
 func (h *Handler) bounds() bounds {
-	return bounds{MaxRequests: h.cfg.MaxQueue, MaxWait: h.cfg.MaxQueueWait, PrefillRate: h.cfg.Route.PrefillTokensPerSecond}
+	return bounds{MaxRequests: h.cfg.MaxQueue, MaxWait: h.cfg.MaxQueueWait,
+		PrefillRate: h.cfg.Route.PrefillTokensPerSecond, MaxShare: h.cfg.MaxPrefillShare}
 }
 
-// admitted decides whether a client's request routed by d is served. It
+// admitted decides whether a client's request of prompt tokens (0: not
+// known yet) routed by d is served. It
 // returns false after answering, in the API's error shape, with
 // Retry-After and counted in request_errors_total by kind:
 //
 //   - no_engine, 503: no pod can serve (no candidate is eligible) and the
 //     local engine is down, so the local attempt would only fail (a refused
 //     connection, or the dial timeout for a hung engine) into a 502;
-//   - queue_full, 429: every eligible candidate is full (bounds.full).
-func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView) bool {
+//   - queue_full, 429: every eligible candidate is full (bounds.full);
+//   - prefill_busy, 429: so, but some only by the prefill share.
+func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView, prompt int) bool {
 	if d.Eligible == 0 && !h.localReady.Load() {
 		h.metrics.badRequests.WithLabelValues(noEngineKind, apiOf(c).String()).Inc()
 		c.Header("Retry-After", strconv.Itoa(retryAfter))
@@ -202,14 +256,24 @@ func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerV
 		return false
 	}
 	b := h.bounds()
-	if b.off() || admit(candidateQueues(h.cfg.Route, d, peers, h.now()), b) {
+	if b.off() {
 		return true
 	}
-	h.metrics.badRequests.WithLabelValues(queueFullKind, apiOf(c).String()).Inc()
-	c.Header("Retry-After", strconv.Itoa(retryAfter))
-	writeError(c, http.StatusTooManyRequests, fmt.Sprintf(
+	qs := candidateQueues(h.cfg.Route, d, peers, prompt, h.now())
+	if admit(qs, b) {
+		return true
+	}
+	kind, msg := queueFullKind, fmt.Sprintf(
 		"every pod that could serve this request is full (%d requests waiting or %s of prompt queued); retry later",
-		h.cfg.MaxQueue, h.cfg.MaxQueueWait))
+		h.cfg.MaxQueue, h.cfg.MaxQueueWait)
+	if slices.ContainsFunc(qs, func(q podQueue) bool { return !b.queueFull(q) }) {
+		kind, msg = prefillBusyKind, fmt.Sprintf(
+			"every pod that could serve this request is full or has been prefilling for %.0f%% of the last %s; its prompt of %d tokens would hold back the answers they are decoding; retry later",
+			b.MaxShare*100, route.ShareWindow, prompt)
+	}
+	h.metrics.badRequests.WithLabelValues(kind, apiOf(c).String()).Inc()
+	c.Header("Retry-After", strconv.Itoa(retryAfter))
+	writeError(c, http.StatusTooManyRequests, msg)
 	return false
 }
 
@@ -239,7 +303,7 @@ func (h *Handler) admittedAny(c *gin.Context) bool {
 	if len(peers) == 0 {
 		return true // no table yet: the local engine's own answer
 	}
-	return h.admitted(c, d, peers)
+	return h.admitted(c, d, peers, 0)
 }
 
 // retryableRefusal makes a 503 or 429 that reaches a client retryable and

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -24,6 +25,7 @@ func TestAdmit(t *testing.T) {
 	req := bounds{MaxRequests: 2}
 	wait := bounds{MaxWait: 2 * time.Second, PrefillRate: 1000} // full at 2000 queued tokens
 	both := bounds{MaxRequests: 2, MaxWait: 2 * time.Second, PrefillRate: 1000}
+	share := bounds{MaxShare: 0.9}
 	w := func(ns ...int) []podQueue {
 		var qs []podQueue
 		for _, n := range ns {
@@ -52,6 +54,12 @@ func TestAdmit(t *testing.T) {
 		{"one pod's prefill below the wait bound", []podQueue{{Prefill: 2000}, {Prefill: 1999}}, wait, true},
 		{"full by either bound", []podQueue{{Waiting: 2}, {Prefill: 2000}}, both, false},
 		{"room by both bounds at one pod", []podQueue{{Waiting: 2}, {Waiting: 1, Prefill: 1000}}, both, true},
+		{"prefill share at the bound, long prompt", []podQueue{{Share: 0.9, Work: 5000}, {Share: 0.95, Work: 2000}}, share, false},
+		{"prefill share at the bound, short prompt", []podQueue{{Share: 0.99, Work: SmallPrefill}}, share, true},
+		{"prefill share below at one pod", []podQueue{{Share: 0.95, Work: 5000}, {Share: 0.89, Work: 5000}}, share, true},
+		{"prefill share, work not known", []podQueue{{Share: 1}}, share, true},
+		{"prefill share bound of 1 is off", []podQueue{{Share: 1, Work: 5000}}, bounds{MaxShare: 1}, true},
+		{"full by the queue or the share", []podQueue{{Waiting: 2}, {Share: 0.9, Work: 5000}}, bounds{MaxRequests: 2, MaxShare: 0.9}, false},
 	}
 	for _, tt := range tests {
 		if got := admit(tt.qs, tt.b); got != tt.want {
@@ -68,19 +76,24 @@ func TestQueueAt(t *testing.T) {
 		p    route.PeerView
 		want podQueue
 	}{
-		{"fresh report", route.PeerView{Load: route.Load{Waiting: 4, Running: 9, Serving: 13, QueuedPrefillTokens: 700}, LoadAt: now}, podQueue{4, 700}},
-		{"fresh report and sends since", route.PeerView{Load: route.Load{Waiting: 4, InFlight: 2, InFlightPrefillTokens: 50}, LoadAt: now.Add(-time.Second)}, podQueue{6, 50}},
-		{"stale report: only sends since", route.PeerView{Load: route.Load{Waiting: 4, InFlight: 2, QueuedPrefillTokens: 9}, LoadAt: now.Add(-cfg.LoadTTL - time.Second)}, podQueue{2, 0}},
+		{"fresh report", route.PeerView{Load: route.Load{Waiting: 4, Running: 9, Serving: 13, QueuedPrefillTokens: 700}, LoadAt: now}, podQueue{Waiting: 4, Prefill: 700}},
+		{"fresh report and sends since", route.PeerView{Load: route.Load{Waiting: 4, InFlight: 2, InFlightPrefillTokens: 50}, LoadAt: now.Add(-time.Second)}, podQueue{Waiting: 6, Prefill: 50}},
+		{"stale report: only sends since", route.PeerView{Load: route.Load{Waiting: 4, InFlight: 2, QueuedPrefillTokens: 9}, LoadAt: now.Add(-cfg.LoadTTL - time.Second)}, podQueue{Waiting: 2, Prefill: 0}},
 		{"no report", route.PeerView{Load: route.Load{Waiting: 4}}, podQueue{}},
 		{"negative fields count 0", route.PeerView{Load: route.Load{Waiting: -3, InFlight: -1, QueuedPrefillTokens: -5}, LoadAt: now}, podQueue{}},
 		// The batch is full at the scrape (9 running); 5 arrived since, so
 		// 5 wait although the scrape said 1.
-		{"fronted: arrivals since the scrape wait", route.PeerView{Load: route.Load{Fronted: true, Waiting: 1, Running: 9, Serving: 14}, LoadAt: now}, podQueue{5, 0}},
-		{"fronted: the scrape's own queue when larger", route.PeerView{Load: route.Load{Fronted: true, Waiting: 6, Running: 9, Serving: 10}, LoadAt: now}, podQueue{6, 0}},
-		{"not fronted: the scrape alone", route.PeerView{Load: route.Load{Waiting: 1, Running: 9, Serving: 14}, LoadAt: now}, podQueue{1, 0}},
+		{"fronted: arrivals since the scrape wait", route.PeerView{Load: route.Load{Fronted: true, Waiting: 1, Running: 9, Serving: 14}, LoadAt: now}, podQueue{Waiting: 5, Prefill: 0}},
+		{"fronted: the scrape's own queue when larger", route.PeerView{Load: route.Load{Fronted: true, Waiting: 6, Running: 9, Serving: 10}, LoadAt: now}, podQueue{Waiting: 6, Prefill: 0}},
+		{"not fronted: the scrape alone", route.PeerView{Load: route.Load{Waiting: 1, Running: 9, Serving: 14}, LoadAt: now}, podQueue{Waiting: 1, Prefill: 0}},
+		// The share goes on from the report with the queue it gave: up
+		// while tokens were queued, down while none were.
+		{"share of a busy pod, a window on", route.PeerView{Load: route.Load{PrefillShare: 0.5, QueuedPrefillTokens: 10}, LoadAt: now.Add(-route.ShareWindow)}, podQueue{Prefill: 10, Share: 1 - 0.5*math.Exp(-1)}},
+		{"share of an idle pod, a window on", route.PeerView{Load: route.Load{PrefillShare: 0.5}, LoadAt: now.Add(-route.ShareWindow)}, podQueue{Share: 0.5 * math.Exp(-1)}},
+		{"share of a stale report: none", route.PeerView{Load: route.Load{PrefillShare: 1, QueuedPrefillTokens: 10}, LoadAt: now.Add(-cfg.LoadTTL - time.Second)}, podQueue{}},
 	}
 	for _, tt := range tests {
-		if got := queueAt(cfg, tt.p, now); got != tt.want {
+		if got := queueAt(cfg, tt.p, now); got.Waiting != tt.want.Waiting || got.Prefill != tt.want.Prefill || math.Abs(got.Share-tt.want.Share) > 1e-9 {
 			t.Errorf("%s: queueAt = %+v; want %+v", tt.name, got, tt.want)
 		}
 	}
@@ -101,12 +114,12 @@ func TestCandidateQueuesSkipIneligible(t *testing.T) {
 		return out
 	}
 	d := route.Decision{Candidates: []route.Candidate{{ID: "a", Eligible: true}, {ID: "b"}, {ID: "c", Eligible: true}}}
-	if got := waiting(candidateQueues(route.DefaultConfig(), d, peers, now)); !slices.Equal(got, []int{3, 5}) {
+	if got := waiting(candidateQueues(route.DefaultConfig(), d, peers, 0, now)); !slices.Equal(got, []int{3, 5}) {
 		t.Fatalf("candidateQueues = %v; want [3 5] (b is not eligible)", got)
 	}
 	// Candidates in another order than the peers are still matched by ID.
 	d.Candidates[0], d.Candidates[2] = d.Candidates[2], d.Candidates[0]
-	if got := waiting(candidateQueues(route.DefaultConfig(), d, peers, now)); !slices.Equal(got, []int{5, 3}) {
+	if got := waiting(candidateQueues(route.DefaultConfig(), d, peers, 0, now)); !slices.Equal(got, []int{5, 3}) {
 		t.Fatalf("reordered: candidateQueues = %v; want [5 3]", got)
 	}
 }
@@ -351,5 +364,89 @@ func TestSteer(t *testing.T) {
 	}
 	if got, steered := steer(d, map[string]podQueue{"h": {Waiting: 9}}, bounds{}); steered || got.Target != "h" {
 		t.Errorf("bounds off: steered to %q", got.Target)
+	}
+}
+
+// TestPrefillBusyMesh: with every pod's engine prefilling for over
+// MaxPrefillShare of its recent time, a long prompt is refused with 429
+// (prefill_busy) and a short one is served; with one pod below the share,
+// the long prompt goes there.
+func TestPrefillBusyMesh(t *testing.T) {
+	long := `{"model":"m","prompt":"` + strings.Repeat("x", 3000) + `"}`
+	busy := func(t *testing.T, aBusy, bBusy bool) (a, b *node) {
+		a, b = holderPair(t)
+		a.h.cfg.MaxBodyBytes, b.h.cfg.MaxBodyBytes = 16<<10, 16<<10
+		now := time.Now()
+		if aBusy {
+			a.h.share = prefillShare{v: 0.95, busy: true, since: now}
+		}
+		if bBusy {
+			a.peers.views[1].Load = route.Load{Fronted: true, PrefillShare: 0.95, QueuedPrefillTokens: 9000}
+		}
+		return a, b
+	}
+	t.Run("every pod busy", func(t *testing.T) {
+		a, b := busy(t, true, true)
+		resp := post(t, a.srv.URL+"/v1/completions", long, nil)
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" {
+			t.Fatalf("status %d Retry-After %q body %s; want 429, 1", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+		var e apiError
+		if err := json.Unmarshal(body, &e); err != nil || e.Error.Code != 429 || !strings.Contains(e.Error.Message, "prefilling") {
+			t.Fatalf("body %s: not an OpenAI 429 saying why (%v)", body, err)
+		}
+		if len(*a.seen)+len(*b.seen) != 0 {
+			t.Errorf("vLLMs saw %d+%d requests; want none", len(*a.seen), len(*b.seen))
+		}
+		var m dto.Metric
+		a.h.metrics.badRequests.WithLabelValues(prefillBusyKind, "completions").Write(&m)
+		if n := m.GetCounter().GetValue(); n != 1 {
+			t.Errorf("request_errors_total{kind=prefill_busy} = %v; want 1", n)
+		}
+		// A short prompt costs the engines' decoding little: served.
+		if resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil); resp.StatusCode != 200 {
+			t.Errorf("short prompt: status %d; want 200", resp.StatusCode)
+		}
+	})
+	t.Run("one pod below the share", func(t *testing.T) {
+		for _, tt := range []struct {
+			aBusy, bBusy bool
+			want         string
+		}{{true, false, "b"}, {false, true, "a"}} {
+			a, _ := busy(t, tt.aBusy, tt.bBusy)
+			resp := post(t, a.srv.URL+"/v1/completions", long, nil)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != tt.want {
+				t.Errorf("a busy %v, b busy %v: status %d from %q; want 200 from %s", tt.aBusy, tt.bBusy, resp.StatusCode, resp.Header.Get("X-Pod"), tt.want)
+			}
+		}
+	})
+}
+
+// TestPrefillShareRepushed: once the local queue is empty, the front
+// reports its engine's share again when it falls below the bound, though
+// no request starts or answers then: peers holding a later report of the
+// scraped load would otherwise take the old share as current.
+func TestPrefillShareRepushed(t *testing.T) {
+	a := newNode(t, "a")
+	a.h.mu.Lock()
+	a.h.share = prefillShare{v: 0.95, busy: true, since: time.Now()}
+	a.h.mu.Unlock()
+	a.h.track(func() {}, "") // the queue is empty: idle from now
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a.peers.mu.Lock()
+		s := slices.Clone(a.peers.shares)
+		a.peers.mu.Unlock()
+		if len(s) >= 2 && s[len(s)-1] < a.h.cfg.MaxPrefillShare {
+			if s[0] < a.h.cfg.MaxPrefillShare {
+				t.Fatalf("first report %v; want the share at the bound or above", s[0])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shares reported %v; want one below %v within 5s", s, a.h.cfg.MaxPrefillShare)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -42,10 +42,11 @@ type Peers interface {
 	Snapshot(now time.Time) []route.PeerView
 	// MarkFailed records that a forward to peer failed at the given time.
 	MarkFailed(peer string, at time.Time)
-	// SetServing reports how many requests the front has at the local vLLM
-	// and the prompt tokens of theirs still to prefill (peers learn both at
-	// once, which keeps independent fronts from herding).
-	SetServing(requests, prefillTokens int)
+	// SetServing reports how many requests the front has at the local vLLM,
+	// the prompt tokens of theirs still to prefill, and the engine's
+	// route.Load.PrefillShare (peers learn them at once, which keeps
+	// independent fronts from herding).
+	SetServing(requests, prefillTokens int, share float64)
 	// Claim shares that a request whose prefix cs claim was just sent to
 	// peer (this node's own name included).
 	Claim(peer string, cs []route.Claim)
@@ -111,6 +112,16 @@ type Config struct {
 	// TTFT must recover in. 0 turns either off.
 	MaxQueue     int
 	MaxQueueWait time.Duration
+	// MaxPrefillShare is the prefill share (route.Load.PrefillShare) at
+	// which a pod takes no new request of over SmallPrefill uncached
+	// tokens (admit.go): an engine whose every step carries a prefill
+	// chunk decodes the requests it runs at a token per step of prefill
+	// (2 tokens a second at 8192-token chunks), so under a sustained
+	// backlog a long answer started early never ends. Above the share the
+	// pod's queue drains and its engine runs decode-only steps until the
+	// share falls below it again: a tenth of its time at the default 0.9.
+	// 0 or 1: off.
+	MaxPrefillShare float64
 	// BodyTimeout bounds reading a client's request body, from its
 	// headers: a body trickled in slower is cut off with 408 (counted as
 	// request_errors_total{kind="body_timeout"}), so a slow client holds
@@ -149,6 +160,7 @@ func DefaultConfig() Config {
 		DialTimeout:     time.Second,
 		MaxQueue:        16,
 		MaxQueueWait:    8 * time.Second,
+		MaxPrefillShare: 0.9,
 		BodyTimeout:     10 * time.Second,
 		WriteTimeout:    10 * time.Second,
 		Ranks:           1,
@@ -182,6 +194,7 @@ type Handler struct {
 	flights flights
 	sent    map[sentKey]uint64
 	repush  *time.Timer // reports the local queue when a prefill's time is up
+	share   prefillShare
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -422,11 +435,11 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		}
 		var peers []route.PeerView
 		st.decision, peers = h.choose(p.Model, k)
-		if !h.admitted(c, st.decision, peers) {
+		if !h.admitted(c, st.decision, peers, k.tokens) {
 			return
 		}
 		var steered bool
-		st.decision, steered = h.steered(st.decision, peers)
+		st.decision, steered = h.steered(st.decision, peers, k.tokens)
 		targets := h.targets(st.decision, peers)
 		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route)
 		st.routed = h.now()
@@ -625,6 +638,7 @@ func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 		p := &peers[i]
 		if p.Local {
 			p.Load.Serving, p.Load.QueuedPrefillTokens = h.flights.since("", time.Time{}, now)
+			p.Load.PrefillShare = h.share.at(now)
 			p.Load.InFlight, p.Load.InFlightPrefillTokens, p.Load.Fronted = 0, 0, true
 			p.LoadAt = now // Serving and the queue are exact
 			if !h.localReady.Load() {
@@ -755,17 +769,34 @@ func (h *Handler) track(change func(), peer string) {
 	if peer == "" {
 		now := h.now()
 		n, queued := h.flights.since("", time.Time{}, now)
+		h.share.set(now, queued > 0)
 		h.metrics.queuedPrefill.Set(float64(queued))
+		h.metrics.prefillShare.Set(h.share.v)
 		if h.peers != nil {
-			h.peers.SetServing(n, queued)
+			h.peers.SetServing(n, queued, h.share.v)
 		}
-		h.repushAt(h.flights.next("", now), now)
+		h.repushAt(h.repushTime(now), now)
 	}
 }
 
-// repushAt arms the timer that reports the local queue again at t, when a
-// non-streamed request's prefill should be done: nothing else happens then
-// that would push it. Called with mu held; a zero t disarms it.
+// repushTime is when the local queue must be reported again though no
+// request starts or answers: a non-streamed request's prefill should be
+// done (flights.next), or an idle engine's prefill share falls below
+// MaxPrefillShare, so that peers, which may have taken a later report of
+// the scraped load as carrying the share then (gossip's SetLoad), admit
+// again. Zero: never. Called with mu held.
+func (h *Handler) repushTime(now time.Time) time.Time {
+	t := h.flights.next("", now)
+	if b := h.bounds(); b.shareOn() && !h.share.busy && h.share.v >= b.MaxShare {
+		if c := now.Add(route.ShareCrossing(h.share.v, b.MaxShare)); t.IsZero() || c.Before(t) {
+			t = c
+		}
+	}
+	return t
+}
+
+// repushAt arms the timer that reports the local queue again at t
+// (repushTime). Called with mu held; a zero t disarms it.
 func (h *Handler) repushAt(t, now time.Time) {
 	switch {
 	case t.IsZero():

@@ -46,9 +46,10 @@ type fakePeers struct {
 	mu      sync.Mutex
 	views   []route.PeerView
 	failed  []string
-	serving []int    // every SetServing's requests, in order
-	queued  []int    // and its prefill tokens
-	claims  []string // the peer of every Claim, in order
+	serving []int     // every SetServing's requests, in order
+	queued  []int     // and its prefill tokens
+	shares  []float64 // and its prefill share
+	claims  []string  // the peer of every Claim, in order
 }
 
 func (f *fakePeers) Claim(peer string, cs []route.Claim) {
@@ -57,10 +58,11 @@ func (f *fakePeers) Claim(peer string, cs []route.Claim) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) SetServing(n, queued int) {
+func (f *fakePeers) SetServing(n, queued int, share float64) {
 	f.mu.Lock()
 	f.serving = append(f.serving, n)
 	f.queued = append(f.queued, queued)
+	f.shares = append(f.shares, share)
 	f.mu.Unlock()
 }
 

@@ -17,6 +17,7 @@ type Metrics struct {
 	storedProbes    *prometheus.CounterVec
 	inflight        prometheus.Gauge
 	queuedPrefill   prometheus.Gauge
+	prefillShare    prometheus.Gauge
 }
 
 // NewMetrics creates the front's metrics and registers them with reg (nil:
@@ -74,10 +75,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Name: "queued_prefill_tokens",
 			Help: "Prompt tokens the local vLLM must still prefill for the requests it has from this sidecar (each request's predicted uncached tokens until its first answer byte); what this pod pushes to its peers as its load. vllm:num_requests_waiting is the engine's own check.",
 		}),
+		prefillShare: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kvroute", Name: "prefill_share",
+			Help: "Share of the recent past (an average over 5 s) in which the local vLLM had prompt tokens queued for prefill, at its last change; what this pod pushes to its peers with its queue. At --max-prefill-share the pod takes no new long prompt, so the requests it decodes get prefill-free steps.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.decisions, m.badRequests, m.hopRejected, m.forwardSeconds, m.tokenizeSeconds,
-			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight, m.queuedPrefill)
+			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight, m.queuedPrefill, m.prefillShare)
 	}
 	m.tiers = newTierMetrics(reg)
 	return m

@@ -18,12 +18,15 @@ import (
 //	waiting uvarint | kv usage milli uvarint | serving uvarint |
 //	queued prefill uvarint | claim count uvarint |
 //	(peer len u8 | peer | key u64 LE | keys uvarint)* |
-//	engine u8 | digest epoch uvarint | wire version u8
+//	engine u8 | digest epoch uvarint | wire version u8 |
+//	prefill share milli uvarint
 //
 // Decoders ignore bytes after the last field they know, so a later version
 // may append fields: v0.1.0 reads up to the digest epoch and ignores the
 // wire version after it, which v0.2.0 appended. A report without the
-// claims part has none; one that ends at the epoch is v0.1.0's (Wire 1).
+// claims part has none; one that ends at the epoch is v0.1.0's (Wire 1);
+// one that ends at the wire version has no prefill share (an earlier
+// v0.2.0 development build).
 // A pushed load is Fronted: only sidecars push, and they count every
 // request their pod serves.
 type loadReport struct {
@@ -90,10 +93,11 @@ func encodeLoad(r loadReport) ([]byte, error) {
 	case 0:
 		b = append(b, WireVersion)
 	case 1:
+		return b, nil // v0.1.0's ends at the epoch
 	default:
 		b = append(b, r.Wire)
 	}
-	return b, nil
+	return binary.AppendUvarint(b, uint64(min(kvMilli(l.PrefillShare), 1000))), nil
 }
 
 func decodeLoad(b []byte) (loadReport, error) {
@@ -158,8 +162,16 @@ func decodeLoad(b []byte) (loadReport, error) {
 	if b[0] < 2 {
 		return loadReport{}, fmt.Errorf("wire version %d after the state", b[0])
 	}
-	r.Wire = b[0] // bytes after it are a newer version's fields
-	return r, nil
+	r.Wire, b = b[0], b[1:]
+	if len(b) == 0 {
+		return r, nil // no prefill share
+	}
+	v, k = binary.Uvarint(b)
+	if k <= 0 || v > 1000 {
+		return loadReport{}, fmt.Errorf("prefill share: truncated or over 1000 thousandths")
+	}
+	r.Load.PrefillShare = float64(v) / 1000
+	return r, nil // bytes after it are a newer version's fields
 }
 
 // kvMilli is KV usage in thousandths, clamped to what the wire carries.

@@ -98,8 +98,10 @@ func TestMsgRoundTrip(t *testing.T) {
 var loadV010 = []byte{kindLoad, 1, 'p', 9, 1, 0, 0, 2, 0, 1, 1, 'q', 5, 0, 0, 0, 0, 0, 0, 0, 3, 0, 4}
 
 // TestLoadWireV010: this build reads v0.1.0's report as wire 1, and what it
-// writes is v0.1.0's bytes and then the wire version, which v0.1.0's
-// decoder, reading up to the epoch, ignores.
+// writes is v0.1.0's bytes and then the wire version and the prefill
+// share, which v0.1.0's decoder, reading up to the epoch, ignores. A report
+// that ends at the wire version (an earlier build of this version) has no
+// share.
 func TestLoadWireV010(t *testing.T) {
 	want := loadReport{Node: "p", Seq: 9, Load: route.Load{Running: 1, Serving: 2, Fronted: true},
 		Claims: []peerClaim{{Peer: "q", Key: 5, Keys: 3}}, Engine: route.EngineServing, Epoch: 4, HasState: true, Wire: 1}
@@ -114,17 +116,26 @@ func TestLoadWireV010(t *testing.T) {
 		t.Errorf("encodeLoad(Wire 1) = %x, %v; want v0.1.0's bytes %x", b, err, loadV010)
 	}
 	want.Wire = 0 // as load.go builds it: this build's
+	want.Load.PrefillShare = 0.2
 	b, err := encodeLoad(want)
-	if err != nil || !bytes.Equal(b, append(slices.Clip(loadV010), WireVersion)) {
-		t.Errorf("encodeLoad = %x, %v; want v0.1.0's bytes then %d", b, err, WireVersion)
+	if err != nil || !bytes.Equal(b, append(slices.Clip(loadV010), WireVersion, 200, 1)) {
+		t.Errorf("encodeLoad = %x, %v; want v0.1.0's bytes then %d and 200 (uvarint)", b, err, WireVersion)
 	}
-	// A newer version's report: its wire version, then fields this build
-	// does not know, read as far as it knows them.
-	newer := append(slices.Clip(loadV010), WireVersion+1, 0xff, 0x01, 'x')
+	noShare := append(slices.Clip(loadV010), WireVersion)
+	got, err = decodeMsg(noShare)
+	if r := reportOf(got); err != nil || r.Wire != WireVersion || r.Load.PrefillShare != 0 {
+		t.Errorf("decodeMsg(no share) = %+v, %v; want wire %d, no share", r, err, WireVersion)
+	}
+	// A newer version's report: its wire version, the share, then fields
+	// this build does not know, read as far as it knows them.
+	newer := append(slices.Clip(loadV010), WireVersion+1, 200, 1, 0xff, 0x01, 'x')
 	got, err = decodeMsg(newer)
 	want.Wire = WireVersion + 1
 	if err != nil || !cmp.Equal(want, reportOf(got)) {
 		t.Errorf("decodeMsg(newer load) = %+v, %v; want %+v", reportOf(got), err, want)
+	}
+	if _, err := decodeMsg(append(slices.Clip(loadV010), WireVersion, 0xe9, 0x07)); err == nil {
+		t.Error("decodeMsg(share 1001 thousandths): no error")
 	}
 }
 

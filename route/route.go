@@ -45,6 +45,13 @@ type Load struct {
 	// tokens of the requests this sidecar sent to the peer that its report
 	// does not count yet, and whose first byte has not come back.
 	InFlightPrefillTokens int `json:"in_flight_prefill_tokens"`
+	// PrefillShare is the share of the recent past in which the peer's
+	// engine had prompt tokens queued for prefill (an average over
+	// ShareWindow, ShareAt), as of the report: 1 means every engine step
+	// carried a prefill chunk, so the requests it was decoding got a token
+	// a step at prefill speed. The peer's sidecar pushes it with
+	// QueuedPrefillTokens; 0 from one that does not.
+	PrefillShare float64 `json:"prefill_share"`
 }
 
 // Engine is a pod's vLLM as its sidecar sees it (docs/design.md D10). The zero

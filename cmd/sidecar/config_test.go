@@ -47,6 +47,9 @@ func TestParseServeErrors(t *testing.T) {
 		{"--load-push-delay", "-1ms"},
 		{"--max-queue", "-1"},
 		{"--max-queue-wait", "-1s"},
+		{"--max-prefill-share", "1.5"},
+		{"--max-prefill-share", "-0.1"},
+		{"--max-prefill-share", "NaN"},
 		{"--body-timeout", "-1s"},
 		{"--write-timeout", "-1s"},
 		{"--cpu-load-rate", "-1"},
@@ -103,6 +106,7 @@ func TestOverloadDefaults(t *testing.T) {
 	}
 	d := forward.DefaultConfig()
 	if c.MaxQueue != d.MaxQueue || c.MaxQueueWait != d.MaxQueueWait || c.BodyTimeout != d.BodyTimeout || c.WriteTimeout != d.WriteTimeout ||
+		c.MaxPrefillShare != d.MaxPrefillShare || !(c.MaxPrefillShare > 0 && c.MaxPrefillShare < 1) ||
 		c.MaxQueue <= 0 || c.MaxQueueWait <= 0 || c.BodyTimeout <= 0 || c.WriteTimeout <= 0 {
 		t.Errorf("defaults: max-queue %d, max-queue-wait %v, body-timeout %v, write-timeout %v; want forward.DefaultConfig's %+v, all on",
 			c.MaxQueue, c.MaxQueueWait, c.BodyTimeout, c.WriteTimeout, d)

@@ -180,7 +180,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Route.PrefillTokensPerSecond = cfg.PrefillRate
 	fcfg.Route.Slack, fcfg.Route.MinHeadroom = cfg.Slack, cfg.MinHeadroom
 	fcfg.Route.CPULoadTokensPerSecond, fcfg.Route.DiskLoadTokensPerSecond = cfg.CPULoadRate, cfg.DiskLoadRate
-	fcfg.MaxQueue, fcfg.MaxQueueWait = cfg.MaxQueue, cfg.MaxQueueWait
+	fcfg.MaxQueue, fcfg.MaxQueueWait, fcfg.MaxPrefillShare = cfg.MaxQueue, cfg.MaxQueueWait, cfg.MaxPrefillShare
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
 	fcfg.Ranks, fcfg.PlaceRanks = cfg.DPRanks, cfg.PlaceRanks
 	if cfg.RouteLoad == "requests" {
