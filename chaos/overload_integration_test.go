@@ -205,7 +205,9 @@ func TestOverloadIsRefusedNotAmplified(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s /metrics: %v", c.Pod(i).Name, err)
 		}
-		queueFull += metricSumLabel(text, "kvroute_request_errors_total", `kind="queue_full"`)
+		// A long backlog also refuses for the prefill share.
+		queueFull += metricSumLabel(text, "kvroute_request_errors_total", `kind="queue_full"`) +
+			metricSumLabel(text, "kvroute_request_errors_total", `kind="prefill_busy"`)
 		retries += metricSum(text, "kvroute_forward_retries_total")
 		hopsRefused += metricSumLabel(text, "kvroute_routing_decisions_total", `outcome="refused"`)
 	}
@@ -224,7 +226,7 @@ func TestOverloadIsRefusedNotAmplified(t *testing.T) {
 		t.Errorf("a refusal took %v; want every one within 1 s", refusalMax)
 	}
 	if int(queueFull) != limited+probesLimited {
-		t.Errorf("sidecars counted %.0f queue_full refusals; clients saw %d 429s (%d of them probes after the burst)", queueFull, limited+probesLimited, probesLimited)
+		t.Errorf("sidecars counted %.0f queue_full and prefill_busy refusals; clients saw %d 429s (%d of them probes after the burst)", queueFull, limited+probesLimited, probesLimited)
 	}
 	if retries != 0 || hopsRefused != 0 {
 		t.Errorf("%.0f retries and %.0f refused hops under overload; want none (no storm, no ping-pong)", retries, hopsRefused)
