@@ -211,9 +211,10 @@ func FuzzDigestMsg(f *testing.F) {
 	// it came (the fuzzer's first find after the state was added).
 	pre := []byte("\xd4\x010000000")
 	newer := append(slices.Clip(loadV010), WireVersion+1, 9)
+	shared := append(slices.Clip(loadV010), WireVersion, 200, 1) // a prefill share of 0.2
 	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
 	rb, _ := encodeResponses(responsesMsg{State: true, Entries: []respown.Entry{{ID: "resp_0123456789abcdef0123456789abcdef", Node: "n"}, {ID: "own", Node: "p"}}})
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, tb, rb, {kindDigest}, {}} {
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, shared, tb, rb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
