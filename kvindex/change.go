@@ -12,11 +12,12 @@ type Change struct {
 	// empty set: the caller rebuilds from Entries() in the new epoch.
 	Added, Removed []blockkey.Key
 	// TierAdded and TierRemoved are the same for every other digest entry:
-	// a key on another rank's GPU, or on a lower tier of a rank that does
-	// not hold it on its GPU. A key that moves from the GPU to the CPU is
-	// in Removed and TierAdded. Both stay empty for an engine with one
-	// rank and no offloading, whose digest is then what it was before
-	// tiers were indexed.
+	// a key on another rank's GPU, or on a lower tier at an aligned
+	// position (Config.TierStride), whether or not the GPU holds it too.
+	// A key offloaded to the CPU is in TierAdded when the CPU stores it,
+	// and in Removed when the GPU evicts it. Both stay empty for an engine
+	// with one rank and no offloading, whose digest is then what it was
+	// before tiers were indexed.
 	TierAdded, TierRemoved []Entry
 	// Restarted: Restart cleared the index and bumped the epoch.
 	Restarted bool
