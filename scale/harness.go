@@ -35,11 +35,16 @@ type Config struct {
 	// BasePort+i. Default 127.0.96.1:17000.
 	Addr     string
 	BasePort int
-	// CapacityBlocks is each simulated engine's cache. Default 20,000.
+	// CapacityBlocks is each simulated engine's cache in vLLM blocks.
+	// Default 20,000.
 	CapacityBlocks int
-	// BlocksPerSecond is each node's store rate (and, with a full cache,
-	// eviction rate). Default 200, issue 25's target.
+	// BlocksPerSecond is each node's store rate in vLLM blocks (and, with
+	// a full cache, eviction rate). Default 200, issue 25's target.
 	BlocksPerSecond float64
+	// RoutingStride is vLLM blocks per routing key, the sidecar's
+	// --routing-stride: a trace id stands for that many blocks, and the
+	// digests carry one key per id. Default blockkey.DefaultScheme's (4).
+	RoutingStride int
 	// CPUBlocks, above 0, puts a CPU offload tier of that many blocks
 	// behind each engine's GPU cache, as vLLM's native offloading does:
 	// each block the GPU evicts is stored there first (a hash-only
@@ -60,8 +65,8 @@ type Config struct {
 	FullDigestInterval time.Duration
 	// Requests is the trace replayed in a loop. Required.
 	Requests []Request
-	// LongPromptBlocks is the length of the prompt whose choice is timed.
-	// Default 2048 (32k tokens).
+	// LongPromptBlocks is the length in vLLM blocks of the prompt whose
+	// choice is timed. Default 2048 (32k tokens).
 	LongPromptBlocks int
 	Seed             uint64
 	Log              zerolog.Logger
@@ -81,6 +86,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BlocksPerSecond <= 0 {
 		c.BlocksPerSecond = 200
+	}
+	if c.RoutingStride <= 0 {
+		c.RoutingStride = blockkey.DefaultScheme().Stride
 	}
 	if c.Warmup <= 0 {
 		c.Warmup = 10 * time.Second
@@ -207,7 +215,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg.Progress(fmt.Sprintf("N=%d: mesh formed; warming up %s", cfg.Nodes, cfg.Warmup))
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Nodes)))
-	central := newCentral(cfg.Nodes, cfg.CapacityBlocks)
+	central := newCentral(cfg.Nodes, max(cfg.CapacityBlocks/cfg.RoutingStride, 1))
 	var (
 		mu                     sync.Mutex
 		samples                []*sample
@@ -323,9 +331,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			q := cfg.Requests[next%len(cfg.Requests)].HashIDs
 			next++
 			entry := nodes[rng.IntN(cfg.Nodes)]
-			ks := keys(q)
-			d := entry.chain.Choose(route.Request{Model: model, Keys: ks, TokensPerKey: blockTokens,
-				PromptTokens: len(q)*blockTokens + 1}, entry.mesh.Snapshot(now), now)
+			ks := cfg.keys(q)
+			d := entry.chain.Choose(route.Request{Model: model, Keys: ks, TokensPerKey: blockTokens * cfg.RoutingStride,
+				PromptTokens: len(q)*cfg.RoutingStride*blockTokens + 1}, entry.mesh.Snapshot(now), now)
 			t := indexOf(nodes[:cfg.Nodes], d.Target)
 			if t < 0 {
 				t = rng.IntN(cfg.Nodes)
@@ -333,7 +341,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			entry.recent.Record(nodes[t].name, ks, now) // as forward does for a request it sent
 			h, added, removed := nodes[t].serve(q, ks)
 			ch := central.serve(q)
-			budget -= float64(max(len(added), 1))
+			budget -= float64(max(len(added), 1) * cfg.RoutingStride)
 			if measuring {
 				requests++
 				hits += float64(h)
@@ -500,12 +508,14 @@ func countGone(ss []*sample, gone bool) int {
 // longPrompt is a prompt of LongPromptBlocks blocks that starts with the
 // trace's first request, so the choice walks real matches before misses.
 func longPrompt(cfg Config) route.Request {
+	n := max(cfg.LongPromptBlocks/cfg.RoutingStride, 1)
 	ids := slices.Clone(cfg.Requests[0].HashIDs)
-	for id := uint64(1 << 60); len(ids) < cfg.LongPromptBlocks; id++ {
+	for id := uint64(1 << 58); len(ids) < n; id++ { // times 16 blocks still fits 64 bits
 		ids = append(ids, id)
 	}
-	ids = ids[:cfg.LongPromptBlocks]
-	return route.Request{Model: model, Keys: keys(ids), TokensPerKey: blockTokens, PromptTokens: len(ids)*blockTokens + 1}
+	ids = ids[:n]
+	return route.Request{Model: model, Keys: cfg.keys(ids), TokensPerKey: blockTokens * cfg.RoutingStride,
+		PromptTokens: len(ids)*cfg.RoutingStride*blockTokens + 1}
 }
 
 func indexOf(ns []*node, name string) int {

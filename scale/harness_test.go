@@ -58,15 +58,22 @@ func TestRunSmall(t *testing.T) {
 func TestKeysMatchIndex(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	n, err := startNode(ctx, Config{Addr: "127.0.96.9", BasePort: 27200, CapacityBlocks: 100, FPRate: 0.01}.withDefaults(), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.close()
-	ids := []uint64{7, 8, 9, 10}
-	n.serve(ids, keys(ids))
-	if err := waitFor(ctx, 5*time.Second, func() bool { return n.ix.PrefixLen(keys(ids)) == len(ids) }); err != nil {
-		t.Errorf("index PrefixLen(keys) = %d; want %d", n.ix.PrefixLen(keys(ids)), len(ids))
+	for i, stride := range []int{1, 4, 16} {
+		cfg := Config{Addr: "127.0.96.9", BasePort: 27200 + i, CapacityBlocks: 100 * stride, FPRate: 0.01, RoutingStride: stride}.withDefaults()
+		n, err := startNode(ctx, cfg, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, more := []uint64{7, 8, 9, 10}, []uint64{7, 8, 9, 10, 11, 12}
+		n.serve(ids, cfg.keys(ids))
+		n.serve(more, cfg.keys(more)) // continues the first: a parent, no tokens of it
+		if err := waitFor(ctx, 5*time.Second, func() bool { return n.ix.PrefixLen(cfg.keys(more)) == len(more) }); err != nil {
+			t.Errorf("stride %d: index PrefixLen(keys) = %d; want %d", stride, n.ix.PrefixLen(cfg.keys(more)), len(more))
+		}
+		if got := n.stored; got != uint64(len(more)*stride) {
+			t.Errorf("stride %d: stored %d vLLM blocks; want %d", stride, got, len(more)*stride)
+		}
+		n.close()
 	}
 }
 
@@ -76,7 +83,9 @@ func TestKeysMatchIndex(t *testing.T) {
 func TestTierEventsIndexed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	n, err := startNode(ctx, Config{Addr: "127.0.96.9", BasePort: 27300, CapacityBlocks: 4, CPUBlocks: 6, FPRate: 0.01}.withDefaults(), 0, nil)
+	cfg := Config{Addr: "127.0.96.9", BasePort: 27300, CapacityBlocks: 4, CPUBlocks: 6, FPRate: 0.01, RoutingStride: 1}.withDefaults()
+	keys := cfg.keys
+	n, err := startNode(ctx, cfg, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,11 +22,21 @@ import (
 // model is the one model every node serves.
 const model = "scale-model"
 
-// blockTokens is tokens per vLLM block; the harness routes by every block
-// (Stride 1), so one trace id is one routing key.
+// blockTokens is tokens per vLLM block.
 const blockTokens = 16
 
-var scheme = blockkey.Scheme{BlockSize: blockTokens, Stride: 1}
+// scheme is the sidecar's routing at c's stride. A trace id stands for one
+// routing key's worth of vLLM blocks (RoutingStride of them), which the
+// simulated engine stores, touches and evicts together: the digests then
+// carry the keys a sidecar at that stride would, for the same vLLM churn.
+func (c Config) scheme() blockkey.Scheme {
+	return blockkey.Scheme{BlockSize: blockTokens, Stride: c.RoutingStride}
+}
+
+// keys are the routing keys of ids' prefixes, one per id.
+func (c Config) keys(ids []uint64) []blockkey.Key {
+	return c.scheme().Request(blockkey.ModelRoot(model, ""), promptTokens(ids, c.RoutingStride))
+}
 
 // node is one sidecar's cache-state path: the real mesh, index and
 // cachestate loop, fed by a simulated engine (lru) that stores and evicts
@@ -43,8 +53,9 @@ type node struct {
 	seq    uint64
 	lru    *list.List // of blocks, front newest
 	at     map[uint64]*list.Element
-	cap    int
-	stored uint64 // blocks stored since start
+	cap    int    // in trace ids
+	stride int    // vLLM blocks per trace id
+	stored uint64 // vLLM blocks stored since start
 	// cpu is the offload tier (Config.CPUBlocks): trace ids, front
 	// newest; nil without one.
 	cpu    *list.List
@@ -77,18 +88,19 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	// while nothing changes): the traffic of the liveness signal, which
 	// detect times.
 	m.SetLoad(route.Load{Fronted: true})
-	ix := kvindex.New(kvindex.Config{Model: model, Scheme: scheme, CapacityBlocks: cfg.CapacityBlocks, Epoch: uint64(i + 1),
+	ix := kvindex.New(kvindex.Config{Model: model, Scheme: cfg.scheme(), CapacityBlocks: cfg.CapacityBlocks, Epoch: uint64(i + 1),
 		TierStride: cfg.TierStride})
 	c := cachestate.DefaultConfig()
 	c.Node = name
-	c.Params = bloom.ParamsFor(cfg.CapacityBlocks+1, cfg.FPRate)
+	c.Params = bloom.ParamsFor(cfg.CapacityBlocks/cfg.RoutingStride+1, cfg.FPRate) // as the sidecar sizes it
 	cs := cachestate.New(c, ix, m, noFront{}, nil, cfg.Log)
 	rec := route.NewRecent(route.DefaultRecentConfig())
 	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),
 		chain: route.DefaultChain(route.DefaultConfig(), rec), recent: rec,
-		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{}, cap: cfg.CapacityBlocks}
+		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{},
+		cap: max(cfg.CapacityBlocks/cfg.RoutingStride, 1), stride: cfg.RoutingStride}
 	if cfg.CPUBlocks > 0 {
-		n.cpu, n.cpuAt, n.cpuCap = list.New(), map[uint64]*list.Element{}, cfg.CPUBlocks
+		n.cpu, n.cpuAt, n.cpuCap = list.New(), map[uint64]*list.Element{}, max(cfg.CPUBlocks/cfg.RoutingStride, 1)
 	}
 	eng := make(chan engine.Transition, 1)
 	eng <- engine.Transition{From: route.EngineStarting, To: route.EngineServing, Reason: "scale harness", At: time.Now()}
@@ -158,15 +170,16 @@ func (n *node) serve(ids []uint64, ks []blockkey.Key) (h int, added []uint64, re
 	if len(added) > 0 {
 		ev := kvevent.Event{Kind: kvevent.BlockStored, Tag: kvevent.BlockStored.String(), BlockSize: blockTokens}
 		if h > 0 {
-			p := vllmHash(ids[h-1])
+			hs := blockHashes(ids[h-1], n.stride)
+			p := hs[len(hs)-1]
 			ev.Parent = &p
 		}
 		for _, id := range added {
-			ev.BlockHashes = append(ev.BlockHashes, vllmHash(id))
-			ev.TokenIDs = append(ev.TokenIDs, tokens(id)...)
+			ev.BlockHashes = append(ev.BlockHashes, blockHashes(id, n.stride)...)
+			ev.TokenIDs = append(ev.TokenIDs, tokens(id, n.stride)...)
 		}
 		evs = append(evs, ev)
-		n.stored += uint64(len(added))
+		n.stored += uint64(len(added) * n.stride)
 	}
 	// The tier's copies are announced before the GPU removal, as vLLM's
 	// offload finishes storing before the GPU block is reused.
@@ -174,7 +187,7 @@ func (n *node) serve(ids []uint64, ks []blockkey.Key) (h int, added []uint64, re
 	if len(removed) > 0 {
 		ev := kvevent.Event{Kind: kvevent.BlockRemoved, Tag: kvevent.BlockRemoved.String()}
 		for _, b := range removed {
-			ev.BlockHashes = append(ev.BlockHashes, vllmHash(b.id))
+			ev.BlockHashes = append(ev.BlockHashes, blockHashes(b.id, n.stride)...)
 		}
 		evs = append(evs, ev)
 	}
@@ -207,10 +220,10 @@ func (n *node) offload(evicted []block) []kvevent.Event {
 		for n.cpu.Len() >= n.cpuCap {
 			old := n.cpu.Remove(n.cpu.Back()).(uint64)
 			delete(n.cpuAt, old)
-			gone.BlockHashes = append(gone.BlockHashes, vllmHash(old))
+			gone.BlockHashes = append(gone.BlockHashes, blockHashes(old, n.stride)...)
 		}
 		n.cpuAt[b.id] = n.cpu.PushFront(b.id)
-		stored.BlockHashes = append(stored.BlockHashes, vllmHash(b.id))
+		stored.BlockHashes = append(stored.BlockHashes, blockHashes(b.id, n.stride)...)
 	}
 	var evs []kvevent.Event
 	if len(gone.BlockHashes) > 0 {
@@ -228,14 +241,20 @@ func (n *node) close() {
 	n.mesh.Shutdown()
 }
 
-// vllmHash is the engine's block hash for a trace id (never 0, which the
-// wire reads as no parent).
-func vllmHash(id uint64) uint64 { return id + 1 }
+// blockHashes are the engine's hashes of a trace id's stride blocks
+// (never 0, which the wire reads as no parent).
+func blockHashes(id uint64, stride int) []uint64 {
+	hs := make([]uint64, stride)
+	for j := range hs {
+		hs[j] = id*uint64(stride) + uint64(j) + 1
+	}
+	return hs
+}
 
-// tokens are a block's token ids: distinct per id, as the blocks of a
-// prefix-unique id are.
-func tokens(id uint64) []uint32 {
-	t := make([]uint32, blockTokens)
+// tokens are a trace id's stride blocks' token ids: distinct per id, as
+// the blocks of a prefix-unique id are.
+func tokens(id uint64, stride int) []uint32 {
+	t := make([]uint32, stride*blockTokens)
 	x := id*0x9e3779b97f4a7c15 + 1
 	for i := range t {
 		x ^= x >> 29
@@ -248,15 +267,10 @@ func tokens(id uint64) []uint32 {
 // promptTokens is a request's prompt: its blocks plus one token, since
 // vLLM recomputes the last prompt token and so reuses only full blocks
 // before it.
-func promptTokens(ids []uint64) []uint32 {
-	out := make([]uint32, 0, len(ids)*blockTokens+1)
+func promptTokens(ids []uint64, stride int) []uint32 {
+	out := make([]uint32, 0, len(ids)*stride*blockTokens+1)
 	for _, id := range ids {
-		out = append(out, tokens(id)...)
+		out = append(out, tokens(id, stride)...)
 	}
 	return append(out, 1)
-}
-
-// keys are the routing keys of ids' prefixes.
-func keys(ids []uint64) []blockkey.Key {
-	return scheme.Request(blockkey.ModelRoot(model, ""), promptTokens(ids))
 }

@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/scale"
@@ -42,6 +43,7 @@ type options struct {
 	Sizes              []int
 	Warmup, Window     time.Duration
 	CapacityBlocks     int
+	RoutingStride      int
 	CPUBlocks          int
 	TierStride         int
 	BlocksPerSecond    float64
@@ -88,13 +90,14 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	})
 	fs.DurationVar(&o.Warmup, "warmup", 0, "load before measuring; 0: long enough for every engine's cache to fill (1.15 × capacity-blocks / blocks-per-second + 5s), so the window stores and evicts")
 	fs.DurationVar(&o.Window, "window", 20*time.Second, "measured span per N")
-	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 20000, "each simulated engine's KV cache in blocks (also the digests' sizing)")
+	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 20000, "each simulated engine's KV cache in vLLM blocks (also the digests' sizing, over the routing stride)")
+	fs.IntVar(&o.RoutingStride, "routing-stride", blockkey.DefaultScheme().Stride, "vLLM blocks per routing key, the sidecar's --routing-stride: the digests carry one key per this many blocks stored (runs before this flag routed by every block: 1)")
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", 0, "a CPU offload tier of this many blocks behind each engine's GPU cache, sending vLLM's native offload events (GPU evictions stored there, its own evictions removed); the GPU's churn is the same, so the difference is the tier's upkeep and memory; 0: none")
 	fs.IntVar(&o.TierStride, "tier-stride", 0, "with --cpu-blocks, one lower-tier digest entry per this many routing keys (the sidecar's --tier-stride: 1, 2, 4, 8 or 16); 0: the index's default (kvindex.DefaultTierStride)")
-	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "blocks each node stores (and, with a full cache, evicts) per second")
+	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "vLLM blocks each node stores (and, with a full cache, evicts) per second")
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (10s)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
-	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing")
+	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks / routing-stride (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing)")
 	fs.IntVar(&o.Repeats, "repeats", 1, "runs per N; the table and model use each measure's median over them")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the trace and of the request placement")
 	fs.StringVar(&o.Addr, "addr", "127.0.96.1", "loopback address every node binds")
@@ -141,6 +144,10 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, errors.New("--warmup must not be negative, --window must be positive")
 	case o.CapacityBlocks < 1:
 		return o, errors.New("--capacity-blocks must be at least 1")
+	case o.RoutingStride < 1 || o.RoutingStride > 64:
+		return o, fmt.Errorf("--routing-stride %d: want 1 to 64", o.RoutingStride)
+	case o.CapacityBlocks < o.RoutingStride:
+		return o, errors.New("--capacity-blocks must hold at least one routing key (--routing-stride blocks)")
 	case o.BlocksPerSecond <= 0:
 		return o, errors.New("--blocks-per-second must be positive")
 	case o.FullDigestInterval < 0:
@@ -162,7 +169,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks+o.CPUBlocks)/o.BlocksPerSecond*float64(time.Second)) + 5*time.Second).Round(time.Second)
 	}
 	if o.Requests == 0 {
-		o.Requests = max(20000, 3*maxInt(o.Sizes)*o.CapacityBlocks/4)
+		o.Requests = max(20000, 3*maxInt(o.Sizes)*o.CapacityBlocks/o.RoutingStride/4)
 	}
 	return o, nil
 }
@@ -216,7 +223,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		for r := range o.Repeats {
 			t0 := time.Now()
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
-				CapacityBlocks: o.CapacityBlocks, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
+				CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
 				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}

@@ -22,7 +22,7 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("parseFlags(nil) = %v", err)
 	}
-	if !slices.Equal(o.Sizes, []int{16, 32, 64}) || o.Out != "out/scale" || o.Warmup != 120*time.Second || o.Requests != 960000 ||
+	if !slices.Equal(o.Sizes, []int{16, 32, 64}) || o.Out != "out/scale" || o.Warmup != 120*time.Second || o.Requests != 240000 || o.RoutingStride != 4 ||
 		o.Window != 20*time.Second || o.CapacityBlocks != 20000 || o.BlocksPerSecond != 200 || o.Repeats != 1 {
 		t.Errorf("defaults = %+v", o)
 	}
@@ -43,7 +43,7 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("tier flags: %v, %+v; want 16000 CPU blocks, stride 8, warm-up 120 s (1.15 x 20000 / 200 + 5)", err, o)
 	}
 	for _, bad := range [][]string{{"--sizes", "1"}, {"--sizes", "x"}, {"--sizes", ""}, {"--window", "0s"},
-		{"--blocks-per-second", "0"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"extra"}, {"--no-such-flag"}} {
+		{"--blocks-per-second", "0"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"--routing-stride", "0"}, {"--capacity-blocks", "3", "--routing-stride", "4"}, {"extra"}, {"--no-such-flag"}} {
 		if _, err := parseFlags(bad, noEnv, &out, &errw); err == nil {
 			t.Errorf("parseFlags(%q) = nil; want an error", bad)
 		}

@@ -356,7 +356,8 @@ func writeJSON(path string, rep report) error {
 	doc := map[string]any{
 		"command": rep.Command, "started": rep.Started, "seconds": rep.Seconds,
 		"options": map[string]any{"sizes": o.Sizes, "warmup": o.Warmup.String(), "window": o.Window.String(),
-			"capacity_blocks": o.CapacityBlocks, "blocks_per_second": o.BlocksPerSecond,
+			"capacity_blocks": o.CapacityBlocks, "routing_stride": o.RoutingStride, "cpu_blocks": o.CPUBlocks,
+			"tier_stride": o.TierStride, "blocks_per_second": o.BlocksPerSecond,
 			"full_digest_interval": o.FullDigestInterval.String(), "fp_rate": o.FPRate,
 			"requests": o.Requests, "repeats": o.Repeats, "seed": o.Seed},
 		"results_median": results, "runs": runs, "model": model, "plots": rep.Plots,
@@ -384,8 +385,11 @@ func markdown(rep report) string {
 	var b strings.Builder
 	o := rep.Options
 	fmt.Fprintf(&b, "## kvscale: cache-state mesh per cluster size\n\n")
-	fmt.Fprintf(&b, "Each node stores and evicts %g blocks/s (capacity %d blocks, digest FP rate %g); warmup %s, window %s",
-		o.BlocksPerSecond, o.CapacityBlocks, o.FPRate, o.Warmup, o.Window)
+	fmt.Fprintf(&b, "Each node stores and evicts %g vLLM blocks/s (capacity %d blocks, one routing key per %d blocks, digest FP rate %g", o.BlocksPerSecond, o.CapacityBlocks, max(o.RoutingStride, 1), o.FPRate)
+	if o.CPUBlocks > 0 {
+		fmt.Fprintf(&b, ", a CPU tier of %d blocks", o.CPUBlocks)
+	}
+	fmt.Fprintf(&b, "); warmup %s, window %s", o.Warmup, o.Window)
 	if o.FullDigestInterval > 0 {
 		fmt.Fprintf(&b, ", full digest every %s", o.FullDigestInterval)
 	}
@@ -547,6 +551,9 @@ func readReport(path string) (report, error) {
 	var o struct {
 		Sizes              []int   `json:"sizes"`
 		CapacityBlocks     int     `json:"capacity_blocks"`
+		RoutingStride      int     `json:"routing_stride"`
+		CPUBlocks          int     `json:"cpu_blocks"`
+		TierStride         int     `json:"tier_stride"`
 		BlocksPerSecond    float64 `json:"blocks_per_second"`
 		FPRate             float64 `json:"fp_rate"`
 		Seed               uint64  `json:"seed"`
@@ -559,7 +566,11 @@ func readReport(path string) (report, error) {
 	if err := json.Unmarshal(ob, &o); err != nil {
 		return report{}, fmt.Errorf("%s options: %w", path, err)
 	}
-	rep.Options = options{Sizes: o.Sizes, CapacityBlocks: o.CapacityBlocks, BlocksPerSecond: o.BlocksPerSecond,
+	if o.RoutingStride == 0 { // written before the flag: the harness routed by every block
+		o.RoutingStride = 1
+	}
+	rep.Options = options{Sizes: o.Sizes, CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride,
+		CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 		FPRate: o.FPRate, Seed: o.Seed, Requests: o.RequestsN, Repeats: max(o.RepeatsN, 1)}
 	rep.Options.Warmup, _ = time.ParseDuration(o.WarmupS)
 	rep.Options.Window, _ = time.ParseDuration(o.WindowS)

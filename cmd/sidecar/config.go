@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/cmd/internal/cli"
 	"github.com/kvroute/kvroute/engine"
@@ -116,7 +117,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&c.DPRanks, "kv-events-dp-ranks", 1, "data-parallel ranks of the local vLLM (its --data-parallel-size); rank r publishes on port+r")
 	fs.BoolVar(&c.PlaceRanks, "dp-place-ranks", true, "with several --kv-events-dp-ranks, name the rank of every request sent to the local vLLM that its client did not pin (X-data-parallel-rank): the rank holding its prefix unless the work queued there costs more than the prefix saves, else the rank with the least work; false: only the mesh's prefix pin, vLLM balances the rest")
 	fs.IntVar(&c.BlockSize, "block-size", 16, "vLLM's block size in tokens (events carry it too)")
-	fs.IntVar(&c.RoutingStride, "routing-stride", 4, "routing granularity in vLLM blocks (one digest key per stride x block-size tokens)")
+	fs.IntVar(&c.RoutingStride, "routing-stride", blockkey.DefaultScheme().Stride, "routing granularity in vLLM blocks (one digest key per stride x block-size tokens)")
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 0, "KV capacity in blocks, for digest sizing (default: vLLM's num_gpu_blocks from /metrics, else 100000)")
 	fs.Float64Var(&c.FPRate, "digest-fp-rate", 0.01, "target Bloom false-positive rate of the digest at capacity")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", 32<<20, "largest request body accepted (413 above)")
