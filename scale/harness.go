@@ -63,6 +63,9 @@ type Config struct {
 	FPRate float64
 	// FullDigestInterval overrides gossip's default (10 s) when above 0.
 	FullDigestInterval time.Duration
+	// DigestInterval overrides how often a node sends its digest changes
+	// (cachestate.Config.PublishInterval) when above 0.
+	DigestInterval time.Duration
 	// Requests is the trace replayed in a loop. Required.
 	Requests []Request
 	// LongPromptBlocks is the length in vLLM blocks of the prompt whose

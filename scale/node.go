@@ -92,6 +92,9 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 		TierStride: cfg.TierStride})
 	c := cachestate.DefaultConfig()
 	c.Node = name
+	if cfg.DigestInterval > 0 {
+		c.PublishInterval = cfg.DigestInterval
+	}
 	c.Params = bloom.ParamsFor(cfg.CapacityBlocks/cfg.RoutingStride+1, cfg.FPRate) // as the sidecar sizes it
 	cs := cachestate.New(c, ix, m, noFront{}, nil, cfg.Log)
 	rec := route.NewRecent(route.DefaultRecentConfig())

@@ -48,6 +48,7 @@ type options struct {
 	TierStride         int
 	BlocksPerSecond    float64
 	FullDigestInterval time.Duration
+	DigestInterval     time.Duration
 	FPRate             float64
 	Requests           int
 	Repeats            int
@@ -96,6 +97,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&o.TierStride, "tier-stride", 0, "with --cpu-blocks, one lower-tier digest entry per this many routing keys (the sidecar's --tier-stride: 1, 2, 4, 8 or 16); 0: the index's default (kvindex.DefaultTierStride)")
 	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "vLLM blocks each node stores (and, with a full cache, evicts) per second")
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (10s)")
+	fs.DurationVar(&o.DigestInterval, "digest-interval", 0, "how often each node sends its digest changes (the sidecar's --digest-interval); 0 keeps its default (cachestate.DefaultConfig: 100ms)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
 	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks / routing-stride (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing)")
 	fs.IntVar(&o.Repeats, "repeats", 1, "runs per N; the table and model use each measure's median over them")
@@ -150,8 +152,8 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, errors.New("--capacity-blocks must hold at least one routing key (--routing-stride blocks)")
 	case o.BlocksPerSecond <= 0:
 		return o, errors.New("--blocks-per-second must be positive")
-	case o.FullDigestInterval < 0:
-		return o, errors.New("--full-digest-interval must not be negative")
+	case o.FullDigestInterval < 0 || o.DigestInterval < 0:
+		return o, errors.New("--full-digest-interval and --digest-interval must not be negative")
 	case o.FPRate <= 0 || o.FPRate >= 1:
 		return o, errors.New("--fp-rate must be in (0, 1)")
 	case o.CPUBlocks < 0:
@@ -225,7 +227,8 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
 				CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
-				Requests: trace, Seed: o.Seed + uint64(r),
+				DigestInterval: o.DigestInterval,
+				Requests:       trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
 			k++
 			fmt.Fprintf(log, "kvscale: N=%d run %d/%d: starting %d nodes\n", n, r+1, o.Repeats, n)

@@ -358,7 +358,7 @@ func writeJSON(path string, rep report) error {
 		"options": map[string]any{"sizes": o.Sizes, "warmup": o.Warmup.String(), "window": o.Window.String(),
 			"capacity_blocks": o.CapacityBlocks, "routing_stride": o.RoutingStride, "cpu_blocks": o.CPUBlocks,
 			"tier_stride": o.TierStride, "blocks_per_second": o.BlocksPerSecond,
-			"full_digest_interval": o.FullDigestInterval.String(), "fp_rate": o.FPRate,
+			"full_digest_interval": o.FullDigestInterval.String(), "digest_interval": o.DigestInterval.String(), "fp_rate": o.FPRate,
 			"requests": o.Requests, "repeats": o.Repeats, "seed": o.Seed},
 		"results_median": results, "runs": runs, "model": model, "plots": rep.Plots,
 	}
@@ -392,6 +392,9 @@ func markdown(rep report) string {
 	fmt.Fprintf(&b, "); warmup %s, window %s", o.Warmup, o.Window)
 	if o.FullDigestInterval > 0 {
 		fmt.Fprintf(&b, ", full digest every %s", o.FullDigestInterval)
+	}
+	if o.DigestInterval > 0 {
+		fmt.Fprintf(&b, ", changes sent every %s", o.DigestInterval)
 	}
 	fmt.Fprintf(&b, "; %d run(s) per N", o.Repeats)
 	if o.Repeats > 1 {
@@ -560,6 +563,7 @@ func readReport(path string) (report, error) {
 		WarmupS            string  `json:"warmup"`
 		WindowS            string  `json:"window"`
 		FullDigestInterval string  `json:"full_digest_interval"`
+		DigestInterval     string  `json:"digest_interval"`
 		RequestsN          int     `json:"requests"`
 		RepeatsN           int     `json:"repeats"`
 	}
@@ -575,6 +579,7 @@ func readReport(path string) (report, error) {
 	rep.Options.Warmup, _ = time.ParseDuration(o.WarmupS)
 	rep.Options.Window, _ = time.ParseDuration(o.WindowS)
 	rep.Options.FullDigestInterval, _ = time.ParseDuration(o.FullDigestInterval)
+	rep.Options.DigestInterval, _ = time.ParseDuration(o.DigestInterval)
 	for _, m := range doc.Results {
 		r, err := resultFromJSON(m)
 		if err != nil {
