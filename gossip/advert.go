@@ -16,7 +16,11 @@ type advert struct {
 	meta  Meta
 	bytes []byte // meta encoded at maxMetaBytes
 	dirty bool   // meta changed since bytes were built
-	kick  chan struct{}
+	// pushed is a change since bytes were built of fields the load reports
+	// also carry (load, digest version), which only a v0.1.0 member reads
+	// from the meta alone.
+	pushed bool
+	kick   chan struct{}
 }
 
 // edit applies f to the meta; f reports whether it changed anything, and
@@ -27,6 +31,20 @@ func (a *advert) edit(f func(*Meta) bool) {
 	if f(&a.meta) {
 		a.dirty = true
 	}
+}
+
+// note applies f, which changes only fields the load reports carry too:
+// the change goes out with the next meta update while a member of wire 1
+// is in the mesh, else with the next update something else makes. Every
+// member re-broadcasts a node's meta update (memberlist's alive message),
+// so a meta that followed every load and digest change cost each node
+// about N updates a second to receive and relay: most of memberlist's
+// traffic at 24 pods, and more than its gossip carries at hundreds.
+func (a *advert) note(f func(*Meta)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f(&a.meta)
+	a.pushed = true
 }
 
 // view returns a copy of the meta that shares nothing with it.
@@ -44,7 +62,7 @@ func (a *advert) encodeLocked() error {
 	if err != nil {
 		return err
 	}
-	a.bytes, a.dirty = b, false
+	a.bytes, a.dirty, a.pushed = b, false, false
 	return nil
 }
 
@@ -83,8 +101,9 @@ const metaRepeat = 300 * time.Millisecond
 
 // metaLoop re-advertises the node meta when it changed, at most once per
 // MetaInterval, or at once when kicked (draining, engine, models), and
-// again metaRepeat after a kicked change. It returns when Shutdown closes
-// done.
+// again metaRepeat after a kicked change. A change of only what the load
+// reports carry (advert.note) goes out only while a member of wire 1 is
+// in the mesh. It returns when Shutdown closes done.
 func (m *Mesh) metaLoop() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.MetaInterval)
@@ -104,8 +123,9 @@ func (m *Mesh) metaLoop() {
 		case <-repeat.C:
 			again = true
 		}
+		legacy := m.OldestWire() < 2
 		a.mu.Lock()
-		dirty := a.dirty
+		dirty := a.dirty || (a.pushed && legacy)
 		if dirty {
 			if err := a.encodeLocked(); err != nil {
 				m.log.Error().Err(err).Msg("encode node meta")

@@ -93,7 +93,8 @@ type Config struct {
 	// member by TCP. Deltas carry removals as well as additions, and the
 	// owner rebuilds its digest when its removals pile up (cachestate), so
 	// this is only the backstop for a copy that went wrong unnoticed (a lost
-	// last delta is also caught by the version in the meta, RepairAfter).
+	// last delta is also caught by the digest version the load reports
+	// carry, RepairAfter).
 	// Cost per node: members × digest size / interval (117 KB for 100k keys
 	// at 1%: 50 peers at 60 s is ~98 KB/s). Default 60 s.
 	FullDigestInterval time.Duration
@@ -123,9 +124,9 @@ type Config struct {
 	LoadPushDelay time.Duration
 
 	// RepairAfter is how long a peer's copy may lag behind the digest version
-	// in the peer's meta before we ask the origin for a full digest. The meta
-	// normally lags the deltas, so a lag that lasts means the last deltas
-	// were lost. Default 2 s.
+	// in the peer's load reports (or its meta) before we ask the origin for
+	// a full digest. A report may overtake the deltas before it, so a lag
+	// that lasts means the last deltas were lost. Default 2 s.
 	RepairAfter time.Duration
 
 	// ReorderWait is how long a delta that arrived ahead of its predecessor

@@ -153,6 +153,7 @@ func (m *Mesh) PublishDigest(d *bloom.Digest) error {
 		m.load.setEpoch(h.Epoch, m.now()) // peers match a digest only of the epoch pushes name
 	}
 	x.local, x.full, x.full1 = d, b, nil
+	m.load.setVersion(h.Version)
 	m.advert.edit(func(mt *Meta) bool {
 		mt.HasDigest, mt.DigestEpoch, mt.DigestVersion = true, h.Epoch, h.Version
 		return true
@@ -195,7 +196,8 @@ func (m *Mesh) PublishDelta(d bloom.Delta) error {
 		return fmt.Errorf("publish delta: %w", err)
 	}
 	x.local, x.full, x.full1 = next, nil, nil
-	m.advert.edit(func(mt *Meta) bool { mt.DigestVersion = d.To; return true })
+	m.load.setVersion(d.To)
+	m.advert.note(func(mt *Meta) { mt.DigestVersion = d.To })
 	m.members.each(func(s *sender) {
 		if old != nil && old[s.id] {
 			s.enqueue(o1)

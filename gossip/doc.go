@@ -7,7 +7,9 @@
 //   - memberlist carries membership, failure detection, encryption and a
 //     node meta of at most 512 bytes (Meta: API address, models, key scheme,
 //     digest epoch and version, draining, load). memberlist gossips metas to
-//     everyone, so they are updated at most once per MetaInterval. Its
+//     everyone, so they are updated at most once per MetaInterval, and
+//     not for a change of load or digest version alone, which the load
+//     reports carry (only a v0.1.0 member reads them from the meta). Its
 //     push/pull state carries the newest owners of stored responses, which
 //     a (re)joining node learns nowhere else (responses.go).
 //   - Digests travel by direct exchange, never by memberlist's broadcast
@@ -34,7 +36,7 @@
 //	defer m.Shutdown()
 //	m.PublishDigest(d)                     // on start and on every epoch change
 //	err = m.PublishDelta(x)                // per change; on error publish a full digest
-//	m.SetLoad(l)                           // any rate; advertised ≤ once per MetaInterval
+//	m.SetLoad(l)                           // any rate; pushed ≤ once per LoadPushInterval
 //	peers := m.Snapshot(time.Now())        // per request, for route
 //	m.MarkFailed(peer, time.Now())         // after a failed dial
 //	m.AnnounceResponses(id)                // the local vLLM stored Responses API response id

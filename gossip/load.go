@@ -19,6 +19,7 @@ type pusher struct {
 	seq       uint64        // Seq of the last report; starts at the join time
 	engine    route.Engine  // also in the advertised meta (advert)
 	epoch     uint64        // of the advertised digest; 0 for none
+	version   uint64        // of the advertised digest, in every report
 	stateSent bool          // the last report carried engine and epoch as they are
 	claims    []peerClaim   // to go out with the next report
 	self      []route.Claim // claims on this node, by us or peers
@@ -41,8 +42,17 @@ func (p *pusher) setEpoch(e uint64, now time.Time) {
 func (p *pusher) withdraw(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.epoch, p.self, p.since = 0, nil, now
+	p.epoch, p.version, p.self, p.since = 0, 0, nil, now
 	p.stateChangedLocked()
+}
+
+// setVersion records the local digest's version for the next report, by
+// which peers notice a lost last delta (table: lagging). It goes with the
+// next push, within loadRefresh: no push of its own.
+func (p *pusher) setVersion(v uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.version = v
 }
 
 // stateChangedLocked makes the next report carry a changed engine or
@@ -100,7 +110,7 @@ func (m *Mesh) setLoadLocked(l route.Load) {
 	changed := l != p.load
 	p.load, p.at = l, m.now()
 	if changed {
-		m.advert.edit(func(mt *Meta) bool { metaLoad(mt, l); return true })
+		m.advert.note(func(mt *Meta) { metaLoad(mt, l) })
 		p.pushSoon()
 	}
 }
@@ -217,7 +227,7 @@ func (m *Mesh) nextReport() (loadReport, []byte, bool, bool) {
 	defer p.mu.Unlock()
 	p.seq++
 	r := loadReport{Node: m.cfg.NodeName, Seq: p.seq, Load: p.load, Claims: p.claims,
-		Engine: p.engine, Epoch: p.epoch, HasState: true}
+		Engine: p.engine, Epoch: p.epoch, Version: p.version, HasVersion: true, HasState: true}
 	p.claims = nil
 	b, err := encodeLoad(r)
 	if err != nil {

@@ -19,14 +19,14 @@ import (
 //	queued prefill uvarint | claim count uvarint |
 //	(peer len u8 | peer | key u64 LE | keys uvarint)* |
 //	engine u8 | digest epoch uvarint | wire version u8 |
-//	prefill share milli uvarint
+//	prefill share milli uvarint | digest version uvarint
 //
 // Decoders ignore bytes after the last field they know, so a later version
 // may append fields: v0.1.0 reads up to the digest epoch and ignores the
 // wire version after it, which v0.2.0 appended. A report without the
 // claims part has none; one that ends at the epoch is v0.1.0's (Wire 1);
-// one that ends at the wire version has no prefill share (an earlier
-// v0.2.0 development build).
+// one that ends at the wire version has no prefill share, and one that
+// ends at the share no digest version (earlier v0.2.0 development builds).
 // A pushed load is Fronted: only sidecars push, and they count every
 // request their pod serves.
 type loadReport struct {
@@ -41,6 +41,11 @@ type loadReport struct {
 	Engine   route.Engine
 	Epoch    uint64
 	HasState bool
+	// Version is the version of the digest of Epoch, when HasVersion:
+	// a peer whose copy stays behind it lost the last delta. v0.1.0 read it
+	// from the node meta, which then changed with every delta.
+	Version    uint64
+	HasVersion bool
 	// Wire is the sender's WireVersion, carried after the state: 1 for a
 	// report without it (v0.1.0's, or one without state). encodeLoad
 	// writes 0 as this build's WireVersion and 1 as nothing, as v0.1.0
@@ -97,7 +102,11 @@ func encodeLoad(r loadReport) ([]byte, error) {
 	default:
 		b = append(b, r.Wire)
 	}
-	return binary.AppendUvarint(b, uint64(min(kvMilli(l.PrefillShare), 1000))), nil
+	b = binary.AppendUvarint(b, uint64(min(kvMilli(l.PrefillShare), 1000)))
+	if !r.HasVersion {
+		return b, nil
+	}
+	return binary.AppendUvarint(b, r.Version), nil
 }
 
 func decodeLoad(b []byte) (loadReport, error) {
@@ -170,7 +179,15 @@ func decodeLoad(b []byte) (loadReport, error) {
 	if k <= 0 || v > 1000 {
 		return loadReport{}, fmt.Errorf("prefill share: truncated or over 1000 thousandths")
 	}
-	r.Load.PrefillShare = float64(v) / 1000
+	r.Load.PrefillShare, b = float64(v)/1000, b[k:]
+	if len(b) == 0 {
+		return r, nil // no digest version
+	}
+	v, k = binary.Uvarint(b)
+	if k <= 0 {
+		return loadReport{}, fmt.Errorf("digest version: truncated or over 64 bits")
+	}
+	r.Version, r.HasVersion = v, true
 	return r, nil // bytes after it are a newer version's fields
 }
 

@@ -201,7 +201,8 @@ func TestPublishDeltaErrors(t *testing.T) {
 
 func TestMeshLostDeltaIsRepaired(t *testing.T) {
 	// n0 loses its delta 2→3 to n1 (a later delta reveals the gap) and its
-	// last delta 3→4 to n2 (nothing reveals it but the meta lag).
+	// last delta 3→4 to n2 (nothing reveals it but the digest version its
+	// load pushes carry: its meta does not follow deltas, TestMetaQuiet).
 	lose := func(peer string, b []byte) bool {
 		if len(b) == 0 || b[0] != kindDelta {
 			return false
@@ -236,7 +237,7 @@ func TestMeshLostDeltaIsRepaired(t *testing.T) {
 		t.Errorf("n1 Stats() = %+v; want a held delta and a full request", s)
 	}
 	if s := ms[2].Stats(); s.FullRequests == 0 || s.Gaps != 0 {
-		t.Errorf("n2 Stats() = %+v; want a full request from the meta lag and no gap", s)
+		t.Errorf("n2 Stats() = %+v; want a full request from the pushed version and no gap", s)
 	}
 	if s := a.Stats(); s.FullServed < 2 {
 		t.Errorf("n0 FullServed = %d; want >= 2", s.FullServed)
@@ -637,4 +638,45 @@ func TestKickedMetaIsSentAgain(t *testing.T) {
 	if v, ok := view(ms[1], "n0"); !ok || !slices.Equal(v.Models, []string{"m", "alice"}) {
 		t.Fatalf("n1's view of n0: %v %v", v.Models, ok)
 	}
+}
+
+// TestMetaQuiet: in a mesh of wire 2 and up, digest deltas and load changes
+// do not re-broadcast the node meta (every member relays every meta update,
+// about N a second at N pods); the load pushes carry both. An engine
+// change still does.
+func TestMetaQuiet(t *testing.T) {
+	ms := cluster(t, 2, nil)
+	a := ms[0]
+	if err := a.PublishDigest(testDigest("n0", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the digest on n1", func() bool { return digestVersion(ms[1], "n0") == 1 })
+	// The new epoch goes out in a meta update, as it must.
+	waitFor(t, 5*time.Second, "n0's meta naming its digest on n1", func() bool {
+		ms[1].tableMu.Lock()
+		defer ms[1].tableMu.Unlock()
+		p := ms[1].table.peers["n0"]
+		return p != nil && p.meta.HasDigest && p.meta.DigestEpoch == 1
+	})
+	pushes := func() uint64 { return ms[1].Stats().Received.Load.Msgs }
+	before := a.Stats().MetaUpdates
+	for v := uint64(1); v <= 20; v++ {
+		x := bloom.Delta{Node: "n0", Epoch: 1, From: v, To: v + 1, Keys: []blockkey.Key{blockkey.Key(100 + v)}}
+		if err := a.PublishDelta(x); err != nil {
+			t.Fatal(err)
+		}
+		a.SetServing(int(v), 100*int(v), 0)
+	}
+	waitFor(t, 5*time.Second, "every delta and the last load on n1", func() bool {
+		v, ok := view(ms[1], "n0")
+		return digestVersion(ms[1], "n0") == 21 && ok && v.Load.Serving == 20
+	})
+	// Three load refreshes (loadRefresh apart) span several MetaIntervals.
+	p1 := pushes()
+	waitFor(t, 10*time.Second, "three more load pushes", func() bool { return pushes() >= p1+3 })
+	if got := a.Stats().MetaUpdates - before; got != 0 {
+		t.Errorf("%d meta updates for 20 deltas and load changes; want none", got)
+	}
+	a.SetEngine(route.EngineDown)
+	waitFor(t, 5*time.Second, "a meta update for the engine", func() bool { return a.Stats().MetaUpdates > before })
 }

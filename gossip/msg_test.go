@@ -58,7 +58,7 @@ func TestMsgRoundTrip(t *testing.T) {
 	}
 	lr := loadReport{Node: "a", Seq: 1 << 62, Load: route.Load{Running: 3, Waiting: 2, KVUsage: 0.875, Serving: 7, Fronted: true, QueuedPrefillTokens: 9000},
 		Claims: []peerClaim{{Peer: "b", Key: 1<<64 - 1, Keys: 512}, {Peer: "a", Key: 7, Keys: 1}},
-		Engine: route.EngineDown, Epoch: 1 << 60, HasState: true, Wire: WireVersion}
+		Engine: route.EngineDown, Epoch: 1 << 60, HasState: true, Version: 1<<64 - 1, HasVersion: true, Wire: WireVersion}
 	lb, err := encodeLoad(lr)
 	if err != nil {
 		t.Fatal(err)
@@ -98,10 +98,10 @@ func TestMsgRoundTrip(t *testing.T) {
 var loadV010 = []byte{kindLoad, 1, 'p', 9, 1, 0, 0, 2, 0, 1, 1, 'q', 5, 0, 0, 0, 0, 0, 0, 0, 3, 0, 4}
 
 // TestLoadWireV010: this build reads v0.1.0's report as wire 1, and what it
-// writes is v0.1.0's bytes and then the wire version and the prefill
-// share, which v0.1.0's decoder, reading up to the epoch, ignores. A report
-// that ends at the wire version (an earlier build of this version) has no
-// share.
+// writes is v0.1.0's bytes and then the wire version, the prefill share
+// and the digest version, which v0.1.0's decoder, reading up to the epoch,
+// ignores. A report that ends at the wire version (an earlier build of
+// this version) has no share, one that ends at the share no digest version.
 func TestLoadWireV010(t *testing.T) {
 	want := loadReport{Node: "p", Seq: 9, Load: route.Load{Running: 1, Serving: 2, Fronted: true},
 		Claims: []peerClaim{{Peer: "q", Key: 5, Keys: 3}}, Engine: route.EngineServing, Epoch: 4, HasState: true, Wire: 1}
@@ -126,9 +126,20 @@ func TestLoadWireV010(t *testing.T) {
 	if r := reportOf(got); err != nil || r.Wire != WireVersion || r.Load.PrefillShare != 0 {
 		t.Errorf("decodeMsg(no share) = %+v, %v; want wire %d, no share", r, err, WireVersion)
 	}
-	// A newer version's report: its wire version, the share, then fields
-	// this build does not know, read as far as it knows them.
-	newer := append(slices.Clip(loadV010), WireVersion+1, 200, 1, 0xff, 0x01, 'x')
+	// With the digest version after the share: v0.1.0 read it from the
+	// meta, which then changed with every delta.
+	want.Version, want.HasVersion = 300, true
+	b, err = encodeLoad(want)
+	if err != nil || !bytes.Equal(b, append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02)) {
+		t.Errorf("encodeLoad(version 300) = %x, %v; want v0.1.0's bytes then %d, 200 and 300 (uvarints)", b, err, WireVersion)
+	}
+	if _, err := decodeMsg(append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac)); err == nil {
+		t.Error("decodeMsg(truncated digest version): no error")
+	}
+	// A newer version's report: its wire version, the share, the digest
+	// version, then fields this build does not know, read as far as it
+	// knows them.
+	newer := append(slices.Clip(loadV010), WireVersion+1, 200, 1, 0xac, 0x02, 0xff, 0x01, 'x')
 	got, err = decodeMsg(newer)
 	want.Wire = WireVersion + 1
 	if err != nil || !cmp.Equal(want, reportOf(got)) {
@@ -211,10 +222,11 @@ func FuzzDigestMsg(f *testing.F) {
 	// it came (the fuzzer's first find after the state was added).
 	pre := []byte("\xd4\x010000000")
 	newer := append(slices.Clip(loadV010), WireVersion+1, 9)
-	shared := append(slices.Clip(loadV010), WireVersion, 200, 1) // a prefill share of 0.2
+	shared := append(slices.Clip(loadV010), WireVersion, 200, 1)                // a prefill share of 0.2
+	versioned := append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02) // and digest version 300
 	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
 	rb, _ := encodeResponses(responsesMsg{State: true, Entries: []respown.Entry{{ID: "resp_0123456789abcdef0123456789abcdef", Node: "n"}, {ID: "own", Node: "p"}}})
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, shared, tb, rb, {kindDigest}, {}} {
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, shared, versioned, tb, rb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -30,6 +30,8 @@ type peer struct {
 	engine      route.Engine
 	epoch       uint64
 	stated      bool
+	version     uint64 // of the digest of epoch, from the newest push that carried it (hasVersion)
+	hasVersion  bool
 	since       time.Time     // when the current cache began (route.PeerView.Since)
 	claims      []route.Claim // newest last, at most keepClaims
 	lastFailure time.Time     // last failed forward reported by MarkFailed
@@ -107,6 +109,7 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 			p.dropDigest(now) // withdrawn: it must not match a byte more
 		}
 		p.engine, p.epoch, p.stated = r.Engine, r.Epoch, true
+		p.version, p.hasVersion = r.Version, r.HasVersion
 	}
 	return applied
 }
@@ -245,7 +248,10 @@ func (t *table) ask(id string, now time.Time, interval time.Duration) bool {
 	return true
 }
 
-// lagging reports whether p's meta announces a digest we do not hold.
+// lagging reports whether p's meta, or its newest push, announces a
+// digest we do not hold. The meta carries the digest version at every
+// change only while a v0.1.0 member is in the mesh (advert.note); the
+// pushes always do.
 func (p *peer) lagging() bool {
 	if !p.metaOK || !p.meta.HasDigest {
 		return false
@@ -254,7 +260,10 @@ func (p *peer) lagging() bool {
 		return true
 	}
 	h := p.digest.Header()
-	return h.Epoch != p.meta.DigestEpoch || h.Version < p.meta.DigestVersion
+	if h.Epoch != p.meta.DigestEpoch || h.Version < p.meta.DigestVersion {
+		return true
+	}
+	return p.hasVersion && p.epoch == h.Epoch && h.Version < p.version
 }
 
 // repairs returns the peers to ask for a full digest now, sorted: those

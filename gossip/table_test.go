@@ -152,6 +152,15 @@ func TestTableRepairs(t *testing.T) {
 	tb.peers["current"].digest = testDigest("current", 1, 7) // meta lags deltas: normal
 	tb.upsert("missing", metaAt(3, 1), true, t0)
 	tb.upsert("silent", Meta{APIAddr: "s:1"}, true, t0) // never published a digest
+	// The meta no longer follows the deltas (advert.note); the pushes do.
+	tb.upsert("pushed", metaAt(1, 2), true, t0)
+	tb.peers["pushed"].digest = testDigest("pushed", 1, 5)
+	tb.applyLoad(loadReport{Node: "pushed", Seq: 1, Engine: route.EngineServing, Epoch: 1, HasState: true, Version: 6, HasVersion: true}, t0)
+	// A push of another epoch says nothing of this copy's version (the
+	// meta's epoch decides that).
+	tb.upsert("other", metaAt(1, 2), true, t0)
+	tb.peers["other"].digest = testDigest("other", 1, 5)
+	tb.applyLoad(loadReport{Node: "other", Seq: 1, Engine: route.EngineServing, Epoch: 2, HasState: true, Version: 9, HasVersion: true}, t0)
 
 	steps := []struct {
 		at   time.Duration
@@ -159,9 +168,9 @@ func TestTableRepairs(t *testing.T) {
 	}{
 		{0, nil},           // lag just noticed
 		{time.Second, nil}, // not long enough
-		{2 * time.Second, []string{"behind", "missing"}},
+		{2 * time.Second, []string{"behind", "missing", "pushed"}},
 		{2500 * time.Millisecond, nil}, // asked 0.5 s ago
-		{3 * time.Second, []string{"behind", "missing"}},
+		{3 * time.Second, []string{"behind", "missing", "pushed"}},
 	}
 	for _, s := range steps {
 		if got := tb.repairs(t0.Add(s.at), time.Hour, after, every); !cmp.Equal(got, s.want, cmpopts.EquateEmpty()) {
@@ -169,8 +178,9 @@ func TestTableRepairs(t *testing.T) {
 		}
 	}
 	tb.applyDigest(testDigest("behind", 1, 9), t0.Add(3*time.Second))
+	tb.applyDigest(testDigest("pushed", 1, 6), t0.Add(3*time.Second))
 	if got := tb.repairs(t0.Add(10*time.Second), time.Hour, after, every); !cmp.Equal(got, []string{"missing"}) {
-		t.Errorf("repairs after the full digest = %v; want [missing]", got)
+		t.Errorf("repairs after the full digests = %v; want [missing]", got)
 	}
 }
 
