@@ -69,6 +69,10 @@ type State struct {
 	reason  atomic.Value  // string: why the engine is in its state
 	silent  atomic.Bool   // the engine serves but no KV event ever arrived
 	partial atomic.Bool   // chains stored before we subscribed are unknown
+
+	// kept: the engine is down by a hang and the index kept as it was; it
+	// is advertised again if the same process resumes (Transition.Resumed).
+	kept bool
 }
 
 // New returns the state of an index that has advertised nothing, with the
@@ -125,15 +129,27 @@ func (s *State) Run(ctx context.Context, items <-chan vllmclient.Item, engineC <
 // transition carries out an engine state change. Down withdraws at once;
 // serving again starts a new, empty epoch and publishes it before the
 // engine is advertised, so no peer can match the old engine's blocks.
+// A hang keeps the index: when the same process answers again (Resumed),
+// its cache is as it was, and the index goes out again whole. Clearing it
+// there made the pod cold to every peer for minutes after a hang of
+// seconds, while its vLLM held every prefix. A new process clears it all
+// the same: by a refusal while down (not Resumed), its start time, or
+// its event sequence going back.
 func (s *State) transition(tr engine.Transition) {
 	s.metrics.engineTransitions.WithLabelValues(tr.To.String()).Inc()
 	s.reason.Store(tr.Reason)
 	switch tr.To {
 	case route.EngineServing:
-		if tr.Restarted {
+		resumed := tr.Restarted && tr.Resumed && s.kept
+		switch {
+		case resumed:
+			s.needFull = true // peers dropped our digest at the withdrawal
+			s.log.Info().Int("blocks", s.ix.Len()).Msg("the engine answers again after a hang: its cache advertised again")
+		case tr.Restarted:
 			s.restart("the engine came back after being down")
 			s.partial.Store(true) // a resumed engine may still hold chains we no longer know
 		}
+		s.kept = false
 		s.send(tr.At)
 		if s.needFull { // the publish failed; the mesh has no digest of ours
 			s.log.Error().Msg("engine serving but no digest published; peers route to this pod by load only")
@@ -145,13 +161,16 @@ func (s *State) transition(tr engine.Transition) {
 		if s.cfg.OnServing != nil {
 			s.cfg.OnServing()
 		}
-		s.log.Info().Str("from", tr.From.String()).Bool("new_epoch", tr.Restarted).Msg("engine serving")
+		s.log.Info().Str("from", tr.From.String()).Bool("new_epoch", tr.Restarted && !resumed).Msg("engine serving")
 	default:
 		s.state.Store(uint32(tr.To))
 		s.front.SetLocalReady(false)
 		s.pub.SetEngine(tr.To)
 		s.pub.WithdrawDigest()
-		s.restart("the engine cannot serve")
+		s.kept = tr.Hung
+		if !s.kept {
+			s.restart("the engine cannot serve")
+		}
 		s.metrics.engineUp.Set(0)
 		s.log.Warn().Str("state", tr.To.String()).Str("reason", tr.Reason).Msg("engine cannot serve: not ready, digest withdrawn")
 	}
@@ -166,6 +185,7 @@ func (s *State) restart(why string) {
 // restarted resets what followed the index's old epoch.
 func (s *State) restarted(why string) {
 	s.needFull = true
+	s.kept = false // a hang's index is of the old epoch
 	clear(s.pending)
 	s.removed = 0
 	clear(s.streams)

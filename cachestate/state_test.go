@@ -227,6 +227,39 @@ func TestEngineDownAndBack(t *testing.T) {
 	}
 }
 
+// TestEngineHungAndResumed: a hang withdraws the digest but keeps the
+// index; when the same process answers again (Resumed) the index goes out
+// whole in its epoch, not partial. A new process seen meanwhile (its event
+// sequence going back) clears it as any restart does.
+func TestEngineHungAndResumed(t *testing.T) {
+	s, m, f, ix := newState(t, true)
+	s.apply(stored(0, 1, nil, 10))
+	serving(s, false, 0)
+	wantLog(t, m, "full e100 v1 n1", "engine serving")
+	s.transition(engine.Transition{From: route.EngineServing, To: route.EngineDown, Hung: true, Reason: "hung", At: t0.Add(time.Second)})
+	wantLog(t, m, "engine down", "withdraw")
+	if f.ready || ix.Len() != 1 {
+		t.Fatalf("after a hang: ready %v, %d keys; want not ready, the index kept", f.ready, ix.Len())
+	}
+	s.publish(t0.Add(2 * time.Second))
+	wantLog(t, m) // nothing while down
+	s.transition(engine.Transition{From: route.EngineDown, To: route.EngineServing, Restarted: true, Resumed: true, At: t0.Add(3 * time.Second)})
+	wantLog(t, m, "full e100 v2 n1", "engine serving")
+	if !f.ready || s.Partial() {
+		t.Errorf("resumed: ready %v partial %v; want ready, not partial", f.ready, s.Partial())
+	}
+
+	// Hung again, and meanwhile a new process starts numbering its events
+	// from 0: its cache is not the index's.
+	s.transition(engine.Transition{From: route.EngineServing, To: route.EngineDown, Hung: true, Reason: "hung", At: t0.Add(4 * time.Second)})
+	wantLog(t, m, "engine down", "withdraw")
+	s.apply(vllmclient.Item{Kind: vllmclient.KindRestart, Stream: vllmclient.Stream{Topic: "kv"}, Seq: 0})
+	s.transition(engine.Transition{From: route.EngineDown, To: route.EngineServing, Restarted: true, Resumed: true, At: t0.Add(5 * time.Second)})
+	if ix.Len() != 0 || m.log[0] == "full e100 v3 n1" {
+		t.Errorf("after a new process: %d keys, advertised %q; want the index cleared, a new epoch", ix.Len(), m.log)
+	}
+}
+
 // TestRestartItemAndCounterReset: the subscriber's restart, and a /metrics
 // scrape whose process start time changed, each start a new epoch.
 func TestRestartItemAndCounterReset(t *testing.T) {

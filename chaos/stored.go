@@ -402,12 +402,24 @@ func engineEnds(fault string) bool {
 }
 
 // storeLost returns the fault that ended the engine holding m before a
-// follow-up that ended at end: one that ends engines, on m's pod, from
-// when m's request was sent up to end. ok is false while the engine that
-// made m lived on.
+// follow-up that ended at end: one that ends engines, on m's pod, that
+// ended it after m's request was sent and by end. ok is false while the
+// engine that made m lived on, or may have.
+//
+// A kill ends the engine at once (AtS). A rolling restart drains the pod
+// first, which serves the follow-ups of its stored responses (and makes
+// new ones) until it stops, sometime before the step is undone: a
+// response made then is lost with it, surely by UndoneS.
 func storeLost(m madeResponse, end float64, faults []FaultRecord) (FaultRecord, bool) {
 	for _, f := range faults {
-		if f.Pod == m.Pod && engineEnds(f.Fault) && f.Err == "" && f.AtS >= m.SentS && f.AtS <= end {
+		if f.Pod != m.Pod || !engineEnds(f.Fault) || f.Err != "" {
+			continue
+		}
+		ended := f.AtS // the engine had surely ended by then, and may have served until then
+		if f.Fault == FaultRollingRestart && f.UndoneS > f.AtS {
+			ended = f.UndoneS
+		}
+		if m.SentS <= ended && ended <= end {
 			return f, true
 		}
 	}

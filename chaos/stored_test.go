@@ -114,6 +114,7 @@ func TestStoreLost(t *testing.T) {
 		{Fault: FaultHangEngine, Pod: "pod3", AtS: 30, UndoneS: 34},
 		{Fault: FaultReplacePod, Pod: "pod4", AtS: 40, UndoneS: 42, NewPod: "pod4-r1"},
 		{Fault: FaultKillEngine, Pod: "pod1", AtS: 50, Err: "kill failed"},
+		{Fault: FaultRollingRestart, Pod: "pod5", AtS: 60, UndoneS: 64, NewPod: "pod5-r1"},
 	}
 	tests := []struct {
 		name  string
@@ -130,6 +131,10 @@ func TestStoreLost(t *testing.T) {
 		{"its pod was replaced", madeResponse{Pod: "pod4", SentS: 35}, 41, FaultReplacePod},
 		{"a fault that did not happen", madeResponse{Pod: "pod1", SentS: 35}, 55, ""},
 		{"another pod's fault", madeResponse{Pod: "pod1", SentS: 5}, 30, ""},
+		{"made before its pod was rolled, followed after", madeResponse{Pod: "pod5", SentS: 55}, 65, FaultRollingRestart},
+		{"made while its pod drained, followed after", madeResponse{Pod: "pod5", SentS: 61}, 66, FaultRollingRestart},
+		{"followed while its pod drained: it may still serve", madeResponse{Pod: "pod5", SentS: 55}, 62, ""},
+		{"made by the new pod's name", madeResponse{Pod: "pod5-r1", SentS: 65}, 70, ""},
 	}
 	for _, tc := range tests {
 		f, ok := storeLost(tc.m, tc.end, faults)

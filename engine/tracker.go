@@ -27,13 +27,22 @@ const (
 
 // Transition is a change of the engine's state that the caller must carry
 // out. Restarted is set when the engine comes back after being down: its
-// cache is gone (or, after a hang, unknown), so the caller starts a new
-// epoch with an empty index before it advertises the engine as serving.
+// cache is gone, so the caller starts a new epoch with an empty index
+// before it advertises the engine as serving; unless Resumed is set too.
 type Transition struct {
 	From, To  route.Engine
 	Restarted bool
-	Reason    string
-	At        time.Time
+	// Hung is set on a move to down by probe timeouts alone: the engine
+	// stopped answering, its process and cache may live on.
+	Hung bool
+	// Resumed is set with Restarted when the engine was down by a hang and
+	// nothing since was refused or failed: the same process answers
+	// again, with its cache as it was. A new process is still seen by its
+	// start time and its event sequence (cachestate), which the caller
+	// keeps watching.
+	Resumed bool
+	Reason  string
+	At      time.Time
 }
 
 // Tracker is the engine state machine. It starts in route.EngineStarting.
@@ -45,6 +54,7 @@ type Tracker struct {
 	timeouts   int       // consecutive probe timeouts
 	okAt       time.Time // last healthy probe
 	progressAt time.Time // last sign of work (Progress); zero: none seen
+	hung       bool      // down by a hang, and nothing refused or failed since
 }
 
 // NewTracker returns a tracker in route.EngineStarting. hungAfter is how
@@ -80,9 +90,14 @@ func (t *Tracker) Observe(p Probe, reason string, now time.Time) (Transition, bo
 		if t.timeouts < t.hungAfter || t.busy(now) {
 			return Transition{}, false
 		}
-		return t.move(route.EngineDown, "hung: "+reason, now)
+		tr, ok := t.move(route.EngineDown, "hung: "+reason, now)
+		if ok {
+			t.hung, tr.Hung = true, true
+		}
+		return tr, ok
 	default:
 		t.timeouts = 0
+		t.hung = false // refused or a failure answer: no live, healthy process
 		if t.state == route.EngineStarting {
 			return Transition{}, false // still loading: vLLM listens only once ready
 		}
@@ -95,7 +110,11 @@ func (t *Tracker) Observe(p Probe, reason string, now time.Time) (Transition, bo
 // the next good probe brings it back. A failure older than the last good
 // probe is stale: the engine answered since.
 func (t *Tracker) Failed(reason string, at time.Time) (Transition, bool) {
-	if t.state != route.EngineServing || !at.After(t.okAt) {
+	if !at.After(t.okAt) {
+		return Transition{}, false
+	}
+	t.hung = false // refused: no process listens
+	if t.state != route.EngineServing {
 		return Transition{}, false
 	}
 	return t.move(route.EngineDown, reason, at)
@@ -112,6 +131,10 @@ func (t *Tracker) move(to route.Engine, reason string, now time.Time) (Transitio
 	}
 	tr := Transition{From: t.state, To: to, Reason: reason, At: now,
 		Restarted: t.state == route.EngineDown && to == route.EngineServing}
+	tr.Resumed = tr.Restarted && t.hung
+	if to == route.EngineServing {
+		t.hung = false
+	}
 	t.state = to
 	return tr, true
 }

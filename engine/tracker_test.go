@@ -18,6 +18,8 @@ func TestTracker(t *testing.T) {
 		want      route.Engine
 		moved     bool
 		restarted bool
+		hung      bool // a move to down by a hang
+		resumed   bool // back from a hang with nothing refused meanwhile
 	}
 	tests := []struct {
 		name  string
@@ -39,8 +41,31 @@ func TestTracker(t *testing.T) {
 			{probe: ProbeTimeout, want: route.EngineServing},
 			{probe: ProbeOK, want: route.EngineServing},
 			{probe: ProbeTimeout, want: route.EngineServing},
-			{probe: ProbeTimeout, want: route.EngineDown, moved: true},
+			{probe: ProbeTimeout, want: route.EngineDown, moved: true, hung: true},
+			{probe: ProbeOK, want: route.EngineServing, moved: true, restarted: true, resumed: true},
+		}},
+		{"a hang then a refused probe is a restart, not a resumption", []step{
+			{probe: ProbeOK, want: route.EngineServing, moved: true},
+			{probe: ProbeTimeout, want: route.EngineServing},
+			{probe: ProbeTimeout, want: route.EngineDown, moved: true, hung: true},
+			{probe: ProbeFailed, want: route.EngineDown},
+			{probe: ProbeTimeout, want: route.EngineDown},
 			{probe: ProbeOK, want: route.EngineServing, moved: true, restarted: true},
+		}},
+		{"a hang then a refused request is a restart too", []step{
+			{probe: ProbeOK, want: route.EngineServing, moved: true},
+			{probe: ProbeTimeout, want: route.EngineServing},
+			{probe: ProbeTimeout, want: route.EngineDown, moved: true, hung: true},
+			{failed: true, at: time.Second, want: route.EngineDown},
+			{probe: ProbeOK, want: route.EngineServing, moved: true, restarted: true},
+		}},
+		{"a second hang after a resumption is one again", []step{
+			{probe: ProbeOK, want: route.EngineServing, moved: true},
+			{probe: ProbeFailed, want: route.EngineDown, moved: true},
+			{probe: ProbeOK, want: route.EngineServing, moved: true, restarted: true},
+			{probe: ProbeTimeout, want: route.EngineServing},
+			{probe: ProbeTimeout, want: route.EngineDown, moved: true, hung: true},
+			{probe: ProbeOK, want: route.EngineServing, moved: true, restarted: true, resumed: true},
 		}},
 		{"a refused request is down at once", []step{
 			{probe: ProbeOK, want: route.EngineServing, moved: true},
@@ -66,9 +91,9 @@ func TestTracker(t *testing.T) {
 				} else {
 					tr, moved = tk.Observe(s.probe, "x", t0)
 				}
-				if tk.State() != s.want || moved != s.moved || tr.Restarted != s.restarted {
-					t.Fatalf("step %d: state %v moved %v restarted %v; want %v %v %v",
-						i, tk.State(), moved, tr.Restarted, s.want, s.moved, s.restarted)
+				if tk.State() != s.want || moved != s.moved || tr.Restarted != s.restarted || tr.Hung != s.hung || tr.Resumed != s.resumed {
+					t.Fatalf("step %d: state %v moved %v restarted %v hung %v resumed %v; want %v %v %v %v %v",
+						i, tk.State(), moved, tr.Restarted, tr.Hung, tr.Resumed, s.want, s.moved, s.restarted, s.hung, s.resumed)
 				}
 				if moved && tr.To != s.want {
 					t.Fatalf("step %d: transition to %v; want %v", i, tr.To, s.want)
