@@ -229,6 +229,24 @@ func engineFault(t *testing.T, fault, heal func(f *fixture, x int) error, target
 	if ok, why := f.noOldMatch(ctx, x, probe); fresh && !ok {
 		t.Errorf("serving again: %s", why)
 	}
+	if !fresh {
+		// The resumed engine holds its prefix as before the hang, and its
+		// sidecar kept the index: every sidecar matches it there again.
+		// (Cleared on a hang, the prefix stayed invisible: a cache hit
+		// stores nothing, so no event brought it back.)
+		waitFor(t, 15*time.Second, "every sidecar matching the resumed engine's prefix on "+name, func(ctx context.Context) (bool, string) {
+			for i := range f.c.Len() {
+				d, err := f.explain(ctx, i, probe)
+				if err != nil {
+					return false, err.Error()
+				}
+				if d.matched(name) == 0 {
+					return false, fmt.Sprintf("%s matches nothing on %s", f.c.Pod(i).Name, name)
+				}
+			}
+			return true, ""
+		})
+	}
 	time.Sleep(time.Second) // traffic after the heal
 	l.stopLoad(t)
 
