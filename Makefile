@@ -191,9 +191,10 @@ chaos: deps chaos-deps
 
 # The mesh's cost against its size (issue 25): N real cache-state nodes
 # (kvindex, cachestate, gossip over real memberlist, route) in one process on
-# 127.0.96.x, each churning 200 blocks/s; a table per N, a fitted model with
-# a verdict per target, a plot. About 9 minutes on 2 cores; past 32 nodes
-# such a machine saturates (the report marks it). docs/scale/ has a run.
+# 127.0.96.x, each churning 200 vLLM blocks/s at the sidecar's routing
+# stride; a table per N, a fitted model with a verdict per target, a plot.
+# About 7 minutes on 2 cores, 64 nodes unsaturated (the report marks a size
+# that saturates the machine). docs/scale/ has the runs.
 SCALE_FLAGS ?= --sizes 16,32,64 --out out/scale
 scale: deps
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvscale $(SCALE_FLAGS)
