@@ -140,7 +140,7 @@ func (s *State) transition(tr engine.Transition) {
 	s.reason.Store(tr.Reason)
 	switch tr.To {
 	case route.EngineServing:
-		resumed := tr.Restarted && tr.Resumed && s.kept
+		resumed := tr.Resumed && s.kept // Resumed implies Restarted
 		switch {
 		case resumed:
 			s.needFull = true // peers dropped our digest at the withdrawal

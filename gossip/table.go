@@ -30,8 +30,7 @@ type peer struct {
 	engine      route.Engine
 	epoch       uint64
 	stated      bool
-	version     uint64 // of the digest of epoch, from the newest push that carried it (hasVersion)
-	hasVersion  bool
+	version     uint64        // of the digest of epoch, from the newest push; 0: it carried none
 	since       time.Time     // when the current cache began (route.PeerView.Since)
 	claims      []route.Claim // newest last, at most keepClaims
 	lastFailure time.Time     // last failed forward reported by MarkFailed
@@ -109,7 +108,7 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 			p.dropDigest(now) // withdrawn: it must not match a byte more
 		}
 		p.engine, p.epoch, p.stated = r.Engine, r.Epoch, true
-		p.version, p.hasVersion = r.Version, r.HasVersion
+		p.version = r.Version // 0 without one, which no copy lags
 	}
 	return applied
 }
@@ -263,7 +262,7 @@ func (p *peer) lagging() bool {
 	if h.Epoch != p.meta.DigestEpoch || h.Version < p.meta.DigestVersion {
 		return true
 	}
-	return p.hasVersion && p.epoch == h.Epoch && h.Version < p.version
+	return p.epoch == h.Epoch && h.Version < p.version
 }
 
 // repairs returns the peers to ask for a full digest now, sorted: those

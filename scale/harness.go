@@ -218,7 +218,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg.Progress(fmt.Sprintf("N=%d: mesh formed; warming up %s", cfg.Nodes, cfg.Warmup))
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Nodes)))
-	central := newCentral(cfg.Nodes, max(cfg.CapacityBlocks/cfg.RoutingStride, 1))
+	central := newCentral(cfg.Nodes, cfg.idsOf(cfg.CapacityBlocks))
 	var (
 		mu                     sync.Mutex
 		samples                []*sample
@@ -335,8 +335,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			next++
 			entry := nodes[rng.IntN(cfg.Nodes)]
 			ks := cfg.keys(q)
-			d := entry.chain.Choose(route.Request{Model: model, Keys: ks, TokensPerKey: blockTokens * cfg.RoutingStride,
-				PromptTokens: len(q)*cfg.RoutingStride*blockTokens + 1}, entry.mesh.Snapshot(now), now)
+			d := entry.chain.Choose(cfg.request(q, ks), entry.mesh.Snapshot(now), now)
 			t := indexOf(nodes[:cfg.Nodes], d.Target)
 			if t < 0 {
 				t = rng.IntN(cfg.Nodes)
@@ -511,14 +510,13 @@ func countGone(ss []*sample, gone bool) int {
 // longPrompt is a prompt of LongPromptBlocks blocks that starts with the
 // trace's first request, so the choice walks real matches before misses.
 func longPrompt(cfg Config) route.Request {
-	n := max(cfg.LongPromptBlocks/cfg.RoutingStride, 1)
+	n := cfg.idsOf(cfg.LongPromptBlocks)
 	ids := slices.Clone(cfg.Requests[0].HashIDs)
 	for id := uint64(1 << 58); len(ids) < n; id++ { // times 16 blocks still fits 64 bits
 		ids = append(ids, id)
 	}
 	ids = ids[:n]
-	return route.Request{Model: model, Keys: cfg.keys(ids), TokensPerKey: blockTokens * cfg.RoutingStride,
-		PromptTokens: len(ids)*cfg.RoutingStride*blockTokens + 1}
+	return cfg.request(ids, cfg.keys(ids))
 }
 
 func indexOf(ns []*node, name string) int {

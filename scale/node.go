@@ -38,6 +38,17 @@ func (c Config) keys(ids []uint64) []blockkey.Key {
 	return c.scheme().Request(blockkey.ModelRoot(model, ""), promptTokens(ids, c.RoutingStride))
 }
 
+// request is what a front chooses for: the prompt of ids, keyed by ks
+// (c.keys(ids)).
+func (c Config) request(ids []uint64, ks []blockkey.Key) route.Request {
+	return route.Request{Model: model, Keys: ks, TokensPerKey: blockTokens * c.RoutingStride,
+		PromptTokens: len(ids)*c.RoutingStride*blockTokens + 1}
+}
+
+// idsOf is how many trace ids hold blocks vLLM blocks: a cache's size in
+// the simulated engine's units, at least one.
+func (c Config) idsOf(blocks int) int { return max(blocks/c.RoutingStride, 1) }
+
 // node is one sidecar's cache-state path: the real mesh, index and
 // cachestate loop, fed by a simulated engine (lru) that stores and evicts
 // blocks as vLLM would and reports them as vLLM's events.
@@ -101,9 +112,9 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),
 		chain: route.DefaultChain(route.DefaultConfig(), rec), recent: rec,
 		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{},
-		cap: max(cfg.CapacityBlocks/cfg.RoutingStride, 1), stride: cfg.RoutingStride}
+		cap: cfg.idsOf(cfg.CapacityBlocks), stride: cfg.RoutingStride}
 	if cfg.CPUBlocks > 0 {
-		n.cpu, n.cpuAt, n.cpuCap = list.New(), map[uint64]*list.Element{}, max(cfg.CPUBlocks/cfg.RoutingStride, 1)
+		n.cpu, n.cpuAt, n.cpuCap = list.New(), map[uint64]*list.Element{}, cfg.idsOf(cfg.CPUBlocks)
 	}
 	eng := make(chan engine.Transition, 1)
 	eng <- engine.Transition{From: route.EngineStarting, To: route.EngineServing, Reason: "scale harness", At: time.Now()}
