@@ -208,7 +208,7 @@ func (m *Mesh) SetStoreGone() {
 // leave.
 func (m *Mesh) updateMeta(wait time.Duration) {
 	m.stats.metaUpdates.Add(1)
-	if err := m.ml.Load().UpdateNode(wait); err != nil {
+	if err := m.ms.Load().UpdateMeta(wait); err != nil {
 		m.log.Debug().Err(err).Msg("update node meta")
 	}
 }

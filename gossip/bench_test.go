@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"fmt"
+	"github.com/hashicorp/memberlist"
 	"slices"
 	"sync"
 	"testing"
@@ -43,8 +44,7 @@ func benchPropagation(b *testing.B, n, publishers, rate, keysPerDelta int) {
 		return i
 	}
 	ms := clusterWith(b, n, func(i int, c *Config) {
-		c.Memberlist = nil
-		c.local = false // memberlist's DefaultLANConfig timings, as in pods
+		c.Memberlist = lanTimings // as in pods
 		c.FullDigestInterval = 10 * time.Second
 		c.MetaInterval = time.Second
 	}, func(i int, h *hooks) {
@@ -153,4 +153,21 @@ func benchPropagation(b *testing.B, n, publishers, rate, keysPerDelta int) {
 	b.ReportMetric(float64(held), "held")
 	b.ReportMetric(float64(fulls), "full-requests")
 	b.ReportMetric(float64(len(lat)), "samples")
+}
+
+// lanTimings puts memberlist's DefaultLANConfig timings, a pod's, on a
+// configuration LocalConfig made.
+func lanTimings(mc *memberlist.Config) {
+	lan := memberlist.DefaultLANConfig()
+	mc.TCPTimeout = lan.TCPTimeout
+	mc.IndirectChecks = lan.IndirectChecks
+	mc.RetransmitMult = lan.RetransmitMult
+	mc.SuspicionMult = lan.SuspicionMult
+	mc.SuspicionMaxTimeoutMult = lan.SuspicionMaxTimeoutMult
+	mc.PushPullInterval = lan.PushPullInterval
+	mc.ProbeInterval = lan.ProbeInterval
+	mc.ProbeTimeout = lan.ProbeTimeout
+	mc.GossipInterval = lan.GossipInterval
+	mc.GossipNodes = lan.GossipNodes
+	mc.GossipToTheDeadTime = lan.GossipToTheDeadTime
 }

@@ -1,69 +1,21 @@
 package gossip
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-	"github.com/rs/zerolog"
-
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/membership"
 	"github.com/kvroute/kvroute/route"
 )
 
 // Config configures a Mesh. Start from DefaultConfig (pods) or LocalConfig
 // (tests, the simulator and the chaos harness) and set the identity fields.
 type Config struct {
-	// NodeName is this node's unique name in the cluster, normally $POD_NAME.
-	// A dead name is never reused by memberlist (DeadNodeReclaimTime 0), so a
-	// restarted pod needs a new name, which Deployments give it. Required.
-	NodeName string
-
-	// BindAddr and BindPort are where gossip listens (UDP and TCP). Default
-	// 0.0.0.0:7946. Port 0 picks a free port (tests).
-	BindAddr string
-	BindPort int
-
-	// AdvertiseAddr and AdvertisePort are what peers dial, normally $POD_IP
-	// and BindPort. Empty lets memberlist pick a private IP, which fails on
-	// pod networks outside RFC 1918 (docs/reference/libraries.md §1.8), so set it in pods.
-	// AdvertisePort 0 means BindPort.
-	AdvertiseAddr string
-	AdvertisePort int
-
-	// Join lists seeds as host:port, where host may be a DNS name (the
-	// headless Service, publishNotReadyAddresses) that resolves to many pods.
-	// It is resolved again before every join attempt. Empty means run alone
-	// until another node joins us.
-	Join []string
-
-	// RejoinInterval is how often seeds not in the member list are joined
-	// again, which heals partitions and startup races that memberlist never
-	// heals by itself (docs/reference/libraries.md §1.9). Each wait is jittered by ±20%.
-	// Default 30 s; 0 disables periodic rejoin (the first join still retries
-	// with backoff until it reaches someone).
-	RejoinInterval time.Duration
-
-	// Rand jitters the rejoin and backoff waits. It is used by one goroutine
-	// only. Nil means a generator seeded from NodeName: deterministic per node
-	// and different across nodes, which is all that jitter needs.
-	Rand *rand.Rand
-
-	// Resolver resolves seed host names. Nil means net.DefaultResolver.
-	Resolver Resolver
-
-	// SecretKey, 16, 24 or 32 bytes, turns on AES-GCM for every packet and
-	// stream (D9). Nil means unencrypted; a node with another key cannot
-	// join.
-	SecretKey []byte
-
-	// Label is prefixed to every packet and stream (and authenticated when
-	// encryption is on), so two products sharing pod IPs never merge. Use
-	// "kvroute/<namespace>/<deployment>". At most 255 bytes.
-	Label string
+	// Config is the membership: the node's name, addresses, seeds,
+	// encryption and label, and memberlist's settings
+	// (membership.Config documents each).
+	membership.Config
 
 	// APIAddr is the host:port peers forward requests to (our OpenAI port).
 	// It travels in the node meta. Required.
@@ -154,22 +106,6 @@ type Config struct {
 	// TCP. Default 1200: memberlist's 1400-byte packet less the label,
 	// encryption and compound overhead (docs/reference/libraries.md §1.3).
 	PacketBytes int
-
-	// Log receives the mesh's and memberlist's logs; memberlist's "[LEVEL]"
-	// prefixes become zerolog levels. The zero Logger discards.
-	Log zerolog.Logger
-
-	// Memberlist, when set, edits the memberlist configuration after the
-	// mesh has filled it in and before memberlist starts: a Transport for
-	// tests, a CIDRsAllowed, or timings.
-	Memberlist func(*memberlist.Config)
-
-	local bool // LocalConfig: memberlist.DefaultLocalConfig timings
-}
-
-// Resolver looks up seed host names. *net.Resolver satisfies it.
-type Resolver interface {
-	LookupHost(ctx context.Context, host string) ([]string, error)
 }
 
 // DefaultConfig returns the settings for a pod network, on memberlist's
@@ -177,9 +113,7 @@ type Resolver interface {
 // and Label.
 func DefaultConfig() Config {
 	return Config{
-		BindAddr:           "0.0.0.0",
-		BindPort:           7946,
-		RejoinInterval:     30 * time.Second,
+		Config:             membership.DefaultConfig(),
 		KeyScheme:          blockkey.Version,
 		FullDigestInterval: time.Minute,
 		LoadPushInterval:   25 * time.Millisecond,
@@ -191,7 +125,6 @@ func DefaultConfig() Config {
 		InboxDepth:         1024,
 		OutboxDepth:        256,
 		PacketBytes:        1200,
-		Log:                zerolog.Nop(),
 	}
 }
 
@@ -200,16 +133,12 @@ func DefaultConfig() Config {
 // short intervals.
 func LocalConfig() Config {
 	c := DefaultConfig()
-	c.BindAddr = "127.0.0.1"
-	c.BindPort = 0
-	c.AdvertiseAddr = "127.0.0.1"
-	c.RejoinInterval = 2 * time.Second
+	c.Config = membership.LocalConfig()
 	c.FullDigestInterval = 2 * time.Second
 	c.MetaInterval = 200 * time.Millisecond
 	c.RepairAfter = 500 * time.Millisecond
 	c.ReorderWait = 50 * time.Millisecond
 	c.NeedFullInterval = 200 * time.Millisecond
-	c.local = true
 	return c
 }
 
@@ -256,57 +185,19 @@ func (c Config) withDefaults() Config {
 }
 
 // ErrConfig is wrapped by Join when the configuration cannot work.
-var ErrConfig = errors.New("invalid gossip config")
+var ErrConfig = membership.ErrConfig
 
+// validate checks the mesh's own fields; membership.New checks its.
 func (c Config) validate() error {
 	switch {
-	case c.NodeName == "":
-		return fmt.Errorf("node name is empty: %w", ErrConfig)
-	case len(c.NodeName) > 255:
-		return fmt.Errorf("node name of %d bytes: %w", len(c.NodeName), ErrConfig)
 	case c.APIAddr == "":
 		return fmt.Errorf("api address is empty: %w", ErrConfig)
 	case len(c.APIAddr) > maxAPIAddrBytes:
 		return fmt.Errorf("api address of %d bytes: %w", len(c.APIAddr), ErrConfig)
 	case len(c.EngineAddr) > maxAPIAddrBytes:
 		return fmt.Errorf("engine address of %d bytes: %w", len(c.EngineAddr), ErrConfig)
-	case c.SecretKey != nil && len(c.SecretKey) != 16 && len(c.SecretKey) != 24 && len(c.SecretKey) != 32:
-		return fmt.Errorf("secret key of %d bytes, want 16, 24 or 32: %w", len(c.SecretKey), ErrConfig)
-	case len(c.Label) > memberlist.LabelMaxSize:
-		return fmt.Errorf("label of %d bytes: %w", len(c.Label), ErrConfig)
 	case c.KeyScheme < 0 || c.KeyScheme > 255:
 		return fmt.Errorf("key scheme %d: %w", c.KeyScheme, ErrConfig)
 	}
 	return nil
-}
-
-// memberlistConfig maps c onto memberlist's preset.
-func (c Config) memberlistConfig(d delegate) *memberlist.Config {
-	mc := memberlist.DefaultLANConfig()
-	if c.local {
-		mc = memberlist.DefaultLocalConfig()
-	}
-	mc.Name = c.NodeName
-	mc.BindAddr = c.BindAddr
-	mc.BindPort = c.BindPort
-	mc.AdvertiseAddr = c.AdvertiseAddr
-	mc.AdvertisePort = c.AdvertisePort
-	if mc.AdvertisePort == 0 {
-		mc.AdvertisePort = c.BindPort
-	}
-	mc.Label = c.Label
-	mc.SecretKey = c.SecretKey
-	// Our payloads don't compress: memberlist's LZW made a full digest
-	// (bloom bits) 32% larger, so it went out raw anyway, and saved one byte
-	// of a 107-byte delta and of a 62-byte load push. Trying cost 7% of a
-	// sidecar's CPU under load, on the one thread (--procs 1) that also
-	// serves requests.
-	mc.EnableCompression = false
-	mc.Delegate = d
-	mc.Events = d
-	mc.Logger = newStdLogger(c.Log)
-	if c.Memberlist != nil {
-		c.Memberlist(mc)
-	}
-	return mc
 }

@@ -1,6 +1,8 @@
-// Package gossip is the sidecars' membership and their view of each other
-// (docs/design.md D3): who is alive, where to forward, what each peer serves, how
-// loaded it is, and which blocks its vLLM holds.
+// Package gossip is what the sidecars tell each other, their dissemination
+// (docs/design.md D3): where to forward, what each peer serves, how loaded
+// it is, and which blocks its vLLM holds. Who is in the mesh and how to
+// reach them is package membership's job (memberlist, the seeds, the
+// sockets); a Mesh runs on one and is its Delegate and Events.
 //
 // Two channels carry this, for different reasons:
 //
@@ -43,8 +45,9 @@
 //	node, alive, ok := m.ResponseOwner(id) // where a follow-up naming id must go
 //	m.SetDraining(true); m.Leave(5 * time.Second)
 //
-// Inside, memberlist's callbacks only copy and hand off: NotifyMsg pushes a
-// copy onto a bounded inbox (dropped and counted when full) and one loop
+// Inside, the membership's callbacks only hand off: NotifyMsg pushes the
+// message (a copy membership took) onto a bounded inbox (dropped and
+// counted when full) and one loop
 // decodes and applies messages; each peer has its own sender goroutine, so a
 // dead peer stalls only its own queue. Shutdown returns only once every
 // goroutine the mesh started has ended.
@@ -62,10 +65,9 @@
 //	members.go    the live peers and their senders (sender.go)
 //	table.go      the peers' state: plain data, time passed in
 //	meta.go       the node meta's wire form
-//	join.go       joining the seeds, and rejoining them
 //	stats.go      the counters, per kind by the kind byte
-//	config.go     Config and its presets
-//	transport.go  memberlist's sockets: NetTransport's, each packet in a buffer of its size
+//	delegate.go   the mesh as its membership sees it: meta, messages, state, peer events
+//	config.go     Config (the membership's embedded) and its presets
 //	mesh.go       Join, the receive loop, Snapshot, Shutdown
 //
 // # Adding a gossip message

@@ -1,45 +1,18 @@
 package gossip
 
 import (
-	"net"
-	"strconv"
 	"sync"
-	"sync/atomic"
 
-	"github.com/hashicorp/memberlist"
+	"github.com/kvroute/kvroute/membership"
 )
 
 // members is the live membership as the mesh sends to it: one sender per
-// peer, started when memberlist reports the peer joined and stopped when it
-// leaves or dies. After Shutdown (closed) no sender starts.
-//
-// Every memberlist.Node here is a copy taken in an event callback, which
-// memberlist runs under its node lock: the *Node that Members and
-// LocalNode return is rewritten in place by memberlist's alive handling,
-// so reading its fields later races (hashicorp/memberlist#306).
+// peer, started when the membership reports the peer joined and stopped
+// when it leaves or dies. After Shutdown (closed) no sender starts.
 type members struct {
 	mu      sync.Mutex
 	closed  bool
 	senders map[string]*sender
-	self    atomic.Pointer[memberlist.Node] // this node, as memberlist last announced it
-}
-
-// addrs returns the gossip address (ip:port) of every live member, this
-// node included.
-func (ms *members) addrs() map[string]bool {
-	live := map[string]bool{}
-	add := func(n *memberlist.Node) {
-		if n != nil {
-			live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
-		}
-	}
-	add(ms.self.Load())
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	for _, s := range ms.senders {
-		add(s.node.Load())
-	}
-	return live
 }
 
 // each calls f for every peer's sender; f must not block.
@@ -72,12 +45,11 @@ func (ms *members) close() bool {
 
 // peerJoined adds the peer to the table, starts its sender and queues our
 // full digest for it (the sender skips it while we have none).
-func (m *Mesh) peerJoined(n *memberlist.Node, meta Meta, metaOK bool) {
-	node := *n // memberlist owns n and updates it under its own lock
+func (m *Mesh) peerJoined(n membership.Node, meta Meta, metaOK bool) {
 	m.tableMu.Lock()
 	m.table.upsert(n.Name, meta, metaOK, m.now())
 	m.tableMu.Unlock()
-	if !m.addSender(n.Name, &node) {
+	if !m.addSender(n) {
 		return
 	}
 	// The newcomer routes to us only once it has our push (route's
@@ -89,21 +61,21 @@ func (m *Mesh) peerJoined(n *memberlist.Node, meta Meta, metaOK bool) {
 
 // addSender starts (or refreshes) the sender to a joined peer and queues
 // our full digest for it; false once the mesh is closed.
-func (m *Mesh) addSender(id string, node *memberlist.Node) bool {
+func (m *Mesh) addSender(n membership.Node) bool {
 	ms := &m.members
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	if ms.closed {
 		return false
 	}
-	s := ms.senders[id]
+	s := ms.senders[n.Name]
 	if s == nil {
-		s = newSender(m, id, m.cfg.OutboxDepth)
-		ms.senders[id] = s
+		s = newSender(m, n.Name, m.cfg.OutboxDepth)
+		ms.senders[n.Name] = s
 		m.wg.Add(1) // under mu, before Shutdown can close and Wait
 		go s.run()
 	}
-	s.node.Store(node)
+	s.node.Store(&n)
 	s.requestFull()
 	return true
 }
@@ -125,11 +97,10 @@ func (m *Mesh) peerLeft(id string) {
 // peerUpdated records a peer's new meta and address. When the meta moves
 // the digest epoch on, the old copy is dropped and a full digest requested
 // at once.
-func (m *Mesh) peerUpdated(n *memberlist.Node, meta Meta, metaOK bool) {
-	node := *n
+func (m *Mesh) peerUpdated(n membership.Node, meta Meta, metaOK bool) {
 	now := m.now()
 	if s := m.members.get(n.Name); s != nil {
-		s.node.Store(&node)
+		s.node.Store(&n)
 	}
 	m.tableMu.Lock()
 	defer m.tableMu.Unlock()

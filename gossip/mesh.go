@@ -3,18 +3,14 @@ package gossip
 import (
 	"context"
 	"errors"
-	"fmt"
-	"hash/fnv"
-	"math/rand/v2"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/rs/zerolog"
 
+	"github.com/kvroute/kvroute/membership"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -28,16 +24,15 @@ import (
 // members.go). A method that needs several takes them in that order, never
 // the other way round.
 type Mesh struct {
-	cfg      Config
-	log      zerolog.Logger
-	now      func() time.Time
-	hooks    hooks
-	ml       atomic.Pointer[memberlist.Memberlist]
-	stats    counters
-	inbox    chan []byte   // NotifyMsg → run
-	done     chan struct{} // closed by Shutdown
-	stopJoin context.CancelFunc
-	wg       sync.WaitGroup // every goroutine the mesh starts
+	cfg   Config
+	log   zerolog.Logger
+	now   func() time.Time
+	hooks hooks
+	ms    atomic.Pointer[membership.Members] // set once membership.New returns
+	stats counters
+	inbox chan []byte    // NotifyMsg → run
+	done  chan struct{}  // closed by Shutdown
+	wg    sync.WaitGroup // every goroutine the mesh starts, the membership's aside
 	// textPrefix receives the text prefixes peers share (OnTextPrefix).
 	textPrefix atomic.Pointer[func(TextPrefix)]
 
@@ -100,54 +95,17 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	m.load.seq = uint64(m.now().UnixNano())
 	m.responses.init()
 
-	mc := cfg.memberlistConfig(delegate{m})
-	var own *transport // nil when a test brought its own
-	if mc.Transport == nil {
-		t, err := newTransport(mc.BindAddr, mc.BindPort, &m.stats.sock, func(err error) { m.log.Warn().Err(err).Msg("gossip transport") })
-		if err != nil {
-			return nil, fmt.Errorf("start memberlist: %w", err)
-		}
-		// What memberlist does for its own transport on port 0.
-		if mc.BindPort == 0 {
-			mc.BindPort = t.Port()
-		}
-		if mc.AdvertisePort == 0 {
-			mc.AdvertisePort = t.Port()
-		}
-		mc.Transport, own = t, t
-	}
-	ml, err := memberlist.Create(mc)
+	ms, err := membership.New(cfg.Config, delegate{m}, delegate{m})
 	if err != nil {
-		if own != nil { // memberlist leaves it open on some failures
-			own.Shutdown()
-		}
-		return nil, fmt.Errorf("start memberlist: %w", err)
+		return nil, err
 	}
-	m.ml.Store(ml)
-
-	rng := cfg.Rand
-	if rng == nil {
-		h := fnv.New64a()
-		h.Write([]byte(cfg.NodeName))
-		rng = rand.New(rand.NewPCG(h.Sum64(), 0))
-	}
-	j := &joiner{m: m, seeds: cfg.Join, resolver: cfg.Resolver, rng: rng, last: map[string][]string{}}
-	if j.resolver == nil {
-		j.resolver = net.DefaultResolver
-	}
-	jctx, stop := context.WithCancel(context.Background())
-	m.stopJoin = stop
-	first := make(chan bool, 1)
-	m.wg.Add(5)
+	m.ms.Store(ms)
+	m.wg.Add(4)
 	go m.run()
 	go m.metaLoop()
 	go m.loadLoop()
 	go m.responsesLoop()
-	go j.loop(jctx, first)
-	select {
-	case <-first:
-	case <-ctx.Done(): // still alone, and still trying in the background
-	}
+	ms.Join(ctx)
 	return m, nil
 }
 
@@ -256,16 +214,16 @@ func (m *Mesh) self(now time.Time) route.PeerView {
 }
 
 // Members returns the number of live members, this node included.
-func (m *Mesh) Members() int { return m.ml.Load().NumMembers() }
+func (m *Mesh) Members() int { return m.ms.Load().Len() }
 
 // Stats returns the counters since Join.
-func (m *Mesh) Stats() Stats { return m.stats.snapshot() }
+func (m *Mesh) Stats() Stats { return m.stats.snapshot(m.ms.Load().Stats()) }
 
 // Leave tells the cluster this node is going, waiting up to timeout for the
 // message to leave; peers drop it at once instead of after failure
 // detection. Call Shutdown afterwards.
 func (m *Mesh) Leave(timeout time.Duration) error {
-	return m.ml.Load().Leave(timeout)
+	return m.ms.Load().Leave(timeout)
 }
 
 // Shutdown stops memberlist and every goroutine the mesh started (the
@@ -280,8 +238,7 @@ func (m *Mesh) Shutdown() error {
 		return nil
 	}
 	close(m.done)
-	m.stopJoin()
-	err := m.ml.Load().Shutdown()
+	err := m.ms.Load().Shutdown()
 	m.wg.Wait()
 	return err
 }

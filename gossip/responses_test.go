@@ -3,7 +3,9 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -278,7 +280,8 @@ func TestMeshRestartLearnsResponses(t *testing.T) {
 			// The sidecar restarts; its pod, and so its address and name,
 			// and its vLLM's store, live on.
 			c := testConfig("n1")
-			c.BindPort = int(ms[1].members.self.Load().Port)
+			_, port, _ := net.SplitHostPort(gossipAddr(ms[1]))
+			c.BindPort, _ = strconv.Atoi(port)
 			c.Join = []string{gossipAddr(ms[0])}
 			if graceful {
 				if err := ms[1].Leave(time.Second); err != nil {

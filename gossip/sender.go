@@ -4,7 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/hashicorp/memberlist"
+	"github.com/kvroute/kvroute/membership"
 )
 
 // sender sends to one peer, in order, from its own goroutine, so a slow or
@@ -21,7 +21,7 @@ import (
 type sender struct {
 	m        *Mesh
 	id       string
-	node     atomic.Pointer[memberlist.Node] // the peer's address, refreshed on update
+	node     atomic.Pointer[membership.Node] // the peer's address, refreshed on update
 	q        chan out
 	kick     chan struct{} // wakes run when wantFull is set
 	wantFull atomic.Bool
@@ -161,21 +161,15 @@ func (s *sender) run() {
 }
 
 func (s *sender) send(o out) {
-	ml, node := s.m.ml.Load(), s.node.Load()
-	if ml == nil || node == nil {
+	ms, node := s.m.ms.Load(), s.node.Load()
+	if ms == nil || node == nil {
 		s.m.stats.sendErrors.Add(1)
 		return
 	}
 	if drop := s.m.hooks.dropOut; drop != nil && drop(s.id, o.b) {
 		return
 	}
-	var err error
-	if o.reliable {
-		err = ml.SendReliable(node, o.b)
-	} else {
-		err = ml.SendBestEffort(node, o.b)
-	}
-	if err != nil {
+	if err := ms.Send(*node, o.b, o.reliable); err != nil {
 		s.m.stats.sendErrors.Add(1)
 		s.m.log.Debug().Err(err).Str("peer", s.id).Msg("gossip send failed")
 		return

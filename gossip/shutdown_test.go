@@ -46,7 +46,12 @@ func goroutines(pkg string) []string {
 // a mesh torn down in a test or a sidecar drained and restarted in-process
 // leaks nothing.
 func TestShutdownJoinsGoroutines(t *testing.T) {
-	const ours, theirs = "kvroute/kvroute/gossip.", "hashicorp/memberlist."
+	const theirs = "hashicorp/memberlist."
+	const gossipPkg, membershipPkg = "kvroute/kvroute/gossip.", "kvroute/kvroute/membership."
+	ours := func() []string { return append(goroutines(gossipPkg), goroutines(membershipPkg)...) }
+	// A seed lookup ends by itself after 5 s (membership's resolveTimeout);
+	// Shutdown must end it sooner.
+	const lookupLimit = 5 * time.Second
 	// Earlier tests' memberlists may still be winding down.
 	waitFor(t, 15*time.Second, "no memberlist goroutines before the test", func() bool { return len(goroutines(theirs)) == 0 })
 
@@ -68,9 +73,9 @@ func TestShutdownJoinsGoroutines(t *testing.T) {
 	})
 	// Each mesh runs run, metaLoop, loadLoop, the joiner and a sender per
 	// peer; seeing them proves the check below can see them too.
-	for fn, want := range map[string]int{"(*Mesh).run(": 3, "(*Mesh).metaLoop(": 3, "(*Mesh).loadLoop(": 3,
-		"(*joiner).loop(": 3, "(*sender).run(": 3 * 2} {
-		if got := len(goroutines(ours + fn)); got != want {
+	for fn, want := range map[string]int{gossipPkg + "(*Mesh).run(": 3, gossipPkg + "(*Mesh).metaLoop(": 3,
+		gossipPkg + "(*Mesh).loadLoop(": 3, membershipPkg + "(*joiner).loop(": 3, gossipPkg + "(*sender).run(": 3 * 2} {
+		if got := len(goroutines(fn)); got != want {
 			t.Errorf("%d goroutines in %s; want %d", got, fn, want)
 		}
 	}
@@ -96,13 +101,13 @@ func TestShutdownJoinsGoroutines(t *testing.T) {
 	}()
 	select {
 	case <-shut:
-	case <-time.After(resolveTimeout / 2): // less than a lookup's own limit: Shutdown ended them
-		t.Fatalf("Shutdown did not return in %v:\n%s", resolveTimeout/2, strings.Join(goroutines(ours), "\n\n"))
+	case <-time.After(lookupLimit / 2): // less than a lookup's own limit: Shutdown ended them
+		t.Fatalf("Shutdown did not return in %v:\n%s", lookupLimit/2, strings.Join(ours(), "\n\n"))
 	}
 	// Shutdown has waited for every one of them; the poll only lets a
 	// goroutine past its wg.Done return.
 	deadline := time.Now().Add(time.Second)
-	for left := goroutines(ours); len(left) > 0; left = goroutines(ours) {
+	for left := ours(); len(left) > 0; left = ours() {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d goroutines of the mesh after Shutdown:\n%s", len(left), strings.Join(left, "\n\n"))
 		}

@@ -1,6 +1,10 @@
 package gossip
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/kvroute/kvroute/membership"
+)
 
 // Traffic counts messages and their bytes (our payload, without
 // memberlist's framing).
@@ -31,8 +35,6 @@ type Stats struct {
 	EpochDrops     uint64 // copies dropped because their origin's epoch changed
 	FullRequests   uint64 // need-full requests we sent
 	FullServed     uint64 // need-full requests we answered
-	JoinAttempts   uint64 // memberlist.Join calls
-	JoinFailures   uint64 // calls that reached no one
 	MetaUpdates    uint64 // node-meta broadcasts (memberlist UpdateNode calls)
 
 	// NewerDropped counts user messages of a newer wire version this
@@ -43,22 +45,18 @@ type Stats struct {
 	// upgrades (docs/compat.md).
 	NewerDropped, NewerRead uint64
 
-	// SocketSent and SocketReceived are the bytes through the mesh's
-	// sockets: every UDP payload and TCP stream byte, memberlist's own
-	// (probes, acks, gossip of metas, push/pull) and ours, without IP,
-	// UDP or TCP headers. Zero with a transport a test brought.
-	SocketSent, SocketReceived uint64
+	// The membership's: join attempts and failures, and the bytes through
+	// the mesh's sockets (memberlist's own and ours).
+	membership.Stats
 }
 
 type counters struct {
 	sent, recv                             kindTraffic
 	sendErrors, decodeErrors, metaErrors   atomic.Uint64
 	newerDropped, newerRead                atomic.Uint64
-	sock                                   sockBytes // transport.go
 	inboxDrops, outboxDrops, unknownOrigin atomic.Uint64
 	held, gaps, stale, epochDrops          atomic.Uint64
 	fullRequests, fullServed               atomic.Uint64
-	joinAttempts, joinFailures             atomic.Uint64
 	metaUpdates                            atomic.Uint64
 }
 
@@ -83,28 +81,25 @@ func (t *kindTraffic) byKind() ByKind {
 	return ByKind{Digest: all["digest"], Delta: all["delta"], NeedFull: all["need_full"], Load: all["load"], All: all}
 }
 
-func (c *counters) snapshot() Stats {
+func (c *counters) snapshot(ms membership.Stats) Stats {
 	return Stats{
-		Sent:           c.sent.byKind(),
-		Received:       c.recv.byKind(),
-		SendErrors:     c.sendErrors.Load(),
-		DecodeErrors:   c.decodeErrors.Load(),
-		MetaErrors:     c.metaErrors.Load(),
-		NewerDropped:   c.newerDropped.Load(),
-		NewerRead:      c.newerRead.Load(),
-		SocketSent:     c.sock.sent.Load(),
-		SocketReceived: c.sock.recv.Load(),
-		InboxDrops:     c.inboxDrops.Load(),
-		OutboxDrops:    c.outboxDrops.Load(),
-		UnknownOrigin:  c.unknownOrigin.Load(),
-		Held:           c.held.Load(),
-		Gaps:           c.gaps.Load(),
-		Stale:          c.stale.Load(),
-		MetaUpdates:    c.metaUpdates.Load(),
-		EpochDrops:     c.epochDrops.Load(),
-		FullRequests:   c.fullRequests.Load(),
-		FullServed:     c.fullServed.Load(),
-		JoinAttempts:   c.joinAttempts.Load(),
-		JoinFailures:   c.joinFailures.Load(),
+		Stats:         ms,
+		Sent:          c.sent.byKind(),
+		Received:      c.recv.byKind(),
+		SendErrors:    c.sendErrors.Load(),
+		DecodeErrors:  c.decodeErrors.Load(),
+		MetaErrors:    c.metaErrors.Load(),
+		NewerDropped:  c.newerDropped.Load(),
+		NewerRead:     c.newerRead.Load(),
+		InboxDrops:    c.inboxDrops.Load(),
+		OutboxDrops:   c.outboxDrops.Load(),
+		UnknownOrigin: c.unknownOrigin.Load(),
+		Held:          c.held.Load(),
+		Gaps:          c.gaps.Load(),
+		Stale:         c.stale.Load(),
+		MetaUpdates:   c.metaUpdates.Load(),
+		EpochDrops:    c.epochDrops.Load(),
+		FullRequests:  c.fullRequests.Load(),
+		FullServed:    c.fullServed.Load(),
 	}
 }

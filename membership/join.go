@@ -1,4 +1,4 @@
-package gossip
+package membership
 
 import (
 	"context"
@@ -18,7 +18,7 @@ const (
 // are not live members. memberlist never heals a partition by itself
 // (docs/reference/libraries.md §1.9); this does.
 type joiner struct {
-	m        *Mesh
+	ms       *Members
 	seeds    []string
 	resolver Resolver
 	rng      *rand.Rand          // used by the join goroutine only
@@ -30,10 +30,10 @@ type joiner struct {
 // lookups in progress. It returns when Shutdown closes done, or after the
 // first successful join when RejoinInterval is 0.
 func (j *joiner) loop(ctx context.Context, first chan<- bool) {
-	defer j.m.wg.Done()
+	defer j.ms.wg.Done()
 	joined := j.attempt(ctx)
 	first <- joined
-	every := j.m.cfg.RejoinInterval
+	every := j.ms.cfg.RejoinInterval
 	backoff := firstBackoff
 	for {
 		var wait time.Duration
@@ -48,7 +48,7 @@ func (j *joiner) loop(ctx context.Context, first chan<- bool) {
 		}
 		t := time.NewTimer(jitter(wait, j.rng.Float64()))
 		select {
-		case <-j.m.done:
+		case <-j.ms.done:
 			t.Stop()
 			return
 		case <-t.C:
@@ -78,8 +78,8 @@ func (j *joiner) attempt(ctx context.Context) bool {
 	if len(j.seeds) == 0 {
 		return true
 	}
-	ml := j.m.ml.Load()
-	live := j.m.members.addrs()
+	ml := j.ms.ml
+	live := j.ms.addrs()
 	var todo []string
 	for _, a := range j.resolve(ctx) {
 		if !live[a] {
@@ -89,14 +89,14 @@ func (j *joiner) attempt(ctx context.Context) bool {
 	if len(todo) == 0 {
 		return true
 	}
-	j.m.stats.joinAttempts.Add(1)
+	j.ms.joinAttempts.Add(1)
 	n, err := ml.Join(todo)
 	if n == 0 {
-		j.m.stats.joinFailures.Add(1)
-		j.m.log.Debug().Err(err).Strs("seeds", todo).Msg("join reached no one")
+		j.ms.joinFailures.Add(1)
+		j.ms.log.Debug().Err(err).Strs("seeds", todo).Msg("join reached no one")
 		return false
 	}
-	j.m.log.Debug().Int("contacted", n).Int("members", ml.NumMembers()).Msg("joined")
+	j.ms.log.Debug().Int("contacted", n).Int("members", ml.NumMembers()).Msg("joined")
 	return true
 }
 
@@ -117,7 +117,7 @@ func (j *joiner) resolve(ctx context.Context) []string {
 		ips, err := j.resolver.LookupHost(lctx, host)
 		cancel()
 		if err != nil {
-			j.m.log.Debug().Err(err).Str("seed", seed).Msg("resolve seed")
+			j.ms.log.Debug().Err(err).Str("seed", seed).Msg("resolve seed")
 			addrs = append(addrs, j.last[seed]...)
 			continue
 		}

@@ -1,4 +1,4 @@
-package gossip
+package membership
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func (r fakeResolver) LookupHost(_ context.Context, host string) ([]string, erro
 
 func TestResolveKeepsLastOnFailure(t *testing.T) {
 	r := fakeResolver{"peers.ns.svc": {"10.0.0.1", "10.0.0.2"}}
-	j := &joiner{m: &Mesh{}, seeds: []string{"peers.ns.svc:7946", "10.0.0.9:1234", "[fd00::1]:7946", "bare"}, resolver: r, last: map[string][]string{}}
+	j := &joiner{ms: &Members{}, seeds: []string{"peers.ns.svc:7946", "10.0.0.9:1234", "[fd00::1]:7946", "bare"}, resolver: r, last: map[string][]string{}}
 	want := []string{"10.0.0.1:7946", "10.0.0.2:7946", "10.0.0.9:1234", "[fd00::1]:7946"}
 	if diff := cmp.Diff(want, j.resolve(context.Background())); diff != "" {
 		t.Errorf("resolve mismatch (-want +got):\n%s", diff)
@@ -74,19 +74,21 @@ func TestResolveKeepsLastOnFailure(t *testing.T) {
 // event callbacks: n0's meta updates make memberlist rewrite its Node in
 // place at n1 all along, which -race reports if attempt reads memberlist's.
 func TestAttemptSkipsLiveSeeds(t *testing.T) {
-	ms := cluster(t, 2, nil)
-	live := ms[1].members.addrs()
-	if !live[gossipAddr(ms[0])] || !live[gossipAddr(ms[1])] || len(live) != 2 {
-		t.Fatalf("n1's live addresses = %v; want n0's %s and its own %s", live, gossipAddr(ms[0]), gossipAddr(ms[1]))
+	ns := cluster(t, 2)
+	live := ns[1].ms.addrs()
+	if !live[addrOf(ns[0])] || !live[addrOf(ns[1])] || len(live) != 2 {
+		t.Fatalf("n1's live addresses = %v; want n0's %s and its own %s", live, addrOf(ns[0]), addrOf(ns[1]))
 	}
-	j := &joiner{m: ms[1], seeds: []string{gossipAddr(ms[0]), gossipAddr(ms[1])}, resolver: fakeResolver{}, last: map[string][]string{}}
-	before := ms[1].Stats().JoinAttempts
+	j := &joiner{ms: ns[1].ms, seeds: []string{addrOf(ns[0]), addrOf(ns[1])}, resolver: fakeResolver{}, last: map[string][]string{}}
+	before := ns[1].ms.Stats().JoinAttempts
 	done := make(chan struct{})
 	go func() { // meta updates at once, one after another
 		defer close(done)
 		for i := range 100 {
-			ms[0].SetDraining(i%2 == 0)
-			time.Sleep(time.Millisecond) // pacing, so the updates go out one by one
+			ns[0].setMeta([]byte{byte(i)})
+			if err := ns[0].ms.UpdateMeta(time.Second); err != nil {
+				t.Errorf("UpdateMeta: %v", err)
+			}
 		}
 	}()
 	for i := 0; ; i++ {
@@ -95,7 +97,7 @@ func TestAttemptSkipsLiveSeeds(t *testing.T) {
 		}
 		select {
 		case <-done:
-			if got := ms[1].Stats().JoinAttempts - before; got != 0 {
+			if got := ns[1].ms.Stats().JoinAttempts - before; got != 0 {
 				t.Errorf("%d join attempts with every seed live; want 0", got)
 			}
 			return
