@@ -42,6 +42,11 @@ type ClusterConfig struct {
 	Sidecars bool
 	// SidecarArgs are appended to every sidecar's command line.
 	SidecarArgs []string
+	// PodSidecarArgs, when set, are appended to pod i's sidecar command
+	// line after SidecarArgs (a flag given twice takes the later value) as
+	// PodSidecarArgs[i % len]: a mesh whose pods are configured apart, as
+	// during a rolling change of a flag. Empty: none.
+	PodSidecarArgs [][]string
 	// SidecarBins, when set, names pod i's sidecar binary as
 	// SidecarBins[i % len] ("" there: BinDir's), for a mesh of mixed
 	// versions (BuildSidecarAt builds an earlier one); UpgradeSidecar
@@ -302,7 +307,11 @@ func (c ClusterConfig) sidecarArgsJoin(p PodInfo, seeds []string) []string {
 		"--block-size", strconv.Itoa(c.Sim.BlockSize),
 		"--log-format", "json",
 	}
-	return append(args, c.SidecarArgs...)
+	args = append(args, c.SidecarArgs...)
+	if len(c.PodSidecarArgs) > 0 {
+		args = append(args, c.PodSidecarArgs[p.Index%len(c.PodSidecarArgs)]...)
+	}
+	return args
 }
 
 // podCPUs is the taskset list pod i runs on (PodCPUs), "" for none.

@@ -96,6 +96,20 @@ func TestSidecarArgsJoinFirstTwo(t *testing.T) {
 	}
 }
 
+func TestPodSidecarArgs(t *testing.T) {
+	cfg, err := ClusterConfig{Dir: "/w", Pods: 3, Model: "m", Sidecars: true, SidecarArgs: []string{"--routing-stride", "4"},
+		PodSidecarArgs: [][]string{{"--routing-stride", "16"}, nil}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"16", "4", "16"} {
+		args := cfg.sidecarArgs(cfg.pod(i))
+		if got := args[len(args)-1]; got != want {
+			t.Errorf("pod %d's sidecar ends with %v; want the stride %s last", i, args[len(args)-4:], want)
+		}
+	}
+}
+
 func TestChildEnvDropsSeedAndTwins(t *testing.T) {
 	got := childEnv([]string{"PATH=/bin", "PYTHONHASHSEED=0", "KVROUTE_MODEL=x", "HOME=/h"})
 	if d := cmp.Diff([]string{"PATH=/bin", "HOME=/h"}, got); d != "" {

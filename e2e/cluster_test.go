@@ -105,11 +105,12 @@ type clusterSpec struct {
 	secret    bool
 	timeScale float64
 	args      []string
-	simArgs   []string // appended to every simulator's command line
-	simEnv    []string // chaos.ClusterConfig.SimEnv
-	cpus      string   // chaos.ClusterConfig.SidecarCPUs
-	podCPUs   []string // chaos.ClusterConfig.PodCPUs
-	env       []string // chaos.ClusterConfig.SidecarEnv
+	podArgs   [][]string // chaos.ClusterConfig.PodSidecarArgs: pod i's after args
+	simArgs   []string   // appended to every simulator's command line
+	simEnv    []string   // chaos.ClusterConfig.SimEnv
+	cpus      string     // chaos.ClusterConfig.SidecarCPUs
+	podCPUs   []string   // chaos.ClusterConfig.PodCPUs
+	env       []string   // chaos.ClusterConfig.SidecarEnv
 	progress  io.Writer
 }
 
@@ -142,6 +143,7 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	// every 50 ms instead of 100 ms.
 	// A key per block: the tests count matches in vLLM blocks.
 	cfg.SidecarArgs = append([]string{"--digest-interval", "50ms", "--routing-stride", "1"}, s.args...)
+	cfg.PodSidecarArgs = s.podArgs
 	f := &fixture{hc: &http.Client{
 		Timeout:   20 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true},

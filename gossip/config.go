@@ -36,6 +36,14 @@ type Config struct {
 	// blockkey.Version.
 	KeyScheme int
 
+	// RoutingStride is how many vLLM blocks each key of our digests stands
+	// for (blockkey.Scheme.Stride, the sidecar's --routing-stride). It is
+	// advertised in the node meta, so that peers of another stride probe
+	// our digest at the positions it keeps (route.Strided), and peers'
+	// digests are probed here as theirs say. Default 4
+	// (blockkey.DefaultScheme).
+	RoutingStride int
+
 	// Engine is the local vLLM's state at Join; SetEngine changes it. The
 	// default, route.EngineServing, suits a mesh that does not watch an
 	// engine; a sidecar starts at route.EngineStarting.
@@ -115,6 +123,7 @@ func DefaultConfig() Config {
 	return Config{
 		Config:             membership.DefaultConfig(),
 		KeyScheme:          blockkey.Version,
+		RoutingStride:      blockkey.DefaultScheme().Stride,
 		FullDigestInterval: time.Minute,
 		LoadPushInterval:   25 * time.Millisecond,
 		LoadPushDelay:      2 * time.Millisecond,
@@ -181,6 +190,9 @@ func (c Config) withDefaults() Config {
 	if c.KeyScheme == 0 {
 		c.KeyScheme = d.KeyScheme
 	}
+	if c.RoutingStride <= 0 {
+		c.RoutingStride = d.RoutingStride
+	}
 	return c
 }
 
@@ -198,6 +210,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine address of %d bytes: %w", len(c.EngineAddr), ErrConfig)
 	case c.KeyScheme < 0 || c.KeyScheme > 255:
 		return fmt.Errorf("key scheme %d: %w", c.KeyScheme, ErrConfig)
+	case c.RoutingStride > maxStride:
+		return fmt.Errorf("routing stride %d, at most %d: %w", c.RoutingStride, maxStride, ErrConfig)
 	}
 	return nil
 }

@@ -73,7 +73,7 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 		hooks:   h,
 		inbox:   make(chan []byte, cfg.InboxDepth),
 		done:    make(chan struct{}),
-		table:   newTable(),
+		table:   newTable(cfg.RoutingStride),
 		members: members{senders: map[string]*sender{}},
 	}
 	m.advert.kick = make(chan struct{}, 1)
@@ -82,6 +82,7 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 		EngineAddr: cfg.EngineAddr,
 		Models:     slices.Clone(cfg.Models),
 		KeyScheme:  uint8(cfg.KeyScheme),
+		Stride:     cfg.RoutingStride,
 		Engine:     cfg.Engine,
 	}
 	if err := m.advert.encodeLocked(); err != nil { // no one else holds m yet

@@ -677,3 +677,42 @@ func TestMetaQuiet(t *testing.T) {
 	a.SetEngine(route.EngineDown)
 	waitFor(t, 5*time.Second, "a meta update for the engine", func() bool { return a.Stats().MetaUpdates > before })
 }
+
+// TestMeshMixedStrides checks peers of different routing strides match
+// each other's digests in their own keys: a mesh can change its stride by
+// a rolling update, and a pod of another stride is not cold to the rest.
+func TestMeshMixedStrides(t *testing.T) {
+	ms := cluster(t, 2, func(i int, c *Config) { c.RoutingStride = []int{16, 4}[i] })
+	tokens := make([]uint32, 16*64+1) // 64 blocks: 4 keys at stride 16, 16 at 4
+	for i := range tokens {
+		tokens[i] = uint32(i * 7)
+	}
+	root := blockkey.Root("m", "", "")
+	k16 := blockkey.Scheme{BlockSize: 16, Stride: 16}.Request(root, tokens)
+	k4 := blockkey.Scheme{BlockSize: 16, Stride: 4}.Request(root, tokens)
+	if err := ms[0].PublishDigest(testDigest("n0", 1, 1, k16[:3]...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ms[1].PublishDigest(testDigest("n1", 1, 1, k4[:8]...)); err != nil {
+		t.Fatal(err)
+	}
+	prefix := func(m *Mesh, id string, keys []blockkey.Key) int {
+		v, ok := view(m, id)
+		if !ok || v.Digest == nil {
+			return -1
+		}
+		return v.Digest.PrefixLen(keys)
+	}
+	waitFor(t, 5*time.Second, "each digest at the other", func() bool {
+		return prefix(ms[1], "n0", k4) > 0 && prefix(ms[0], "n1", k16) > 0
+	})
+	if got := prefix(ms[1], "n0", k4); got != 12 {
+		t.Errorf("n1 (stride 4) matches %d of its keys at n0 (stride 16, 3 keys); want 12", got)
+	}
+	if got := prefix(ms[0], "n1", k16); got != 2 {
+		t.Errorf("n0 (stride 16) matches %d of its keys at n1 (stride 4, 8 keys); want 2", got)
+	}
+	if v, _ := view(ms[1], "n1"); v.Digest.PrefixLen(k4) != 8 {
+		t.Errorf("n1's own view matches %d; want its 8", v.Digest.PrefixLen(k4))
+	}
+}

@@ -41,6 +41,13 @@ type Meta struct {
 	// ask that vLLM about a stored response while its sidecar is away
 	// (forward/direct.go).
 	EngineAddr string
+	// Stride is how many vLLM blocks each of the node's digest keys
+	// stands for (blockkey.Scheme.Stride, its --routing-stride), appended
+	// after EngineAddr; 0: not said (a sender that predates the field),
+	// read as the reader's own. Keys are chained per block, so a node
+	// whose stride is a multiple of ours holds a subset of our keys, and
+	// one whose stride divides ours holds all of them (route.Strided).
+	Stride int
 	// StoreGone: the node's vLLM no longer listens, so the Responses
 	// store in its memory is gone; set as its sidecar leaves (a flag v0.1.0
 	// ignores). Peers take its stored responses as gone at once.
@@ -53,7 +60,8 @@ type Meta struct {
 //	epoch uvarint | version uvarint | running uvarint | waiting uvarint |
 //	kv usage milli uvarint | serving uvarint | queued prefill uvarint |
 //	model count u8 | (len u8 | name)* |
-//	appended: ranks uvarint | engine addr len u8 | engine addr
+//	appended: ranks uvarint | engine addr len u8 | engine addr |
+//	          stride uvarint
 //
 // The first byte is the sender's WireVersion: v0.1.0 wrote 1 there as the
 // meta's version and reads any version of 1 or more with this layout,
@@ -74,6 +82,7 @@ const (
 	maxAPIAddrBytes = 255
 	maxModelBytes   = 255
 	maxModels       = 255
+	maxStride       = 1 << 10 // 16k tokens a key at vLLM's block size: far above any sane stride
 
 	flagDraining        = 1 << 0
 	flagHasDigest       = 1 << 1
@@ -163,12 +172,19 @@ func appendedFields(m Meta, wire uint8) []byte {
 	if m.Ranks > 0 && m.Ranks <= bloom.MaxRanks {
 		ranks = m.Ranks
 	}
-	if ranks > 0 || m.EngineAddr != "" {
+	stride := 0
+	if m.Stride > 0 && m.Stride <= maxStride {
+		stride = m.Stride
+	}
+	if ranks > 0 || m.EngineAddr != "" || stride > 0 {
 		b = binary.AppendUvarint(b, uint64(ranks))
 	}
-	if m.EngineAddr != "" {
+	if m.EngineAddr != "" || stride > 0 {
 		b = append(b, byte(len(m.EngineAddr)))
 		b = append(b, m.EngineAddr...)
+	}
+	if stride > 0 {
+		b = binary.AppendUvarint(b, uint64(stride))
 	}
 	return b
 }
@@ -225,6 +241,12 @@ func DecodeMeta(b []byte) (Meta, error) {
 		}
 		if len(r.b) > 0 && r.err == nil {
 			m.EngineAddr = string(r.bytes(int(r.byte())))
+		}
+		// A stride this build cannot use is not said.
+		if len(r.b) > 0 && r.err == nil {
+			if m.Stride = r.int(); m.Stride > maxStride {
+				m.Stride = 0
+			}
 		}
 	}
 	if r.err != nil {

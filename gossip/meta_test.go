@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"strings"
@@ -135,7 +136,7 @@ func TestDecodeMetaErrors(t *testing.T) {
 }
 
 func TestDecodeMetaIgnoresAppendedFields(t *testing.T) {
-	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1, Ranks: 2, EngineAddr: "a:2"} // a later version that appends fields
+	in := Meta{APIAddr: "a:1", Models: []string{"m"}, Wire: WireVersion + 1, Ranks: 2, EngineAddr: "a:2", Stride: 8} // a later version that appends fields
 	b, _ := EncodeMeta(in, 512)
 	got, err := DecodeMeta(append(b, 1, 2, 3))
 	if err != nil {
@@ -143,6 +144,44 @@ func TestDecodeMetaIgnoresAppendedFields(t *testing.T) {
 	}
 	if diff := cmp.Diff(in, got); diff != "" {
 		t.Errorf("DecodeMeta(v%d) mismatch (-want +got):\n%s", in.Wire, diff)
+	}
+}
+
+// TestMetaStride checks the appended stride: written alone it brings the
+// fields before it (unset), a meta that ends before it reads as not said,
+// and a stride this build cannot use reads as not said.
+func TestMetaStride(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		in   Meta
+		want int
+	}{
+		{"alone", Meta{APIAddr: "a:1", Stride: 16}, 16},
+		{"with the others", Meta{APIAddr: "a:1", Ranks: 2, EngineAddr: "a:2", Stride: 4}, 4},
+		{"not said", Meta{APIAddr: "a:1", Ranks: 2, EngineAddr: "a:2"}, 0},
+		{"too large", Meta{APIAddr: "a:1", Stride: maxStride + 1}, 0},
+		{"wire 1", Meta{APIAddr: "a:1", Stride: 4, Wire: 1}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := EncodeMeta(tt.in, maxMetaBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeMeta(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Stride != tt.want || got.Ranks != tt.in.Ranks || got.EngineAddr != tt.in.EngineAddr {
+				t.Errorf("decoded stride %d, ranks %d, engine %q; want %d, %d, %q", got.Stride, got.Ranks, got.EngineAddr, tt.want, tt.in.Ranks, tt.in.EngineAddr)
+			}
+		})
+	}
+	// A stride past the limit in the bytes (a newer or bad sender) is
+	// not said either.
+	b, _ := EncodeMeta(Meta{APIAddr: "a:1", EngineAddr: "e"}, maxMetaBytes)
+	b = binary.AppendUvarint(b, maxStride+1)
+	if got, err := DecodeMeta(b); err != nil || got.Stride != 0 {
+		t.Errorf("DecodeMeta(stride %d) = %d, %v; want 0, nil", maxStride+1, got.Stride, err)
 	}
 }
 
@@ -330,7 +369,7 @@ func TestMeshAdvertisesRanks(t *testing.T) {
 }
 
 func TestOldestWire(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	if got := tb.oldestWire(); got != WireVersion {
 		t.Errorf("oldestWire(no peers) = %d; want ours, %d", got, WireVersion)
 	}
@@ -366,6 +405,8 @@ func FuzzMeta(f *testing.F) {
 	f.Add(ranked)
 	engine, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, EngineAddr: "a:2", StoreGone: true}, 512)
 	f.Add(engine)
+	strided, _ := EncodeMeta(Meta{APIAddr: "a:1", Models: []string{"m"}, Stride: 16}, 512)
+	f.Add(strided)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMeta(b)
 		if err != nil {

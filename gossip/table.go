@@ -13,7 +13,8 @@ import (
 // table is the view of every live peer: its meta, its digest and its recent
 // failures. It is plain data, with time passed in; Mesh.tableMu guards it.
 type table struct {
-	peers map[string]*peer
+	peers  map[string]*peer
+	stride int // ours (Config.RoutingStride): views probe peers' digests in our keys
 }
 
 type peer struct {
@@ -57,7 +58,7 @@ const (
 	unknown         // from a node not in the table
 )
 
-func newTable() *table { return &table{peers: map[string]*peer{}} }
+func newTable(stride int) *table { return &table{peers: map[string]*peer{}, stride: stride} }
 
 // upsert records a peer joining or updating its meta. metaOK false keeps the
 // previous meta (a malformed update changes nothing). It reports whether the
@@ -323,7 +324,7 @@ func (t *table) views() []route.PeerView {
 			v.LoadAt = time.Time{}
 		}
 		if p.current() { // a nil *Digest in the interface would not be nil
-			v.Digest, v.DigestAt = p.digest, p.digestAt
+			v.Digest, v.DigestAt = route.Strided(p.digest, p.meta.Stride, t.stride), p.digestAt
 		}
 		vs = append(vs, v)
 	}

@@ -46,7 +46,7 @@ func TestTableApplyDelta(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tb := newTable()
+			tb := newTable(4)
 			tb.upsert("p", metaAt(1, 5), true, t0)
 			tb.peers["p"].digest = tt.copy
 			got, dropped := tb.applyDelta(tt.x, t0.Add(time.Second))
@@ -62,7 +62,7 @@ func TestTableApplyDelta(t *testing.T) {
 }
 
 func TestTableAppliedDeltaIsTestable(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("p", metaAt(1, 1), true, t0)
 	if o := tb.applyDigest(testDigest("p", 1, 1, 100), t0); o != applied {
 		t.Fatalf("applyDigest = %v; want applied", o)
@@ -93,7 +93,7 @@ func TestTableApplyDigest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tb := newTable()
+			tb := newTable(4)
 			tb.upsert("p", metaAt(1, 5), true, t0)
 			tb.peers["p"].digest = tt.copy
 			if got := tb.applyDigest(tt.in, t0); got != tt.want {
@@ -123,7 +123,7 @@ func TestTableUpsertEpoch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tb := newTable()
+			tb := newTable(4)
 			tb.upsert("p", tt.before, true, t0)
 			tb.peers["p"].digest = tt.copy
 			if got := tb.upsert("p", tt.after, tt.afterOK, t0.Add(time.Second)); got != tt.wantDropped {
@@ -145,7 +145,7 @@ func TestTableUpsertEpoch(t *testing.T) {
 
 func TestTableRepairs(t *testing.T) {
 	const after, every = 2 * time.Second, time.Second
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("behind", metaAt(1, 9), true, t0)
 	tb.peers["behind"].digest = testDigest("behind", 1, 5)
 	tb.upsert("current", metaAt(1, 5), true, t0)
@@ -188,7 +188,7 @@ func TestTableReorder(t *testing.T) {
 	d := func(from uint64, k blockkey.Key) bloom.Delta {
 		return bloom.Delta{Node: "p", Epoch: 1, From: from, To: from + 1, Keys: []blockkey.Key{k}}
 	}
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("p", metaAt(1, 1), true, t0)
 	tb.applyDigest(testDigest("p", 1, 1), t0)
 	// A burst handed over newest first.
@@ -230,7 +230,7 @@ func TestTableReorder(t *testing.T) {
 }
 
 func TestTableEarlyBounded(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("p", metaAt(1, 1), true, t0)
 	tb.applyDigest(testDigest("p", 1, 1), t0)
 	var last outcome
@@ -243,7 +243,7 @@ func TestTableEarlyBounded(t *testing.T) {
 }
 
 func TestTableViewsAndFailures(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("b", Meta{APIAddr: "b:8000", Models: []string{"m"}, KeyScheme: 1, Draining: true,
 		Running: 2, Waiting: 1, KVUsageMilli: 500, Serving: 3, QueuedPrefill: 40}, true, t0)
 	tb.upsert("a", Meta{APIAddr: "a:8000"}, true, t0.Add(time.Second))
@@ -268,7 +268,7 @@ func TestTableViewsAndFailures(t *testing.T) {
 }
 
 func TestTableAsk(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("p", Meta{}, true, t0)
 	steps := []struct {
 		id   string
@@ -288,7 +288,7 @@ func TestTableAsk(t *testing.T) {
 }
 
 func TestTableApplyLoad(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	tb.upsert("a", Meta{APIAddr: "a:1", Running: 9, Serving: 9}, true, t0)
 	l := func(s int) route.Load { return route.Load{Running: 1, Serving: s, Fronted: true} }
@@ -343,7 +343,7 @@ func TestAddClaimCopies(t *testing.T) {
 // down engine or a withdrawn digest drops the copy and the claims at once,
 // and a digest of an epoch the pushes do not name is never matched.
 func TestTableEngineState(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	tb.upsert("a", metaAt(1, 5), true, t0)
 	tb.peers["a"].digest = testDigest("a", 1, 5)
 	claim := route.Claim{Key: 7, Keys: 2, At: t0}
@@ -397,7 +397,7 @@ func TestTableEngineState(t *testing.T) {
 
 // TestTableMetaEngine checks a meta's engine counts until a push states it.
 func TestTableMetaEngine(t *testing.T) {
-	tb := newTable()
+	tb := newTable(4)
 	m := metaAt(1, 5)
 	tb.upsert("a", m, true, t0)
 	tb.peers["a"].digest = testDigest("a", 1, 5)

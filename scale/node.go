@@ -86,6 +86,7 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	g.BindPort = cfg.BasePort + i
 	g.APIAddr = net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.BasePort+10000+i))
 	g.Models = []string{model}
+	g.RoutingStride = cfg.RoutingStride
 	g.Engine = route.EngineStarting
 	g.Join = seeds
 	if cfg.FullDigestInterval > 0 {

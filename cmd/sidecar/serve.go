@@ -147,7 +147,8 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.APIAddr = net.JoinHostPort(advertise, strconv.Itoa(port))
 	gcfg.EngineAddr = engineAdvertise(cfg.EngineAdvertiseAddr, vllmURL, advertise)
 	gcfg.Models = []string{cfg.Model}
-	gcfg.Engine = route.EngineStarting // serving once /health says so
+	gcfg.RoutingStride = cfg.RoutingStride // peers of another stride probe our digest at its positions
+	gcfg.Engine = route.EngineStarting     // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
 	gcfg.LoadPushDelay = cfg.LoadPushDelay
 	if cfg.LoadPushDelay == 0 {
