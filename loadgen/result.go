@@ -112,11 +112,22 @@ type APIResult struct {
 	ActualCached    *float64 `json:"actual_cached_tokens,omitempty"`
 }
 
-// Report is the benchmark's JSON document.
+// Report is the benchmark's JSON document: one offered load's results.
 type Report struct {
-	Workload string         `json:"workload"`
-	Pods     int            `json:"pods"`
-	Policies []PolicyResult `json:"policies"`
+	// OfferedLoad is the requests a second offered (a trace's, at its
+	// time scale); 0 in files written before it was recorded.
+	OfferedLoad float64 `json:"offered_load,omitempty"`
+	Workload    string  `json:"workload"`
+	// Trace is the replayed trace's file name, TimeScale its compression;
+	// both unset for a synthetic workload.
+	Trace     string  `json:"trace,omitempty"`
+	TimeScale float64 `json:"time_scale,omitempty"`
+	Pods      int     `json:"pods"`
+	// Seed is the run's --seed; 0 in files written before it was recorded.
+	Seed uint64 `json:"seed,omitempty"`
+	// SidecarArgs are the flags added to every kvroute sidecar.
+	SidecarArgs []string       `json:"sidecar_args,omitempty"`
+	Policies    []PolicyResult `json:"policies"`
 }
 
 // Percentile is the nearest-rank p-th percentile (0 < p <= 100) of sorted

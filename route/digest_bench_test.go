@@ -16,7 +16,7 @@ import (
 // prompt and 20k other keys; one peer holds 75% of the prompt. Stride 4 is
 // the one-key-per-64-tokens granularity.
 func BenchmarkChooseBloom(b *testing.B) {
-	for _, peers := range []int{8, 64, 256} {
+	for _, peers := range []int{8, 64, 256, 1000} {
 		for _, tokens := range []int{1024, 32768} {
 			for _, stride := range []int{1, 4} {
 				b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=%d", peers, tokens, stride), func(b *testing.B) {

@@ -231,8 +231,18 @@ func writeOutputs(o options, points []loadgen.SweepPoint, workload string) ([]st
 		return nil, err
 	}
 	var written []string
-	last := points[len(points)-1]
-	rep := loadgen.Report{Workload: workload, Pods: o.Pods, Policies: last.Policies}
+	// report is point i as the JSON records it; points are in o.loads()'
+	// order, which for a trace are its time scales.
+	report := func(i int) loadgen.Report {
+		pt := points[i]
+		r := loadgen.Report{OfferedLoad: pt.Rate, Workload: workload, Pods: o.Pods, Seed: o.Seed, SidecarArgs: o.SidecarArgs,
+			Policies: pt.Policies}
+		if o.Trace != "" {
+			r.Trace, r.TimeScale = filepath.Base(o.Trace), o.loads()[i]
+		}
+		return r
+	}
+	rep := report(len(points) - 1)
 	if err := os.MkdirAll(filepath.Dir(o.JSON), 0o755); err != nil {
 		return nil, err
 	}
@@ -250,9 +260,8 @@ func writeOutputs(o options, points []loadgen.SweepPoint, workload string) ([]st
 	written = append(written, o.JSON)
 
 	var md []byte
-	for _, pt := range points {
-		md = fmt.Appendf(md, "## offered load %.3g requests/s\n\n%s\n", pt.Rate,
-			loadgen.Markdown(loadgen.Report{Workload: workload, Pods: o.Pods, Policies: pt.Policies}))
+	for i, pt := range points {
+		md = fmt.Appendf(md, "## offered load %.3g requests/s\n\n%s\n", pt.Rate, loadgen.Markdown(report(i)))
 		name := "ttft-cdf.png"
 		if len(points) > 1 {
 			name = fmt.Sprintf("ttft-cdf-%.3g.png", pt.Rate)
@@ -275,13 +284,9 @@ func writeOutputs(o options, points []loadgen.SweepPoint, workload string) ([]st
 		if err != nil {
 			return written, err
 		}
-		type point struct {
-			OfferedLoad float64 `json:"offered_load"`
-			loadgen.Report
-		}
-		sweep := make([]point, len(points))
-		for i, pt := range points {
-			sweep[i] = point{pt.Rate, loadgen.Report{Workload: workload, Pods: o.Pods, Policies: pt.Policies}}
+		sweep := make([]loadgen.Report, len(points))
+		for i := range points {
+			sweep[i] = report(i)
 		}
 		b, err := json.MarshalIndent(sweep, "", "  ")
 		if err != nil {

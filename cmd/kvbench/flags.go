@@ -76,6 +76,9 @@ type options struct {
 	// Story plays the five-request scene on a 3-pod cluster before the
 	// benchmark (story.go).
 	Story bool
+	// Grid, when set, lists directories of earlier runs to tabulate
+	// instead of running (loadgen.ReadGrid).
+	Grid []string
 	// Build runs go build for the binaries in BinDir first.
 	Build bool
 	// SidecarArgs are added to every sidecar's command line.
@@ -111,8 +114,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 			"first builds vllm-sim and sidecar into --bin (run it from the repository).\n\n"+
 			"  kvbench --story --pods 4 --workload shared-prefix --policies service,kvroute --duration 20s\n"+
 			"  kvbench --workload doc-qa --sweep 5,10,20 --policies service,least-loaded,kvroute\n"+
-			"  kvbench --trace conversation_trace.jsonl --time-scale 2 --policies service,kvroute")
-	var policies, sweep string
+			"  kvbench --trace conversation_trace.jsonl --time-scale 2 --policies service,kvroute\n"+
+			"  kvbench --grid out/grid   # tabulate the runs under out/grid, one cell per load, medians of seeds")
+	var policies, sweep, grid string
 	fs.IntVar(&o.Pods, "pods", 4, "simulated vLLM pods")
 	fs.StringVar(&o.Workload, "workload", "shared-prefix", "one of "+strings.Join(loadgen.Workloads, ", ")+", or mooncake (with --trace)")
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay (implies --workload mooncake)")
@@ -122,6 +126,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.Duration, "duration", 30*time.Second, "arrivals are sent during this long (a trace is cut there)")
 	fs.StringVar(&o.JSON, "json", "", "write the results JSON here (default OUT/results.json)")
 	fs.StringVar(&o.Out, "out", "out", "directory for results.json, results.md and the PNG plots")
+	fs.StringVar(&grid, "grid", "", "comma-separated directories of earlier runs: print their results as one table (a row per workload, pods and load, medians over the seeds found; kvroute against central-precise, lmetric and its request-count self) and run nothing")
 	fs.StringVar(&sweep, "sweep", "", "comma-separated offered loads to sweep (requests/s; time scales with --trace)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and of the Service's pod choice")
 	fs.IntVar(&o.BlocksPerPod, "blocks-per-pod", 2048, "KV cache blocks of 16 tokens per pod (--num-gpu-blocks-override)")
@@ -147,6 +152,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, d := range strings.Split(grid, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			o.Grid = append(o.Grid, d)
+		}
 	}
 	if o.Trace != "" {
 		o.Workload = "mooncake"

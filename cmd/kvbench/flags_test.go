@@ -38,6 +38,11 @@ func TestParseFlags(t *testing.T) {
 					t.Errorf("%+v", o)
 				}
 			}},
+		{name: "grid", args: []string{"--grid", "out/a, out/b,"}, check: func(t *testing.T, o options) {
+			if !slices.Equal(o.Grid, []string{"out/a", "out/b"}) {
+				t.Errorf("grid %q; want out/a and out/b", o.Grid)
+			}
+		}},
 		{name: "unknown policy", args: []string{"--policies", "service,magic"}, wantErr: "unknown policy"},
 		{name: "policy twice", args: []string{"--policies", "kvroute,kvroute"}, wantErr: "twice"},
 		{name: "no policies", args: []string{"--policies", ""}, wantErr: "none"},

@@ -63,6 +63,14 @@ func cmdMain(args []string, stdout, stderr io.Writer) int {
 // run builds, benchmarks every policy at every load, prints the table to
 // out and progress to log, and writes the result files.
 func run(ctx context.Context, o options, out, log io.Writer) error {
+	if len(o.Grid) > 0 {
+		cells, err := loadgen.ReadGrid(o.Grid)
+		if err != nil {
+			return err
+		}
+		_, err = io.WriteString(out, loadgen.GridMarkdown(cells))
+		return err
+	}
 	begin := time.Now()
 	progress := log
 	if o.Quiet {
