@@ -157,6 +157,25 @@ func (h *Handler) directTarget(node string) (tg target, reached, ok bool) {
 // vanished is a holding: nothing listens where the engine was reached.
 const vanished holding = absent + 1
 
+// storeVanished reports whether p's last attempt, failed with err, was at a
+// peer's vLLM itself that this front reached there before and where
+// nothing listens now: the node and the address, the proof askEngine
+// takes for a store that is gone.
+func (h *Handler) storeVanished(p *plan, err error) (node, addr string, ok bool) {
+	if p == nil || len(p.tried) == 0 || len(p.tried) > len(p.targets) || !noListener(err) {
+		return "", "", false
+	}
+	tg := p.targets[len(p.tried)-1]
+	if !tg.Direct || tg.Peer == "" {
+		return "", "", false
+	}
+	known, reached := h.engines.lookup(tg.Peer)
+	if !reached || known != tg.URL.Host {
+		return "", "", false
+	}
+	return tg.Peer, known, true
+}
+
 // askEngine asks node's vLLM itself whether it holds response id. It
 // answers unknown for an engine this sidecar never reached; vanished when
 // the address refuses connections or has no host any more.

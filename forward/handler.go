@@ -946,6 +946,16 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil {
 		api = st.api
 		if st.reason == ReasonStored {
+			if node, addr, ok := h.storeVanished(st.plan, err); ok {
+				// Its vLLM, reached there before, no longer listens: the
+				// store in its memory went with it (a pod deleted while its
+				// sidecar drains, whose peers send its stored requests to
+				// its vLLM directly).
+				h.metrics.badRequests.WithLabelValues("stored_gone", api.String()).Inc()
+				writeAPIError(w, api, http.StatusNotFound, fmt.Sprintf(
+					"Response not found: it was stored on pod %s, which is gone (its engine no longer listens at %s)", node, addr))
+				return
+			}
 			// Only that pod holds the response: say so, retryably, until the
 			// mesh knows whether it is gone (then a 404 says that).
 			h.metrics.badRequests.WithLabelValues("stored_unreachable", api.String()).Inc()

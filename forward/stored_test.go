@@ -519,6 +519,19 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, _ *httptest.Server) {
 				v.Draining = true
 			}},
+		// The pod is being deleted: its sidecar drains, and its vLLM has
+		// already exited. The direct attempt is refused where it was
+		// reached before: the store is gone, and the 404 says so at once
+		// (it was a retryable 503 until the sidecar left the mesh).
+		{name: "sidecar draining, its vLLM gone", reach: true, status: 404, msg: "p1, which is gone (its engine no longer listens", direct: true,
+			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, engine *httptest.Server) {
+				v.Draining = true
+				engine.Close()
+			}},
+		{name: "sidecar draining, its vLLM never reached: a refusal proves nothing", status: 503, msg: "cannot be reached", direct: true,
+			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, _ *httptest.Server) {
+				v.Draining = true
+			}},
 		{name: "pod gone: nothing listens where its engine was", reach: true, status: 404, msg: "p1, which is gone (its engine no longer listens",
 			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, engine *httptest.Server) {
 				p1.srv.Close()
