@@ -16,7 +16,11 @@ import "github.com/kvroute/kvroute/blockkey"
 //     ours: the result matches nothing, as a peer of another key scheme.
 //
 // A stride of 0 or less is not said, and is read as own: m as it is.
-// The result is a TierMatcher when m is.
+// The result is a TierMatcher when m is. A finer peer's lower-tier
+// entries (every TierStride of its keys) are then probed every TierStride
+// of ours: positions it keeps entries at too, but not all of them, so a
+// gap between two probed entries goes unseen (a rolling change of stride
+// on pods with a CPU tier, for its minutes).
 func Strided(m Matcher, peer, own int) Matcher {
 	if m == nil || peer <= 0 || own <= 0 || own%peer == 0 {
 		return m
