@@ -175,7 +175,7 @@ var liveEngine = []string{FaultHangEngine, FaultKillSidecar, FaultRestartSidecar
 //   - netns only: a servable follow-up lost while its pod was partitioned
 //     away longer than the clients' retries;
 //   - a servable follow-up whose stream is cut while its pod's sidecar
-//     restarts: sent as the sidecar's drain ends (one run in three or so
+//     restarts: sent as the sidecar's drain ends (2 runs in 11 or so
 //     on loopback, at the same turn each time, from f1cf8f5 on at
 //     least), the hop reaches the sidecar after its wait
 //     for in-flight requests returned, and the sidecar exits under it.
