@@ -177,7 +177,7 @@ var liveEngine = []string{FaultHangEngine, FaultKillSidecar, FaultRestartSidecar
 //   - a servable follow-up whose stream is cut while its pod's sidecar
 //     restarts: sent as the sidecar's drain ends (2 runs in 11 or so
 //     on loopback, at the same turn each time, from f1cf8f5 on at
-//     least), the hop reaches the sidecar after its wait
+//     least), the hop probably reaches the sidecar after its wait
 //     for in-flight requests returned, and the sidecar exits under it.
 //     The entry should have sent it to the draining pod's vLLM directly;
 //     why it did not is not known yet.
