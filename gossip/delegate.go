@@ -54,7 +54,7 @@ func (d delegate) Left(n membership.Node) {
 	d.m.responsesLeft(n.Name, meta.StoreGone)
 }
 
-// Updated records a peer's new meta and address (members.go).
+// Updated records a peer's new meta (members.go).
 func (d delegate) Updated(n membership.Node) {
 	meta, ok := d.meta(n)
 	d.m.peerUpdated(n, meta, ok)

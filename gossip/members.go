@@ -49,7 +49,7 @@ func (m *Mesh) peerJoined(n membership.Node, meta Meta, metaOK bool) {
 	m.tableMu.Lock()
 	m.table.upsert(n.Name, meta, metaOK, m.now())
 	m.tableMu.Unlock()
-	if !m.addSender(n) {
+	if !m.addSender(n.Name) {
 		return
 	}
 	// The newcomer routes to us only once it has our push (route's
@@ -59,23 +59,23 @@ func (m *Mesh) peerJoined(n membership.Node, meta Meta, metaOK bool) {
 	m.load.mu.Unlock()
 }
 
-// addSender starts (or refreshes) the sender to a joined peer and queues
-// our full digest for it; false once the mesh is closed.
-func (m *Mesh) addSender(n membership.Node) bool {
+// addSender starts the sender to a joined peer, if it has none, and
+// queues our full digest for it; false once the mesh is closed. The
+// membership keeps the peer's address.
+func (m *Mesh) addSender(id string) bool {
 	ms := &m.members
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	if ms.closed {
 		return false
 	}
-	s := ms.senders[n.Name]
+	s := ms.senders[id]
 	if s == nil {
-		s = newSender(m, n.Name, m.cfg.OutboxDepth)
-		ms.senders[n.Name] = s
+		s = newSender(m, id, m.cfg.OutboxDepth)
+		ms.senders[id] = s
 		m.wg.Add(1) // under mu, before Shutdown can close and Wait
 		go s.run()
 	}
-	s.node.Store(&n)
 	s.requestFull()
 	return true
 }
@@ -94,14 +94,10 @@ func (m *Mesh) peerLeft(id string) {
 	}
 }
 
-// peerUpdated records a peer's new meta and address. When the meta moves
-// the digest epoch on, the old copy is dropped and a full digest requested
-// at once.
+// peerUpdated records a peer's new meta. When the meta moves the digest
+// epoch on, the old copy is dropped and a full digest requested at once.
 func (m *Mesh) peerUpdated(n membership.Node, meta Meta, metaOK bool) {
 	now := m.now()
-	if s := m.members.get(n.Name); s != nil {
-		s.node.Store(&n)
-	}
 	m.tableMu.Lock()
 	defer m.tableMu.Unlock()
 	if _, known := m.table.peers[n.Name]; !known {

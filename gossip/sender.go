@@ -3,8 +3,6 @@ package gossip
 import (
 	"sync"
 	"sync/atomic"
-
-	"github.com/kvroute/kvroute/membership"
 )
 
 // sender sends to one peer, in order, from its own goroutine, so a slow or
@@ -21,7 +19,6 @@ import (
 type sender struct {
 	m        *Mesh
 	id       string
-	node     atomic.Pointer[membership.Node] // the peer's address, refreshed on update
 	q        chan out
 	kick     chan struct{} // wakes run when wantFull is set
 	wantFull atomic.Bool
@@ -161,15 +158,15 @@ func (s *sender) run() {
 }
 
 func (s *sender) send(o out) {
-	ms, node := s.m.ms.Load(), s.node.Load()
-	if ms == nil || node == nil {
+	ms := s.m.ms.Load()
+	if ms == nil {
 		s.m.stats.sendErrors.Add(1)
 		return
 	}
 	if drop := s.m.hooks.dropOut; drop != nil && drop(s.id, o.b) {
 		return
 	}
-	if err := ms.Send(*node, o.b, o.reliable); err != nil {
+	if err := ms.Send(s.id, o.b, o.reliable); err != nil {
 		s.m.stats.sendErrors.Add(1)
 		s.m.log.Debug().Err(err).Str("peer", s.id).Msg("gossip send failed")
 		return

@@ -10,7 +10,7 @@
 //
 //	ms, err := membership.New(cfg, d, ev) // memberlist is up; d and ev are called from here on
 //	ms.Join(ctx)                          // the seeds; never fails for want of peers
-//	ms.Send(node, b, reliable)            // to a Node an event handed over
+//	ms.Send(name, b, reliable)            // to a live peer, at its last event's address
 //	ms.UpdateMeta(time.Second)            // after d.NodeMeta's answer changed
 //	ms.Leave(5 * time.Second); ms.Shutdown()
 //

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -27,7 +28,7 @@ type Members struct {
 
 	self  atomic.Pointer[Node] // this node, as memberlist last announced it
 	mu    sync.Mutex
-	peers map[string]Node // every live peer as of its last event
+	peers map[string]Node // every live peer as of its last event: Send's addresses, the joiner's live set
 
 	done     chan struct{} // closed by Shutdown
 	stopJoin context.CancelFunc
@@ -140,8 +141,18 @@ func (ms *Members) Join(ctx context.Context) {
 	}
 }
 
-// Send sends b to n: by TCP when reliable, else by UDP.
-func (ms *Members) Send(n Node, b []byte, reliable bool) error {
+// ErrNotMember is Send's error for a name that is no live peer.
+var ErrNotMember = errors.New("not a live member")
+
+// Send sends b to the live peer of that name, at the address of its last
+// event: by TCP when reliable, else by UDP.
+func (ms *Members) Send(name string, b []byte, reliable bool) error {
+	ms.mu.Lock()
+	n, ok := ms.peers[name]
+	ms.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("send to %s: %w", name, ErrNotMember)
+	}
 	if reliable {
 		return ms.ml.SendReliable(&n.ml, b)
 	}

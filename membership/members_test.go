@@ -167,7 +167,7 @@ func TestMembersEventsAndMessages(t *testing.T) {
 
 	for _, reliable := range []bool{false, true} {
 		msg := []byte(fmt.Sprintf("hello reliable=%v", reliable))
-		if err := ns[0].ms.Send(peer, msg, reliable); err != nil {
+		if err := ns[0].ms.Send("n1", msg, reliable); err != nil {
 			t.Fatalf("Send(reliable=%v): %v", reliable, err)
 		}
 		waitFor(t, 5*time.Second, string(msg), func() bool {
@@ -207,6 +207,9 @@ func TestMembersEventsAndMessages(t *testing.T) {
 		}
 		return gone && !ns[0].ms.addrs()[addrOf(ns[2])]
 	})
+	if err := ns[0].ms.Send("n2", []byte{1}, true); !errors.Is(err, ErrNotMember) {
+		t.Errorf("Send to n2, which left: %v; want ErrNotMember", err)
+	}
 	if st := ns[0].ms.Stats(); st.SocketSent == 0 || st.SocketReceived == 0 {
 		t.Errorf("socket bytes %+v; want both counted", st)
 	}
