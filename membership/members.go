@@ -31,8 +31,7 @@ type Members struct {
 	peers map[string]Node // every live peer as of its last event: Send's addresses, the joiner's live set
 
 	done     chan struct{} // closed by Shutdown
-	stopJoin context.CancelFunc
-	joining  bool
+	stopJoin context.CancelFunc // set by Join; nil before
 	wg       sync.WaitGroup // the joiner
 	shut     sync.Once
 	shutErr  error
@@ -131,7 +130,7 @@ func (ms *Members) Join(ctx context.Context) {
 		return
 	default:
 	}
-	ms.stopJoin, ms.joining = stop, true
+	ms.stopJoin = stop
 	ms.wg.Add(1)
 	ms.mu.Unlock()
 	go j.loop(jctx, first)
@@ -213,7 +212,7 @@ func (ms *Members) Shutdown() error {
 	ms.shut.Do(func() {
 		ms.mu.Lock()
 		close(ms.done)
-		if ms.joining {
+		if ms.stopJoin != nil { // Join ran
 			ms.stopJoin()
 		}
 		ms.mu.Unlock()
