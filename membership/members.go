@@ -30,9 +30,9 @@ type Members struct {
 	mu    sync.Mutex
 	peers map[string]Node // every live peer as of its last event: Send's addresses, the joiner's live set
 
-	done     chan struct{} // closed by Shutdown
+	done     chan struct{}      // closed by Shutdown
 	stopJoin context.CancelFunc // set by Join; nil before
-	wg       sync.WaitGroup // the joiner
+	wg       sync.WaitGroup     // the joiner
 	shut     sync.Once
 	shutErr  error
 }
