@@ -68,6 +68,12 @@ func TestScenarioCISmoke(t *testing.T) {
 			t.Logf("failed servable: %+v", f)
 		}
 	}
+	// A stale epoch claim has failed this test about once in 25 runs and
+	// never alone: its record (sent when, after which fault, entered
+	// where) is what the next reader needs.
+	for _, r := range res.StaleClaims {
+		t.Logf("stale epoch claim: %+v", r)
+	}
 	for _, f := range res.Faults {
 		if f.Err != "" {
 			t.Errorf("fault %s on %s: %s", f.Fault, f.Pod, f.Err)
