@@ -68,7 +68,7 @@ func TestScenarioCISmoke(t *testing.T) {
 			t.Logf("failed servable: %+v", f)
 		}
 	}
-	// A stale epoch claim has failed this test about once in 25 runs and
+	// A stale epoch claim has failed this test once in five full runs and
 	// never alone: its record (sent when, after which fault, entered
 	// where) is what the next reader needs.
 	for _, r := range res.StaleClaims {
