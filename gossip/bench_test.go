@@ -171,3 +171,27 @@ func lanTimings(mc *memberlist.Config) {
 	mc.GossipNodes = lan.GossipNodes
 	mc.GossipToTheDeadTime = lan.GossipToTheDeadTime
 }
+
+// BenchmarkViews is what the front pays per request before the choice:
+// the peer table as route.PeerViews (Mesh.Snapshot), one per member with a
+// digest, models and load.
+func BenchmarkViews(b *testing.B) {
+	for _, n := range []int{8, 64, 1000} {
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			tb := newTable(4)
+			for i := range n {
+				id := fmt.Sprintf("pod-%03d", i)
+				m := metaAt(1, 1)
+				m.Models = []string{"m", "m-lora"}
+				tb.upsert(id, m, true, t0)
+				tb.applyDigest(testDigest(id, 1, 1, blockkey.Key(i)), t0)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if vs := tb.views(); len(vs) != n {
+					b.Fatalf("views = %d; want %d", len(vs), n)
+				}
+			}
+		})
+	}
+}

@@ -13,7 +13,11 @@ import (
 // table is the view of every live peer: its meta, its digest and its recent
 // failures. It is plain data, with time passed in; Mesh.tableMu guards it.
 type table struct {
-	peers  map[string]*peer
+	peers map[string]*peer
+	// sorted is every entry of peers, by ID: views come out in order
+	// without a sort or a lookup, which at a thousand peers cost more
+	// than the choice itself.
+	sorted []named
 	stride int // ours (Config.RoutingStride): views probe peers' digests in our keys
 }
 
@@ -58,6 +62,13 @@ const (
 	unknown         // from a node not in the table
 )
 
+type named struct {
+	id string
+	p  *peer
+}
+
+func byID(e named, id string) int { return strings.Compare(e.id, id) }
+
 func newTable(stride int) *table { return &table{peers: map[string]*peer{}, stride: stride} }
 
 // upsert records a peer joining or updating its meta. metaOK false keeps the
@@ -70,6 +81,8 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 	if p == nil {
 		p = &peer{}
 		t.peers[id] = p
+		i, _ := slices.BinarySearchFunc(t.sorted, id, byID)
+		t.sorted = slices.Insert(t.sorted, i, named{id, p})
 	}
 	if !metaOK {
 		return false
@@ -139,7 +152,15 @@ func (p *peer) current() bool {
 }
 
 // remove forgets a peer that left or died, with its digest.
-func (t *table) remove(id string) { delete(t.peers, id) }
+func (t *table) remove(id string) {
+	if _, ok := t.peers[id]; !ok {
+		return
+	}
+	delete(t.peers, id)
+	if i, ok := slices.BinarySearchFunc(t.sorted, id, byID); ok {
+		t.sorted = slices.Delete(t.sorted, i, i+1)
+	}
+}
 
 // applyDigest replaces the origin's copy with d unless ours is newer in the
 // same epoch. Another epoch always replaces: epochs are not ordered.
@@ -293,8 +314,9 @@ func (t *table) repairs(now time.Time, reorderWait, lagAfter, interval time.Dura
 // views returns a PeerView of every peer whose meta we could read, sorted by
 // ID. A peer without a readable meta has no address to forward to.
 func (t *table) views() []route.PeerView {
-	vs := make([]route.PeerView, 0, len(t.peers))
-	for id, p := range t.peers {
+	vs := make([]route.PeerView, 0, len(t.sorted))
+	for _, e := range t.sorted {
+		id, p := e.id, e.p
 		if !p.metaOK {
 			continue
 		}
@@ -303,7 +325,8 @@ func (t *table) views() []route.PeerView {
 			Addr: p.meta.APIAddr,
 			// Kept by forward after the peer leaves (forward/direct.go).
 			EngineAddr: p.meta.EngineAddr,
-			Models:     slices.Clone(p.meta.Models),
+			// Shared: a meta is replaced whole, never modified.
+			Models: p.meta.Models,
 			// Models lists only what fits the meta; route knows what that means.
 			ModelsTruncated: p.meta.ModelsTruncated,
 			KeyScheme:       int(p.meta.KeyScheme),
@@ -328,7 +351,6 @@ func (t *table) views() []route.PeerView {
 		}
 		vs = append(vs, v)
 	}
-	slices.SortFunc(vs, func(a, b route.PeerView) int { return strings.Compare(a.ID, b.ID) })
 	return vs
 }
 

@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -410,5 +411,28 @@ func TestTableMetaEngine(t *testing.T) {
 	tb.upsert("a", m, true, t0) // a meta older than the push, gossiped late
 	if v := tb.views()[0]; v.Engine != route.EngineServing {
 		t.Errorf("after a stated push, a late meta set engine %v; want serving", v.Engine)
+	}
+}
+
+// TestTableViewsSorted: views come out by ID whatever the order peers
+// joined and left in, one per peer with a readable meta.
+func TestTableViewsSorted(t *testing.T) {
+	tb := newTable(4)
+	for _, id := range []string{"d", "b", "e", "a", "c", "f"} {
+		tb.upsert(id, metaAt(1, 1), id != "f", t0)
+	}
+	tb.remove("e")
+	tb.remove("e")
+	tb.remove("zz")
+	tb.upsert("e2", metaAt(1, 1), true, t0)
+	var got []string
+	for _, v := range tb.views() {
+		got = append(got, v.ID)
+	}
+	if want := []string{"a", "b", "c", "d", "e2"}; !slices.Equal(got, want) {
+		t.Errorf("views = %v; want %v", got, want)
+	}
+	if len(tb.sorted) != len(tb.peers) {
+		t.Errorf("sorted holds %d entries, peers %d", len(tb.sorted), len(tb.peers))
 	}
 }

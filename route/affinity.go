@@ -39,17 +39,18 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	}
 	cs := a.d.Candidates
 	held := -1 // a scored peer with the longest match
-	for i, pv := range peers {
+	mr := newMatcher(&p.Config, &req, tpk, now, p.Recent)
+	for i := range peers {
 		c := &cs[i]
 		if !c.Eligible {
 			continue
 		}
-		m, tag := matchPeer(pv, req, tpk, now, p.Config, p.Recent)
+		m, tag := mr.match(&peers[i])
 		c.Note = addTag(c.Note, tag)
 		c.setMatch(m, tpk, req.PromptTokens)
 		if a.inBound(i) {
 			c.Scored = true
-			c.Score = p.Config.savedBy(c) - wait(p.Config, c, p.Config.LoadTokens)
+			c.Score = p.Config.savedBy(c) - wait(&p.Config, c, p.Config.LoadTokens)
 			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
 				held = i
 			}
@@ -80,37 +81,58 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	return d
 }
 
-// matchPeer returns what pv holds of the request (its keys, and a batch's
+// matcher matches one request against peer after peer. It holds what
+// every peer's match shares (the request's prompts, scratch space), so
+// that a choice among a thousand peers allocates nothing per peer.
+type matcher struct {
+	cfg      *Config
+	prompts  [][]blockkey.Key // the request's keys, then a batch's further prompts
+	tpk      int
+	now      time.Time
+	r        *Recent
+	per, cur []match // per prompt: the answer, and digestMatch's scratch
+}
+
+func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *matcher {
+	prompts := [][]blockkey.Key{req.Keys}
+	if len(req.Batch) > 0 {
+		prompts = append(prompts, req.Batch...)
+	}
+	return &matcher{cfg: cfg, prompts: prompts, tpk: tpk, now: now, r: r,
+		per: make([]match, len(prompts)), cur: make([]match, len(prompts))}
+}
+
+// match returns what pv holds of the request (its keys, and a batch's
 // further prompts, summed): by its digest, per tier and rank
 // (digestMatch), or on a GPU by r's recent forwards or by its claims where
 // those reach further, prompt by prompt; and a note on where the answer
 // came from.
-func matchPeer(pv PeerView, req Request, tpk int, now time.Time, cfg Config, r *Recent) (match, string) {
-	digestTTL := cfg.DigestTTL
+func (mr *matcher) match(pv *PeerView) (match, string) {
+	cfg, now := mr.cfg, mr.now
 	sum := match{placed: placed{rank: NoRank}}
 	if pv.KeyScheme != blockkey.Version {
 		return sum, fmt.Sprintf("scheme %d", pv.KeyScheme)
 	}
-	prompts := append([][]blockkey.Key{req.Keys}, req.Batch...)
-	per := make([]match, len(prompts))
+	per := mr.per
+	clear(per)
 	var tag string
 	switch {
 	case pv.Digest == nil:
 		tag = "no digest"
-	case digestTTL > 0 && now.Sub(pv.DigestAt) > digestTTL:
+	case cfg.DigestTTL > 0 && now.Sub(pv.DigestAt) > cfg.DigestTTL:
 		tag = "stale digest"
 	default:
-		per, sum.placed = digestMatch(cfg, pv, prompts, tpk)
+		sum.placed = digestMatch(cfg, pv, mr.prompts, mr.tpk, per, mr.cur)
 	}
 	// This sidecar's own forwards know no tier: the prefix they sent is
 	// on a GPU once it is served (on the rank they pinned, if any).
 	var recent, claimed bool
-	for i, keys := range prompts {
+	for i, keys := range mr.prompts {
 		m := per[i]
-		if n := r.prefixLen(pv.ID, keys, now, pv.Since); n > m.gpu {
+		if n := mr.r.prefixLen(pv.ID, keys, now, pv.Since); n > m.gpu {
 			m, recent = m.extend(n), recent || i == 0
 		}
-		if cfg.ClaimTTL > 0 {
+		if cfg.ClaimTTL > 0 && len(pv.Claims) > 0 {
 			if n := claimedLen(pv.Claims, keys, now, cfg.ClaimTTL); n > m.gpu {
 				m, claimed = m.extend(n), claimed || i == 0
 			}

@@ -22,14 +22,9 @@ import (
 func Attempts(d Decision, max int) []string {
 	max = cmp.Or(max, 1)
 	var local *Candidate
-	var next []Candidate
 	for i := range d.Candidates {
-		c := &d.Candidates[i]
-		switch {
-		case c.Local:
-			local = c
-		case c.Eligible && c.ID != d.Target:
-			next = append(next, *c)
+		if d.Candidates[i].Local {
+			local = &d.Candidates[i]
 		}
 	}
 	localOK := local != nil && local.Eligible
@@ -41,30 +36,48 @@ func Attempts(d Decision, max int) []string {
 	case d.Target != "":
 		out = append(out, d.Target)
 	}
-	slices.SortStableFunc(next, func(a, b Candidate) int {
-		if a.Over != b.Over {
-			if a.Over {
-				return 1
-			}
-			return -1
-		}
-		return cmp.Or(cmp.Compare(a.Load, b.Load), cmp.Compare(a.ID, b.ID))
-	})
 	room := max
 	if localOK {
 		room-- // the last try is local's
 	}
-	for _, c := range next {
-		if len(out) >= room {
-			break
+	// The best room-len(out) of the rest, in order: a selection, not a
+	// sort, since a front computes this for every request and a mesh may
+	// have a thousand candidates.
+	next := make([]*Candidate, 0, room)
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
+		if c.Local || !c.Eligible || c.ID == d.Target {
+			continue
 		}
 		if c.Over && localOK && !d.Local {
 			continue // the local engine serves: no need to load a full peer
 		}
+		if len(out)+len(next) >= room && (len(next) == 0 || !before(c, next[len(next)-1])) {
+			continue
+		}
+		j := len(next)
+		for j > 0 && before(c, next[j-1]) {
+			j--
+		}
+		next = slices.Insert(next, j, c)
+		if len(out)+len(next) > room {
+			next = next[:len(next)-1]
+		}
+	}
+	for _, c := range next {
 		out = append(out, c.ID)
 	}
 	if local != nil && ((localOK && len(out) < max) || len(out) == 0) {
 		out = append(out, local.ID)
 	}
 	return out
+}
+
+// before orders failover candidates: within the load bound before over
+// it, lighter first, ties by ID.
+func before(a, b *Candidate) bool {
+	if a.Over != b.Over {
+		return !a.Over
+	}
+	return cmp.Or(cmp.Compare(a.Load, b.Load), cmp.Compare(a.ID, b.ID)) < 0
 }

@@ -1,6 +1,9 @@
 package route
 
 import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -38,6 +41,75 @@ func TestAttempts(t *testing.T) {
 	for _, tt := range tests {
 		if got := Attempts(tt.d, tt.max); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: Attempts = %v; want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestAttemptsOrder checks the selection against the rule it implements,
+// written as a sort of every candidate, on random decisions: ties of
+// load, peers over the bound, a local pod eligible or not, chosen or not.
+func TestAttemptsOrder(t *testing.T) {
+	sorted := func(d Decision, max int) []string {
+		var local *Candidate
+		var next []Candidate
+		for i := range d.Candidates {
+			c := &d.Candidates[i]
+			switch {
+			case c.Local:
+				local = c
+			case c.Eligible && c.ID != d.Target:
+				next = append(next, *c)
+			}
+		}
+		localOK := local != nil && local.Eligible
+		var out []string
+		if d.Target != "" {
+			out = append(out, d.Target)
+			localOK = localOK && !d.Local
+		}
+		slices.SortStableFunc(next, func(a, b Candidate) int {
+			if a.Over != b.Over {
+				if a.Over {
+					return 1
+				}
+				return -1
+			}
+			return cmp.Or(cmp.Compare(a.Load, b.Load), cmp.Compare(a.ID, b.ID))
+		})
+		room := max
+		if localOK {
+			room--
+		}
+		for _, c := range next {
+			if len(out) >= room {
+				break
+			}
+			if c.Over && localOK && !d.Local {
+				continue
+			}
+			out = append(out, c.ID)
+		}
+		if local != nil && ((localOK && len(out) < max) || len(out) == 0) {
+			out = append(out, local.ID)
+		}
+		return out
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for n := range 2000 {
+		var d Decision
+		peers := 1 + rng.IntN(12)
+		for i := range peers {
+			d.Candidates = append(d.Candidates, Candidate{ID: fmt.Sprintf("p%02d", rng.IntN(40)),
+				Local: i == 0 && rng.IntN(4) > 0, Eligible: rng.IntN(5) > 0,
+				Load: float64(rng.IntN(4)), Over: rng.IntN(4) == 0})
+		}
+		if k := rng.IntN(peers + 1); k < peers && d.Candidates[k].Eligible {
+			d.Target, d.Local = d.Candidates[k].ID, d.Candidates[k].Local
+		}
+		max := rng.IntN(5)
+		want := sorted(d, cmp.Or(max, 1))
+		if got := Attempts(d, max); !slices.Equal(got, want) {
+			t.Fatalf("case %d: Attempts(%+v, %d) = %v; want %v", n, d, max, got, want)
 		}
 	}
 }

@@ -108,3 +108,23 @@ func BenchmarkRecentFull(b *testing.B) {
 	}
 	b.ReportMetric(float64(r.Len()), "live")
 }
+
+// BenchmarkAttempts is the failover order the front computes after every
+// choice (forward's handler), over one candidate per peer.
+func BenchmarkAttempts(b *testing.B) {
+	for _, n := range []int{8, 64, 1000} {
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			d := Decision{Target: "pod-001", Bound: 5}
+			for i := range n {
+				d.Candidates = append(d.Candidates, Candidate{ID: fmt.Sprintf("pod-%03d", i),
+					Local: i == 0, Eligible: i%10 != 9, Load: float64(i % 7), Over: i%7 == 6})
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if got := Attempts(d, 3); len(got) != 3 {
+					b.Fatalf("Attempts = %v; want 3", got)
+				}
+			}
+		})
+	}
+}

@@ -23,10 +23,11 @@ type assessment struct {
 func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment {
 	cs := make([]Candidate, len(peers))
 	var sum float64
-	for i, p := range peers {
+	for i := range peers {
+		p := &peers[i]
 		c := &cs[i]
 		c.ID, c.Local, c.Rank = p.ID, p.Local, NoRank
-		c.Excluded = excluded(cfg, p, req, now)
+		c.Excluded = excluded(&cfg, &peers[i], &req, now)
 		if c.Excluded != "" {
 			continue
 		}
@@ -35,7 +36,7 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 			c.Note = addTag(c.Note, "model unlisted, in digest")
 		}
 		var stale bool
-		c.Load, c.Queued, stale = load(cfg, p, now)
+		c.Load, c.Queued, stale = load(&cfg, p, now)
 		if stale {
 			c.Note = addTag(c.Note, "stale load")
 		}
@@ -78,11 +79,11 @@ func (a *assessment) inBound(i int) bool {
 // Excluded returns why p may serve no request at all now (its engine down,
 // draining, silent, a failed forward), or "": what /debug/peers shows.
 func Excluded(cfg Config, p PeerView, now time.Time) string {
-	return excluded(cfg, p, Request{}, now)
+	return excluded(&cfg, &p, &Request{}, now)
 }
 
 // excluded returns why p may not serve req, or "".
-func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
+func excluded(cfg *Config, p *PeerView, req *Request, now time.Time) string {
 	switch {
 	case p.Engine != EngineServing:
 		return "engine " + p.Engine.String()
@@ -109,7 +110,7 @@ func excluded(cfg Config, p PeerView, req Request, now time.Time) string {
 // the evidence that lets a peer whose list was truncated serve a model it
 // could not list. Claims and Recent do not count; they record where
 // requests were sent, not what the pod serves.
-func holdsModel(cfg Config, p PeerView, keys []blockkey.Key, now time.Time) bool {
+func holdsModel(cfg *Config, p *PeerView, keys []blockkey.Key, now time.Time) bool {
 	n := max(cfg.MinMatchKeys, 1)
 	if len(keys) < n || p.Digest == nil || p.KeyScheme != blockkey.Version ||
 		(cfg.DigestTTL > 0 && now.Sub(p.DigestAt) > cfg.DigestTTL) {
@@ -140,7 +141,7 @@ func holdsModel(cfg Config, p PeerView, keys []blockkey.Key, now time.Time) bool
 // Serving), and kv rises from 0 at KVKnee usage to KVWeight when full;
 // or only what this sidecar has in flight there when the report is older
 // than LoadTTL (or never came).
-func load(cfg Config, p PeerView, now time.Time) (float64, int, bool) {
+func load(cfg *Config, p *PeerView, now time.Time) (float64, int, bool) {
 	l := p.Load
 	inflight := float64(max(l.InFlight, 0))
 	queued := max(l.InFlightPrefillTokens, 0)
@@ -165,7 +166,7 @@ func load(cfg Config, p PeerView, now time.Time) (float64, int, bool) {
 // in prefill tokens: the work queued there (at QueuedWeight) and price
 // tokens for each request of load. It is the one cost that Affinity (at LoadTokens),
 // Rendezvous and LeastLoad (at Config.price) rank by.
-func wait(cfg Config, c *Candidate, price float64) float64 {
+func wait(cfg *Config, c *Candidate, price float64) float64 {
 	return max(cfg.QueuedWeight, 0)*float64(c.Queued) + price*c.Load
 }
 

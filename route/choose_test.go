@@ -64,12 +64,12 @@ func TestExcluded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(cfg, tt.p, Request{Model: tt.model}, t0); got != tt.want {
+			if got := excluded(&cfg, &tt.p, &Request{Model: tt.model}, t0); got != tt.want {
 				t.Errorf("excluded(%+v, %q) = %q; want %q", tt.p, tt.model, got, tt.want)
 			}
 		})
 	}
-	if got := excluded(Config{}, PeerView{LastFailure: t0}, Request{}, t0); got != "" {
+	if got := excluded(&Config{}, &PeerView{LastFailure: t0}, &Request{}, t0); got != "" {
 		t.Errorf("FailFor 0: excluded = %q; want eligible", got)
 	}
 }
@@ -101,7 +101,7 @@ func TestExcludedTruncatedModels(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(cfg, tt.p, Request{Model: "alice", Keys: tt.keys}, t0); got != tt.want {
+			if got := excluded(&cfg, &tt.p, &Request{Model: "alice", Keys: tt.keys}, t0); got != tt.want {
 				t.Errorf("excluded = %q; want %q", got, tt.want)
 			}
 		})
@@ -115,7 +115,8 @@ func TestExcludedTruncatedModels(t *testing.T) {
 	}
 	ttl := cfg
 	ttl.DigestTTL = time.Minute
-	if got := excluded(ttl, trunc(holds(keys), t0.Add(-time.Hour)), Request{Model: "alice", Keys: keys}, t0); got != "model" {
+	old := trunc(holds(keys), t0.Add(-time.Hour))
+	if got := excluded(&ttl, &old, &Request{Model: "alice", Keys: keys}, t0); got != "model" {
 		t.Errorf("digest older than DigestTTL: excluded = %q; want model", got)
 	}
 }
@@ -150,7 +151,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, queued, stale := load(cfg, PeerView{Load: tt.l, LoadAt: tt.at}, t0)
+			got, queued, stale := load(&cfg, &PeerView{Load: tt.l, LoadAt: tt.at}, t0)
 			if got != tt.want || queued != tt.wantQueued || stale != tt.wantStale {
 				t.Errorf("load(%+v) = %v, %d, %v; want %v, %d, %v", tt.l, got, queued, stale, tt.want, tt.wantQueued, tt.wantStale)
 			}

@@ -25,7 +25,7 @@ func (p LeastLoad) Choose(req Request, peers []PeerView, now time.Time) Decision
 		if !cs[i].Eligible {
 			continue
 		}
-		cs[i].Scored, cs[i].Score = true, -wait(p.Config, &cs[i], price)
+		cs[i].Scored, cs[i].Score = true, -wait(&p.Config, &cs[i], price)
 		if best < 0 || better(cs, rk, i, best) {
 			best = i
 		}

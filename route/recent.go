@@ -148,7 +148,7 @@ func (r *Recent) prefixLen(peer string, keys []blockkey.Key, now, since time.Tim
 // recent forwards, whichever is longer: what Affinity uses. A peer with
 // another key scheme matches nothing. r may be nil.
 func (r *Recent) Match(p PeerView, keys []blockkey.Key, now time.Time) int {
-	m, _ := matchPeer(p, Request{Keys: keys}, DefaultTokensPerKey, now, Config{}, r)
+	m, _ := newMatcher(&Config{}, &Request{Keys: keys}, DefaultTokensPerKey, now, r).match(&p)
 	return m.keys()
 }
 

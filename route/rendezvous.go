@@ -33,7 +33,7 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 	least := math.Inf(1)
 	for i := range cs {
 		if a.inBound(i) {
-			least = min(least, wait(p.Config, &cs[i], price))
+			least = min(least, wait(&p.Config, &cs[i], price))
 		}
 	}
 	best := -1
@@ -41,7 +41,7 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 		if !a.inBound(i) {
 			continue
 		}
-		if wait(p.Config, &cs[i], price) > least+price*max(p.Config.ColdHeadroom, 0) {
+		if wait(&p.Config, &cs[i], price) > least+price*max(p.Config.ColdHeadroom, 0) {
 			cs[i].Note = addTag(cs[i].Note, "busier")
 			continue
 		}

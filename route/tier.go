@@ -56,14 +56,14 @@ func (m match) add(x match) match {
 // that is exact: the count pv advertises, else the digest's rank markers,
 // which a Bloom false positive can extend (good enough to find a match,
 // never to pin one: vLLM answers 400 to a rank it does not run).
-func rankCount(pv PeerView, tm TierMatcher) (int, bool) {
+func rankCount(pv *PeerView, tm TierMatcher) (int, bool) {
 	if pv.Ranks > 0 {
 		return pv.Ranks, true
 	}
 	return max(tm.Ranks(), 1), false
 }
 
-// digestMatch returns what pv's digest holds of each of prompts (the
+// digestMatch sets per[i] to what pv's digest holds of prompts[i] (the
 // request's keys, then a batch's further prompts, served by one engine
 // request each on the same rank), on the rank where their sum saves the
 // most work (Config.saved), and where that is. Ranks that hold them
@@ -73,17 +73,16 @@ func rankCount(pv PeerView, tm TierMatcher) (int, bool) {
 // be a Bloom false positive, which must not pull a request off the rank
 // vLLM would balance it to any more than onto a pod. A pod with one rank and
 // no lower-tier entries costs one PrefixLen per prompt, as before tiers.
-func digestMatch(cfg Config, pv PeerView, prompts [][]blockkey.Key, tpk int) (per []match, at placed) {
-	per = make([]match, len(prompts))
+// cur is scratch of per's length.
+func digestMatch(cfg *Config, pv *PeerView, prompts [][]blockkey.Key, tpk int, per, cur []match) (at placed) {
 	tm, ok := pv.Digest.(TierMatcher)
 	if !ok {
 		for i, ks := range prompts {
 			per[i].gpu = pv.Digest.PrefixLen(ks)
 		}
-		return per, placed{rank: NoRank, ranks: 1}
+		return placed{rank: NoRank, ranks: 1}
 	}
 	at.ranks, at.exact = rankCount(pv, tm)
-	cur := make([]match, len(prompts))
 	var bestSaved float64
 	bestKeys, tie := 0, false
 	for r := range at.ranks {
@@ -105,7 +104,7 @@ func digestMatch(cfg Config, pv PeerView, prompts [][]blockkey.Key, tpk int) (pe
 	if tie || at.ranks == 1 || bestSaved == 0 || bestKeys < max(cfg.MinMatchKeys, 1) {
 		at.rank = NoRank
 	}
-	return per, at
+	return at
 }
 
 // extend raises m's GPU prefix to n keys known from elsewhere (Recent,
@@ -128,7 +127,7 @@ func (m match) extend(n int) match {
 // DiskLoadTokensPerSecond) over its recompute time (PrefillTokensPerSecond,
 // DefaultConfig's when unset, since only the ratio matters here). A tier
 // whose load rate is 0 costs as much as recomputing: it is not credited.
-func (cfg Config) tierCost(loadTokensPerSecond float64) float64 {
+func (cfg *Config) tierCost(loadTokensPerSecond float64) float64 {
 	if loadTokensPerSecond <= 0 {
 		return 1
 	}
@@ -145,13 +144,13 @@ func (cfg Config) tierCost(loadTokensPerSecond float64) float64 {
 // by which a match is credited: Affinity scores by it and estimate prices
 // the expected TTFT with it. A load slower than computing gives a negative
 // credit: the engine loads what it holds all the same.
-func (cfg Config) saved(gpu, cpu, disk int) float64 {
+func (cfg *Config) saved(gpu, cpu, disk int) float64 {
 	return float64(gpu) + float64(cpu)*(1-cfg.tierCost(cfg.CPULoadTokensPerSecond)) +
 		float64(disk)*(1-cfg.tierCost(cfg.DiskLoadTokensPerSecond))
 }
 
 // savedBy is saved for candidate c's match columns.
-func (cfg Config) savedBy(c *Candidate) float64 {
+func (cfg *Config) savedBy(c *Candidate) float64 {
 	return cfg.saved(c.GPUTokens, c.CPUTokens, c.DiskTokens)
 }
 
@@ -160,7 +159,7 @@ func (cfg Config) savedBy(c *Candidate) float64 {
 // tier's tokens cost their load, a GPU's nothing). It is what the request
 // adds to c's queue (route.Load.QueuedPrefillTokens) and its own share of
 // c's expected TTFT.
-func (cfg Config) Work(c *Candidate, prompt int) float64 {
+func (cfg *Config) Work(c *Candidate, prompt int) float64 {
 	return max(float64(prompt)-cfg.savedBy(c), 0)
 }
 

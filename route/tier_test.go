@@ -285,7 +285,7 @@ func TestRecentExtendsTieredMatch(t *testing.T) {
 	p.Digest = tieredDigest(2, hold(hold(nil, keys[:8], place{bloom.TierGPU, 1}), keys[8:], place{bloom.TierCPU, 1}))
 	r := NewRecent(DefaultRecentConfig())
 	r.Record("p", keys[:16], t0)
-	m, tag := matchPeer(p, Request{Keys: keys}, 16, t0, DefaultConfig(), r)
+	m, tag := newMatcher(new(DefaultConfig()), &Request{Keys: keys}, 16, t0, r).match(&p)
 	if m.gpu != 16 || m.cpu != 16 || m.rank != 1 || tag != "recent" {
 		t.Errorf("matchPeer = %+v %q; want 16 on GPU, 16 on CPU, rank 1, recent", m, tag)
 	}
