@@ -143,7 +143,7 @@ func admit(qs []podQueue, b bounds) bool {
 // prefill tokens and this front's own since (the local pod's are exact).
 // Share is the pushed prefill share carried to now with the report's
 // queue (route.ShareAt); 0 for a stale report.
-func queueAt(cfg route.Config, p route.PeerView, now time.Time) podQueue {
+func queueAt(cfg route.Config, p *route.PeerView, now time.Time) podQueue {
 	q := podQueue{Waiting: max(p.Load.InFlight, 0), Prefill: max(p.Load.InFlightPrefillTokens, 0)}
 	if !p.LoadAt.IsZero() && (cfg.LoadTTL <= 0 || now.Sub(p.LoadAt) <= cfg.LoadTTL) {
 		w := max(p.Load.Waiting, 0)
@@ -162,7 +162,19 @@ func queueAt(cfg route.Config, p route.PeerView, now time.Time) podQueue {
 // peers are those the choice was made on (choose's second result).
 func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView, prompt int, now time.Time) []podQueue {
 	var out []podQueue
-	for i, c := range d.Candidates {
+	eachQueue(cfg, d, peers, prompt, now, func(q podQueue) bool {
+		out = append(out, q)
+		return true
+	})
+	return out
+}
+
+// eachQueue calls f with each of candidateQueues' queues in turn, until f
+// returns false: admission stops at the first pod with room, which at a
+// thousand peers is most of its cost saved.
+func eachQueue(cfg route.Config, d route.Decision, peers []route.PeerView, prompt int, now time.Time, f func(podQueue) bool) {
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
 		if !c.Eligible {
 			continue
 		}
@@ -173,13 +185,14 @@ func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView,
 		if j < 0 {
 			continue
 		}
-		q := queueAt(cfg, peers[j], now)
+		q := queueAt(cfg, &peers[j], now)
 		if prompt > 0 {
-			q.Work = cfg.Work(&c, prompt)
+			q.Work = cfg.Work(c, prompt)
 		}
-		out = append(out, q)
+		if !f(q) {
+			return
+		}
 	}
-	return out
 }
 
 // steer returns d with the full pods (by qs, keyed by peer ID) moved to the
@@ -219,14 +232,21 @@ func (h *Handler) steered(d route.Decision, peers []route.PeerView, prompt int) 
 	if b.off() {
 		return d, false
 	}
-	now := h.now()
-	qs := make(map[string]podQueue, len(peers))
-	for _, p := range peers {
-		qs[p.ID] = queueAt(h.cfg.Route, p, now)
+	if len(d.Attempts) < 2 {
+		return d, false
 	}
-	for _, c := range d.Candidates {
+	// steer moves only the failover order's pods: their queues alone.
+	now := h.now()
+	qs := make(map[string]podQueue, len(d.Attempts))
+	for i := range peers {
+		if p := &peers[i]; slices.Contains(d.Attempts, p.ID) {
+			qs[p.ID] = queueAt(h.cfg.Route, p, now)
+		}
+	}
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
 		if q, ok := qs[c.ID]; ok && prompt > 0 {
-			q.Work = h.cfg.Route.Work(&c, prompt)
+			q.Work = h.cfg.Route.Work(c, prompt)
 			qs[c.ID] = q
 		}
 	}
@@ -259,8 +279,17 @@ func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerV
 	if b.off() {
 		return true
 	}
-	qs := candidateQueues(h.cfg.Route, d, peers, prompt, h.now())
-	if admit(qs, b) {
+	now := h.now()
+	room := false
+	eachQueue(h.cfg.Route, d, peers, prompt, now, func(q podQueue) bool {
+		room = !b.full(q)
+		return !room
+	})
+	if room {
+		return true
+	}
+	qs := candidateQueues(h.cfg.Route, d, peers, prompt, now)
+	if admit(qs, b) { // no pod with room, or none eligible: admit's rule decides
 		return true
 	}
 	kind, msg := queueFullKind, fmt.Sprintf(

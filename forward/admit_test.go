@@ -93,7 +93,7 @@ func TestQueueAt(t *testing.T) {
 		{"share of a stale report: none", route.PeerView{Load: route.Load{PrefillShare: 1, QueuedPrefillTokens: 10}, LoadAt: now.Add(-cfg.LoadTTL - time.Second)}, podQueue{}},
 	}
 	for _, tt := range tests {
-		if got := queueAt(cfg, tt.p, now); got.Waiting != tt.want.Waiting || got.Prefill != tt.want.Prefill || math.Abs(got.Share-tt.want.Share) > 1e-9 {
+		if got := queueAt(cfg, &tt.p, now); got.Waiting != tt.want.Waiting || got.Prefill != tt.want.Prefill || math.Abs(got.Share-tt.want.Share) > 1e-9 {
 			t.Errorf("%s: queueAt = %+v; want %+v", tt.name, got, tt.want)
 		}
 	}

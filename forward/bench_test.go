@@ -10,11 +10,15 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gin-gonic/gin"
+
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 	"github.com/kvroute/kvroute/textprefix"
@@ -192,5 +196,59 @@ func BenchmarkParseChat160KB(b *testing.B) {
 		if msgs, err := splitMessages(p.Messages); err != nil || len(msgs) != 2 {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkRoutePath is what the front does per request between its keys
+// and its first send, for a 32k-token prompt at 8, 64 and 1000 peers with
+// real Bloom digests (100k keys at 1%; every peer holds a shared system
+// prompt, one holds three quarters of the prompt): the snapshot copy and
+// the front's own counts, the choice, the failover order, admission and
+// steering by queue, and the targets. The peer table's own cost of the
+// snapshot is gossip's BenchmarkViews.
+func BenchmarkRoutePath(b *testing.B) {
+	scheme := blockkey.Scheme{BlockSize: 16, Stride: 4}
+	tokens := make([]uint32, 32768)
+	for i := range tokens {
+		tokens[i] = uint32(i*7919) % 32000
+	}
+	keys := scheme.Request(blockkey.Root("m", "", ""), tokens)
+	params := bloom.ParamsFor(100_000/4, 0.01)
+	for _, npeers := range []int{8, 64, 1000} {
+		b.Run(fmt.Sprintf("peers=%d", npeers), func(b *testing.B) {
+			n := newNode(b, "pod-000")
+			n.h.cfg.Scheme = scheme
+			now := n.h.now()
+			views := make([]route.PeerView, npeers)
+			for i := range views {
+				held := slices.Clone(keys[:4])
+				if i == npeers/2 {
+					held = keys[:len(keys)*3/4]
+				}
+				for j := range 5000 {
+					held = append(held, blockkey.Key(uint64(i)<<32|uint64(j)))
+				}
+				id := fmt.Sprintf("pod-%03d", i)
+				views[i] = route.PeerView{ID: id, Addr: id + ":8000", Local: i == 0, KeyScheme: blockkey.Version,
+					Digest: bloom.Build(bloom.Header{Node: id, Params: params}, held), DigestAt: now,
+					Load: route.Load{Running: i % 3}, LoadAt: now}
+			}
+			n.peers.views = views
+			k := keyed{keys: keys, tokens: len(tokens)}
+			c, _ := gin.CreateTestContext(httptest.NewRecorder())
+			b.ReportAllocs()
+			for b.Loop() {
+				d, peers := n.h.choose("", k)
+				if !n.h.admitted(c, d, peers, k.tokens) {
+					b.Fatal("not admitted")
+				}
+				d, _ = n.h.steered(d, peers, k.tokens)
+				ts := n.h.targets(d, peers)
+				withPrefill(ts, d, k.tokens, false, n.h.cfg.Route)
+				if d.Target != views[npeers/2].ID {
+					b.Fatalf("chose %s (%s); want %s", d.Target, d.Reason, views[npeers/2].ID)
+				}
+			}
+		})
 	}
 }

@@ -646,6 +646,10 @@ func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 			}
 			continue
 		}
+		if len(h.flights) == 0 { // the common case at a thousand peers: skip a lookup each
+			p.Load.InFlight, p.Load.InFlightPrefillTokens = 0, 0
+			continue
+		}
 		p.Load.InFlight, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
 	}
 }
@@ -655,10 +659,12 @@ func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 	var out []target
 	for _, id := range d.Attempts {
-		for _, pv := range peers {
-			switch {
-			case pv.ID != id:
+		for i := range peers {
+			pv := &peers[i]
+			if pv.ID != id {
 				continue
+			}
+			switch {
 			case pv.Local:
 				// Pinned only within the count the pod advertises
 				// (route.PeerView.Ranks): a digest's rank marker can be a
@@ -668,7 +674,7 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 			case pv.Addr != "":
 				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}, Rank: rankFor(d, id)})
 			}
-			break
+			break // IDs are unique
 		}
 	}
 	if len(out) == 0 { // no candidates at all (an empty peer table)

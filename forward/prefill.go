@@ -30,9 +30,9 @@ const maxPrefill = 1 << 24
 func withPrefill(ts []target, d route.Decision, promptTokens int, stream bool, cfg route.Config) {
 	for i := range ts {
 		work, queued := float64(promptTokens), 0
-		for _, c := range d.Candidates {
-			if c.ID == ts[i].Peer || (ts[i].Peer == "" && c.Local) {
-				work, queued = cfg.Work(&c, promptTokens), c.Queued
+		for j := range d.Candidates {
+			if c := &d.Candidates[j]; c.ID == ts[i].Peer || (ts[i].Peer == "" && c.Local) {
+				work, queued = cfg.Work(c, promptTokens), c.Queued
 				break
 			}
 		}

@@ -187,8 +187,8 @@ func (c *Candidate) setMatch(m match, tpk, prompt int) {
 // (PeerView.Ranks), or no rank holds more of the prompt. The caller sets
 // it as vLLM's X-data-parallel-rank.
 func (d Decision) RankOf(id string) (int, bool) {
-	for _, c := range d.Candidates {
-		if c.ID == id || (id == "" && c.Local) {
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; c.ID == id || (id == "" && c.Local) {
 			return c.Rank, c.Pinned
 		}
 	}
