@@ -170,3 +170,42 @@ func BenchmarkApplyWithRemovals(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPrefixLens matches a 32k-token prompt (512 keys, one per 64
+// tokens) against every peer's digest at once (Transposed) and one digest
+// at a time, as route did: 25k-key digests at 1%, each holding a shared
+// 4-key system prompt and 5k other keys; one holds three quarters of the
+// prompt.
+func BenchmarkPrefixLens(b *testing.B) {
+	prompt := uniformKeys(60, 512)
+	p := ParamsFor(25_000, 0.01)
+	for _, n := range []int{8, 64, 1000} {
+		ds := make([]*Digest, n)
+		tr := NewTransposed()
+		for i := range ds {
+			held := append([]blockkey.Key{}, prompt[:4]...)
+			if i == n/2 {
+				held = prompt[:384]
+			}
+			held = append(held, uniformKeys(uint64(100+i), 5000)...)
+			ds[i] = Build(Header{Node: fmt.Sprint(i), Params: p}, held)
+			tr.Put(-1, ds[i])
+		}
+		out, stamps := make([]int, n), make([]uint64, n)
+		b.Run(fmt.Sprintf("peers=%d/transposed", n), func(b *testing.B) {
+			for b.Loop() {
+				tr.PrefixLens(prompt, out, stamps)
+			}
+			if out[n/2] != 384 || out[0] != 4 {
+				b.Fatalf("PrefixLens = %d, %d; want 384, 4", out[n/2], out[0])
+			}
+		})
+		b.Run(fmt.Sprintf("peers=%d/each", n), func(b *testing.B) {
+			for b.Loop() {
+				for i, d := range ds {
+					out[i] = d.PrefixLen(prompt)
+				}
+			}
+		})
+	}
+}
