@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute/blockkey"
@@ -130,7 +131,9 @@ func anySlot(rng *rand.Rand, m map[int]member) int {
 func TestTransposedShapes(t *testing.T) {
 	tr := NewTransposed()
 	p := ParamsFor(500, 0.01)
-	keys := func(i int) []blockkey.Key { return []blockkey.Key{blockkey.Key(i), blockkey.Key(i + 1), blockkey.Key(i + 2)} }
+	keys := func(i int) []blockkey.Key {
+		return []blockkey.Key{blockkey.Key(i), blockkey.Key(i + 1), blockkey.Key(i + 2)}
+	}
 	var slots []int
 	for i := range 130 {
 		s, _ := tr.Put(-1, Build(Header{Node: fmt.Sprint(i), Params: p}, keys(3*i)))
@@ -156,5 +159,56 @@ func TestTransposedShapes(t *testing.T) {
 	out, stamps = make([]int, 1), make([]uint64, 1)
 	if tr.PrefixLens(keys(1), out, stamps); out[0] != 3 {
 		t.Errorf("PrefixLens of the new shape's member = %d; want 3", out[0])
+	}
+}
+
+// TestTransposedConcurrent: PrefixLens while Put and Remove run answers
+// every slot for the digest its stamp names (run with -race).
+func TestTransposedConcurrent(t *testing.T) {
+	tr := NewTransposed()
+	p := ParamsFor(500, 0.01)
+	chain := uniformKeys(70, 20)
+	var mu sync.Mutex
+	byStamp := map[uint64]*Digest{}
+	put := func(slot, n int) int {
+		d := Build(Header{Node: "x", Params: p}, chain[:n])
+		mu.Lock()
+		defer mu.Unlock() // the stamp is recorded before any reader can see it answered
+		s, st := tr.Put(slot, d)
+		byStamp[st] = d
+		return s
+	}
+	slots := []int{put(-1, 5), put(-1, 10), put(-1, 15)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 300 {
+			s := slots[i%3]
+			if i%50 == 49 {
+				tr.Remove(s)
+				slots[i%3] = put(-1, i%20)
+				continue
+			}
+			put(s, i%20)
+		}
+	}()
+	out, stamps := make([]int, 8), make([]uint64, 8)
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		tr.PrefixLens(chain, out, stamps)
+		mu.Lock()
+		for s, st := range stamps {
+			if st == 0 {
+				continue
+			}
+			if want := byStamp[st].PrefixLen(chain); out[s] != want {
+				t.Fatalf("slot %d stamp %d: PrefixLens = %d; its digest %d", s, st, out[s], want)
+			}
+		}
+		mu.Unlock()
 	}
 }

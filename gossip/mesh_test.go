@@ -134,7 +134,7 @@ func digestVersion(m *Mesh, id string) uint64 {
 	if !ok || v.Digest == nil {
 		return 0
 	}
-	return v.Digest.(*bloom.Digest).Header().Version
+	return v.Digest.(interface{ Header() bloom.Header }).Header().Version
 }
 
 func TestMeshDigestAndDeltas(t *testing.T) {

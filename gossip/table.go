@@ -19,12 +19,16 @@ type table struct {
 	// than the choice itself.
 	sorted []named
 	stride int // ours (Config.RoutingStride): views probe peers' digests in our keys
+	// group holds the peers' plain digests bit by bit across peers
+	// (regroup), for route to match them all at once.
+	group *bloom.Transposed
 }
 
 type peer struct {
 	meta     Meta
 	metaOK   bool          // meta decoded at least once
 	digest   *bloom.Digest // replaced wholesale, never modified
+	grouped  *member       // digest as the table's group holds it; nil: not held
 	digestAt time.Time     // when digest last changed
 	loadAt   time.Time     // when the load last arrived (push or meta)
 	pushed   route.Load    // the newest pushed load; used once loadSeq > 0
@@ -69,7 +73,9 @@ type named struct {
 
 func byID(e named, id string) int { return strings.Compare(e.id, id) }
 
-func newTable(stride int) *table { return &table{peers: map[string]*peer{}, stride: stride} }
+func newTable(stride int) *table {
+	return &table{peers: map[string]*peer{}, stride: stride, group: bloom.NewTransposed()}
+}
 
 // upsert records a peer joining or updating its meta. metaOK false keeps the
 // previous meta (a malformed update changes nothing). It reports whether the
@@ -99,6 +105,7 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 	if p.loadSeq == 0 { // pushes are fresher than the meta's load
 		p.loadAt = now
 	}
+	t.regroup(p)
 	return dropped
 }
 
@@ -123,6 +130,7 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 		}
 		p.engine, p.epoch, p.stated = r.Engine, r.Epoch, true
 		p.version = r.Version // 0 without one, which no copy lags
+		t.regroup(p)
 	}
 	return applied
 }
@@ -153,9 +161,12 @@ func (p *peer) current() bool {
 
 // remove forgets a peer that left or died, with its digest.
 func (t *table) remove(id string) {
-	if _, ok := t.peers[id]; !ok {
+	p, ok := t.peers[id]
+	if !ok {
 		return
 	}
+	p.digest = nil
+	t.regroup(p)
 	delete(t.peers, id)
 	if i, ok := slices.BinarySearchFunc(t.sorted, id, byID); ok {
 		t.sorted = slices.Delete(t.sorted, i, i+1)
@@ -178,6 +189,7 @@ func (t *table) applyDigest(d *bloom.Digest, now time.Time) outcome {
 	}
 	p.digest, p.digestAt = d, now
 	p.drain(now)
+	t.regroup(p)
 	return applied
 }
 
@@ -194,6 +206,7 @@ func (t *table) applyDelta(x bloom.Delta, now time.Time) (o outcome, dropped boo
 	if p.digest == nil {
 		return gap, false
 	}
+	defer t.regroup(p)
 	h := p.digest.Header()
 	switch {
 	case x.Epoch != h.Epoch:
@@ -347,7 +360,11 @@ func (t *table) views() []route.PeerView {
 			v.LoadAt = time.Time{}
 		}
 		if p.current() { // a nil *Digest in the interface would not be nil
-			v.Digest, v.DigestAt = route.Strided(p.digest, p.meta.Stride, t.stride), p.digestAt
+			var m route.Matcher = p.digest
+			if p.grouped != nil {
+				m = p.grouped
+			}
+			v.Digest, v.DigestAt = route.Strided(m, p.meta.Stride, t.stride), p.digestAt
 		}
 		vs = append(vs, v)
 	}

@@ -40,6 +40,9 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	cs := a.d.Candidates
 	held := -1 // a scored peer with the longest match
 	mr := newMatcher(&p.Config, &req, tpk, now, p.Recent)
+	if len(req.Batch) == 0 {
+		mr.group = groupFor(peers, req.Keys)
+	}
 	for i := range peers {
 		c := &cs[i]
 		if !c.Eligible {
@@ -91,6 +94,9 @@ type matcher struct {
 	now      time.Time
 	r        *Recent
 	per, cur []match // per prompt: the answer, and digestMatch's scratch
+	// group, if set, holds the prefixes of the request's keys (a single
+	// prompt) in the digests a Group holds.
+	group *grouped
 }
 
 func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *matcher {
@@ -122,6 +128,12 @@ func (mr *matcher) match(pv *PeerView) (match, string) {
 	case cfg.DigestTTL > 0 && now.Sub(pv.DigestAt) > cfg.DigestTTL:
 		tag = "stale digest"
 	default:
+		if n, ok := mr.group.prefix(pv); ok && pv.Ranks <= 1 && len(mr.prompts) == 1 {
+			// digestMatch's answer for a plain digest, without its probes.
+			per[0].gpu = n
+			sum.placed = placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}
+			break
+		}
 		sum.placed = digestMatch(cfg, pv, mr.prompts, mr.tpk, per, mr.cur)
 	}
 	// This sidecar's own forwards know no tier: the prefix they sent is

@@ -14,20 +14,24 @@ import (
 // BenchmarkChooseBloom measures the whole choice against real Bloom digests
 // (100k-key capacity at 1%): every peer holds a shared 256-token system
 // prompt and 20k other keys; one peer holds 75% of the prompt. Stride 4 is
-// the one-key-per-64-tokens granularity.
+// the one-key-per-64-tokens granularity. grouped: the peers' digests come
+// from a bloom.Transposed, as the peer table hands them out.
 func BenchmarkChooseBloom(b *testing.B) {
 	for _, peers := range []int{8, 64, 256, 1000} {
 		for _, tokens := range []int{1024, 32768} {
 			for _, stride := range []int{1, 4} {
 				b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=%d", peers, tokens, stride), func(b *testing.B) {
-					benchChooseBloom(b, peers, tokens, stride)
+					benchChooseBloom(b, peers, tokens, stride, false)
 				})
 			}
+			b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=4-grouped", peers, tokens), func(b *testing.B) {
+				benchChooseBloom(b, peers, tokens, 4, true)
+			})
 		}
 	}
 }
 
-func benchChooseBloom(b *testing.B, npeers, ntokens, stride int) {
+func benchChooseBloom(b *testing.B, npeers, ntokens, stride int, grouped bool) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	scheme := blockkey.Scheme{BlockSize: 16, Stride: stride}
 	tokens := make([]uint32, ntokens)
@@ -52,6 +56,14 @@ func benchChooseBloom(b *testing.B, npeers, ntokens, stride int) {
 		views[i] = route.PeerView{ID: id, Addr: id + ":8000", Local: i == 0, KeyScheme: blockkey.Version,
 			Digest: bloom.Build(bloom.Header{Node: id, Params: params}, held), DigestAt: now,
 			Load: route.Load{Running: i % 3}, LoadAt: now}
+	}
+	if grouped {
+		g := bloom.NewTransposed()
+		for i := range views {
+			d := views[i].Digest.(*bloom.Digest)
+			slot, stamp := g.Put(-1, d)
+			views[i].Digest = member{d, g, slot, stamp}
+		}
 	}
 	policy := route.DefaultChain(route.DefaultConfig(), nil)
 	req := route.Request{Keys: keys, TokensPerKey: scheme.TokensPerKey(), PromptTokens: ntokens}

@@ -1,0 +1,93 @@
+package gossip
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
+)
+
+// TestTableGroupFollowsDigests drives the table through random digests,
+// deltas (in order, early, of a new epoch), engine changes, epoch-changing
+// metas and departures, and checks after each step that the group holds
+// exactly the peers' current plain digests: each view's digest answers
+// in the group as it does alone.
+func TestTableGroupFollowsDigests(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	tb := newTable(4)
+	chain := make([]blockkey.Key, 30)
+	for i := range chain {
+		chain[i] = blockkey.Key(rng.Uint64())
+	}
+	ids := []string{"a", "b", "c", "d", "e"}
+	epochs := map[string]uint64{}
+	seq := map[string]uint64{}
+	now := t0
+	for step := range 600 {
+		now = now.Add(time.Second)
+		id := ids[rng.IntN(len(ids))]
+		switch op := rng.IntN(10); {
+		case op < 2: // joins or changes its meta, maybe to a new epoch
+			if rng.IntN(3) == 0 {
+				epochs[id]++
+			}
+			tb.upsert(id, metaAt(epochs[id], 1), true, now)
+		case op < 4: // a full digest, sometimes with a CPU tier
+			keys := chain[:rng.IntN(len(chain))]
+			if rng.IntN(4) == 0 {
+				keys = append(keys, bloom.TierMarker(8))
+			}
+			tb.applyDigest(testDigest(id, epochs[id], uint64(rng.IntN(4)), keys...), now)
+		case op < 7: // a delta, in order or not
+			p := tb.peers[id]
+			if p == nil || p.digest == nil {
+				continue
+			}
+			h := p.digest.Header()
+			from := h.Version + uint64(rng.IntN(2))
+			x := bloom.Delta{Node: id, Epoch: h.Epoch, From: from, To: from + 1,
+				Keys: chain[:rng.IntN(len(chain))], Removed: chain[rng.IntN(len(chain)):]}
+			tb.applyDelta(x, now)
+		case op < 9: // a load push: engine down, back in another epoch, or serving
+			seq[id]++
+			r := loadReport{Node: id, Seq: seq[id], HasState: true, Engine: route.EngineServing, Epoch: epochs[id]}
+			switch rng.IntN(3) {
+			case 0:
+				r.Engine = route.EngineDown
+			case 1:
+				epochs[id]++
+				r.Epoch = epochs[id]
+			}
+			tb.applyLoad(r, now)
+		default:
+			tb.remove(id)
+		}
+		held := 0
+		n := tb.group.Slots()
+		out, stamps := make([]int, n), make([]uint64, n)
+		tb.group.PrefixLens(chain, out, stamps)
+		for id, p := range tb.peers {
+			switch {
+			case p.grouped == nil:
+				if p.digest != nil && p.digest.Ranks() == 1 && p.digest.TierStride() == 0 {
+					t.Fatalf("step %d: %s holds a plain digest the group does not", step, id)
+				}
+			case p.grouped.Digest != p.digest:
+				t.Fatalf("step %d: %s's group member is not its digest", step, id)
+			default:
+				held++
+				s := p.grouped.slot
+				if out[s] != p.digest.PrefixLen(chain) || stamps[s] != p.grouped.stamp {
+					t.Fatalf("step %d: %s in slot %d: group says %d (stamp %d); digest %d (stamp %d)",
+						step, id, s, out[s], stamps[s], p.digest.PrefixLen(chain), p.grouped.stamp)
+				}
+			}
+		}
+		if got := tb.group.Len(); got != held {
+			t.Fatalf("step %d: group holds %d digests; peers hold %d in it", step, got, held)
+		}
+	}
+}

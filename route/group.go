@@ -1,0 +1,66 @@
+package route
+
+import "github.com/kvroute/kvroute/blockkey"
+
+// Group answers PrefixLen for many peers' digests at once
+// (bloom.Transposed): one pass over a prompt's keys gives every member's
+// prefix, where asking each peer's digest costs a cache miss per peer, which
+// at a thousand peers was most of a choice.
+type Group interface {
+	// Slots is the length PrefixLens's out and stamps need.
+	Slots() int
+	// PrefixLens sets out[s] to member s's PrefixLen(keys) and stamps[s]
+	// to the stamp of the digest that answered (0 for a free slot).
+	PrefixLens(keys []blockkey.Key, out []int, stamps []uint64)
+}
+
+// Grouped is a peer's digest that a Group holds, as its member in slot
+// while the group's stamp for slot is stamp. It is a plain digest: one
+// rank, no lower tier, so its TierPrefix is its PrefixLen. Another stamp
+// means the group has moved on from this digest (a delta applied since the
+// snapshot): the digest itself is asked, as without a group.
+type Grouped interface {
+	TierMatcher
+	Group() (g Group, slot int, stamp uint64)
+}
+
+// grouped is one Group's answer for a request's keys.
+type grouped struct {
+	g      Group
+	out    []int
+	stamps []uint64
+}
+
+// groupFor asks the Group of the first peer whose digest has one for every
+// member's prefix of keys; nil when no peer's digest has a group.
+func groupFor(peers []PeerView, keys []blockkey.Key) *grouped {
+	for i := range peers {
+		gd, ok := peers[i].Digest.(Grouped)
+		if !ok {
+			continue
+		}
+		g, _, _ := gd.Group()
+		n := g.Slots()
+		r := &grouped{g: g, out: make([]int, n), stamps: make([]uint64, n)}
+		g.PrefixLens(keys, r.out, r.stamps)
+		return r
+	}
+	return nil
+}
+
+// prefix returns pv's digest's PrefixLen from the group's answer, and
+// false when the group does not answer for that digest.
+func (r *grouped) prefix(pv *PeerView) (int, bool) {
+	if r == nil {
+		return 0, false
+	}
+	gd, ok := pv.Digest.(Grouped)
+	if !ok {
+		return 0, false
+	}
+	g, slot, stamp := gd.Group()
+	if g != r.g || slot < 0 || slot >= len(r.out) || r.stamps[slot] != stamp {
+		return 0, false
+	}
+	return r.out[slot], true
+}
