@@ -214,8 +214,16 @@ func BenchmarkRoutePath(b *testing.B) {
 	}
 	keys := scheme.Request(blockkey.Root("m", "", ""), tokens)
 	params := bloom.ParamsFor(100_000/4, 0.01)
-	for _, npeers := range []int{8, 64, 1000} {
-		b.Run(fmt.Sprintf("peers=%d", npeers), func(b *testing.B) {
+	for _, c := range []struct {
+		npeers  int
+		grouped bool
+	}{{8, false}, {64, false}, {1000, false}, {1000, true}} {
+		npeers := c.npeers
+		name := fmt.Sprintf("peers=%d", npeers)
+		if c.grouped {
+			name += "-grouped" // the digests as the peer table hands them out
+		}
+		b.Run(name, func(b *testing.B) {
 			n := newNode(b, "pod-000")
 			n.h.cfg.Scheme = scheme
 			now := n.h.now()
@@ -233,13 +241,21 @@ func BenchmarkRoutePath(b *testing.B) {
 					Digest: bloom.Build(bloom.Header{Node: id, Params: params}, held), DigestAt: now,
 					Load: route.Load{Running: i % 3}, LoadAt: now}
 			}
+			if c.grouped {
+				g := bloom.NewTransposed()
+				for i := range views {
+					d := views[i].Digest.(*bloom.Digest)
+					slot, stamp := g.Put(-1, d)
+					views[i].Digest = &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}
+				}
+			}
 			n.peers.views = views
 			k := keyed{keys: keys, tokens: len(tokens)}
-			c, _ := gin.CreateTestContext(httptest.NewRecorder())
+			gc, _ := gin.CreateTestContext(httptest.NewRecorder())
 			b.ReportAllocs()
 			for b.Loop() {
 				d, peers := n.h.choose("", k)
-				if !n.h.admitted(c, d, peers, k.tokens) {
+				if !n.h.admitted(gc, d, peers, k.tokens) {
 					b.Fatal("not admitted")
 				}
 				d, _ = n.h.steered(d, peers, k.tokens)

@@ -1,34 +1,20 @@
 package gossip
 
-import (
-	"github.com/kvroute/kvroute/bloom"
-	"github.com/kvroute/kvroute/route"
-)
+import "github.com/kvroute/kvroute/route"
 
-// member is a peer's digest while the table's transposed copy holds it
-// (route.Grouped): route then matches every such peer's prefix in one pass
-// over the copy instead of one digest at a time. It is made anew at every
-// change of the digest, so a view holds the stamp of the digest it shows.
-type member struct {
-	*bloom.Digest
-	g     *bloom.Transposed
-	slot  int
-	stamp uint64
-}
-
-// Group implements route.Grouped.
-func (m *member) Group() (route.Group, int, uint64) { return m.g, m.slot, m.stamp }
-
-// regroup makes the transposed copy hold p's digest, or nothing for p when
-// it has none or one the copy cannot hold (bloom.Transposed.Put). Every
-// table method that may change a digest calls it before it returns.
+// regroup makes the table's transposed copy (bloom.Transposed) hold p's
+// digest, or nothing for p when it has none or one the copy cannot hold;
+// p.grouped is then the digest as views hand it out (route.Member): route
+// matches every such peer's prefix in one pass over the copy instead of
+// one digest at a time. Every table method that may change a digest calls
+// it before it returns.
 func (t *table) regroup(p *peer) {
-	if (p.grouped == nil && p.digest == nil) || (p.grouped != nil && p.grouped.Digest == p.digest) {
+	if (p.grouped == nil && p.digest == nil) || (p.grouped != nil && p.grouped.TierMatcher == p.digest) {
 		return
 	}
 	slot := -1
 	if p.grouped != nil {
-		slot = p.grouped.slot
+		slot = p.grouped.Slot
 	}
 	p.grouped = nil
 	if p.digest == nil {
@@ -36,6 +22,6 @@ func (t *table) regroup(p *peer) {
 		return
 	}
 	if s, stamp := t.group.Put(slot, p.digest); s >= 0 {
-		p.grouped = &member{p.digest, t.group, s, stamp}
+		p.grouped = &route.Member{TierMatcher: p.digest, G: t.group, Slot: s, Stamp: stamp}
 	}
 }

@@ -75,14 +75,14 @@ func TestTableGroupFollowsDigests(t *testing.T) {
 				if p.digest != nil && p.digest.Ranks() == 1 && p.digest.TierStride() == 0 {
 					t.Fatalf("step %d: %s holds a plain digest the group does not", step, id)
 				}
-			case p.grouped.Digest != p.digest:
+			case p.grouped.TierMatcher != p.digest:
 				t.Fatalf("step %d: %s's group member is not its digest", step, id)
 			default:
 				held++
-				s := p.grouped.slot
-				if out[s] != p.digest.PrefixLen(chain) || stamps[s] != p.grouped.stamp {
+				s := p.grouped.Slot
+				if out[s] != p.digest.PrefixLen(chain) || stamps[s] != p.grouped.Stamp {
 					t.Fatalf("step %d: %s in slot %d: group says %d (stamp %d); digest %d (stamp %d)",
-						step, id, s, out[s], stamps[s], p.digest.PrefixLen(chain), p.grouped.stamp)
+						step, id, s, out[s], stamps[s], p.digest.PrefixLen(chain), p.grouped.Stamp)
 				}
 			}
 		}

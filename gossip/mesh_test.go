@@ -134,7 +134,11 @@ func digestVersion(m *Mesh, id string) uint64 {
 	if !ok || v.Digest == nil {
 		return 0
 	}
-	return v.Digest.(interface{ Header() bloom.Header }).Header().Version
+	d := v.Digest
+	if m, ok := d.(*route.Member); ok { // held in the table's group
+		d = m.TierMatcher
+	}
+	return d.(*bloom.Digest).Header().Version
 }
 
 func TestMeshDigestAndDeltas(t *testing.T) {

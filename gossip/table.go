@@ -28,7 +28,7 @@ type peer struct {
 	meta     Meta
 	metaOK   bool          // meta decoded at least once
 	digest   *bloom.Digest // replaced wholesale, never modified
-	grouped  *member       // digest as the table's group holds it; nil: not held
+	grouped  *route.Member // digest as the table's group holds it; nil: not held
 	digestAt time.Time     // when digest last changed
 	loadAt   time.Time     // when the load last arrived (push or meta)
 	pushed   route.Load    // the newest pushed load; used once loadSeq > 0

@@ -62,7 +62,7 @@ func benchChooseBloom(b *testing.B, npeers, ntokens, stride int, grouped bool) {
 		for i := range views {
 			d := views[i].Digest.(*bloom.Digest)
 			slot, stamp := g.Put(-1, d)
-			views[i].Digest = member{d, g, slot, stamp}
+			views[i].Digest = &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}
 		}
 	}
 	policy := route.DefaultChain(route.DefaultConfig(), nil)

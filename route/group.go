@@ -24,6 +24,19 @@ type Grouped interface {
 	Group() (g Group, slot int, stamp uint64)
 }
 
+// Member is a digest a Group holds, as a peer table hands it out: the
+// Grouped of TierMatcher as member Slot of G, Stamp being the stamp G gave
+// it. Make a new one at every change of the digest.
+type Member struct {
+	TierMatcher
+	G     Group
+	Slot  int
+	Stamp uint64
+}
+
+// Group implements Grouped.
+func (m *Member) Group() (Group, int, uint64) { return m.G, m.Slot, m.Stamp }
+
 // grouped is one Group's answer for a request's keys.
 type grouped struct {
 	g      Group

@@ -12,17 +12,6 @@ import (
 	"github.com/kvroute/kvroute/route"
 )
 
-// member is a digest that a bloom.Transposed holds, as the peer table
-// hands it out (route.Grouped).
-type member struct {
-	*bloom.Digest
-	g     *bloom.Transposed
-	slot  int
-	stamp uint64
-}
-
-func (m member) Group() (route.Group, int, uint64) { return m.g, m.slot, m.stamp }
-
 // TestGroupedChoiceIsTheSame: the default chain decides exactly as it does
 // with each peer's own digest when some of the digests come from a Group:
 // peers of one rank or more, with lower-tier entries or none, stamps the
@@ -73,7 +62,7 @@ func TestGroupedChoiceIsTheSame(t *testing.T) {
 			if slot < 0 {
 				continue
 			}
-			views[i].Digest = member{d, g, slot, stamp}
+			views[i].Digest = &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}
 			if rng.IntN(10) == 0 { // the group moved on: a newer digest of the peer
 				g.Put(slot, bloom.Build(bloom.Header{Node: views[i].ID, Params: params}, chains[0]))
 			}
