@@ -53,8 +53,8 @@ func (ch Chain) Choose(req Request, peers []PeerView, now time.Time) Decision {
 // keepMatches copies match columns from an earlier Decision's candidates
 // of the same peers, where the later policy did not compute them.
 func keepMatches(dst, src []Candidate) {
-	if len(dst) != len(src) {
-		return
+	if len(dst) != len(src) || len(dst) == 0 || &dst[0] == &src[0] {
+		return // none to copy, or the same policy's own
 	}
 	for i := range dst {
 		if dst[i].ID != src[i].ID || dst[i].MatchedKeys != 0 {

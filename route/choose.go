@@ -23,6 +23,7 @@ type assessment struct {
 func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment {
 	cs := make([]Candidate, len(peers))
 	var sum float64
+	eligible := 0
 	for i := range peers {
 		p := &peers[i]
 		c := &cs[i]
@@ -32,6 +33,7 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 			continue
 		}
 		c.Eligible = true
+		eligible++
 		if req.Model != "" && p.ModelsTruncated && !slices.Contains(p.Models, req.Model) {
 			c.Note = addTag(c.Note, "model unlisted, in digest")
 		}
@@ -42,12 +44,7 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 		}
 		sum += c.Load
 	}
-	a := assessment{d: Decision{Candidates: cs}, cfg: cfg, prompt: req.PromptTokens}
-	for _, c := range cs {
-		if c.Eligible {
-			a.d.Eligible++
-		}
-	}
+	a := assessment{d: Decision{Candidates: cs, Eligible: eligible}, cfg: cfg, prompt: req.PromptTokens}
 	if a.d.Eligible == 0 {
 		return a
 	}
