@@ -212,13 +212,19 @@ func BenchmarkPrefixLens(b *testing.B) {
 
 // BenchmarkTransposedPut is what the peer table pays per applied delta to
 // keep its transposed copy: a member's next version (20 keys added) put
-// over its last, among 1000 members of 25k-key digests.
+// over its last, among 8 or 1000 members of 25k-key digests.
 func BenchmarkTransposedPut(b *testing.B) {
+	for _, n := range []int{8, 1000} {
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) { benchTransposedPut(b, n) })
+	}
+}
+
+func benchTransposedPut(b *testing.B, members int) {
 	p := ParamsFor(25_000, 0.01)
 	tr := NewTransposed()
 	var d *Digest
 	var slot int
-	for i := range 1000 {
+	for i := range members {
 		d = Build(Header{Node: "n", Params: p}, uniformKeys(uint64(200+i), 5000))
 		slot, _ = tr.Put(-1, d)
 	}
