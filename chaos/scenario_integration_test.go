@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/loadgen"
 )
 
 // The CI scenario (scenarios/ci-smoke.json): 4 pods in namespaces under
@@ -73,6 +76,9 @@ func TestScenarioCISmoke(t *testing.T) {
 	// where) is what the next reader needs.
 	for _, r := range res.StaleClaims {
 		t.Logf("stale epoch claim: %+v", r)
+		for _, l := range routedLines(t, filepath.Join(cfg.Dir, "logs"), loadgen.RequestID(r.Session, r.Turn)) {
+			t.Logf("  %s", l)
+		}
 	}
 	for _, f := range res.Faults {
 		if f.Err != "" {
@@ -308,4 +314,24 @@ func checkAgentic(t *testing.T, s Scenario, res *Result, netns bool) {
 	}
 	t.Skipf("KNOWN BUG (issue 24, chaos report): %d servable follow-ups lost and %d unservable ones without the 404 that says the pod is gone; every other invariant holds",
 		res.ServableLost, res.StoreLostUnclear)
+}
+
+// routedLines returns the sidecars' "routed" log lines of request id:
+// where each front sent it and why (forward's match_note).
+func routedLines(t *testing.T, dir, id string) []string {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*-sidecar.log"))
+	var out []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Logf("read %s: %v", p, err)
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, `"req":"`+id+`"`) && strings.Contains(l, `"routed"`) {
+				out = append(out, filepath.Base(p)+": "+l)
+			}
+		}
+	}
+	return out
 }

@@ -887,8 +887,19 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		// here as soon as its id passes, before the client has the answer.
 		resp.Body = &idTap{rc: resp.Body, found: func(id string) { h.stored.AnnounceResponses(id) }}
 	}
-	h.log.Debug().Str("req", st.id).Str("served_by", served).Str("decision", reason).
-		Strs("tried", p.tried).Int("predicted_cached", st.predicted).Msg("routed")
+	if e := h.log.Debug(); e.Enabled() {
+		e = e.Str("req", st.id).Str("served_by", served).Str("decision", reason).
+			Strs("tried", p.tried).Int("predicted_cached", st.predicted)
+		// Where the chosen peer's match came from ("recent", "claim", a
+		// stale load...): what a chaos failure's reader needs first.
+		for i := range st.decision.Candidates {
+			if c := &st.decision.Candidates[i]; c.Chosen {
+				e = e.Int("matched_keys", c.MatchedKeys).Str("match_note", c.Note)
+				break
+			}
+		}
+		e.Msg("routed")
+	}
 	return nil
 }
 
