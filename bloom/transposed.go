@@ -48,9 +48,17 @@ type Transposed struct {
 // NewTransposed returns an empty Transposed.
 func NewTransposed() *Transposed { return &Transposed{gone: map[blockkey.Key][]int{}} }
 
-// groupable reports whether d can be a member: a plain scheme-2 digest.
-func groupable(d *Digest) bool {
+// Groupable reports whether d can be a member of a Transposed of its
+// shape: a plain scheme-2 digest.
+func Groupable(d *Digest) bool {
 	return !d.empty() && d.h.HashScheme == hashBlocked && d.ranks == 1 && d.tierStride == 0
+}
+
+// Shape returns the Params every member has, zero while there are none.
+func (t *Transposed) Shape() Params {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.shape
 }
 
 // Put makes d the member in slot (a new slot when slot is negative) and
@@ -64,7 +72,7 @@ func (t *Transposed) Put(slot int, d *Digest) (int, uint64) {
 	if slot >= len(t.members) || (slot >= 0 && t.members[slot] == nil) {
 		slot = -1
 	}
-	if !groupable(d) || (t.shape != (Params{}) && d.h.Params != t.shape) {
+	if !Groupable(d) || (t.shape != (Params{}) && d.h.Params != t.shape) {
 		if slot >= 0 {
 			t.removeLocked(slot)
 		}

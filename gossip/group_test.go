@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,12 +36,16 @@ func TestTableGroupFollowsDigests(t *testing.T) {
 				epochs[id]++
 			}
 			tb.upsert(id, metaAt(epochs[id], 1), true, now)
-		case op < 4: // a full digest, sometimes with a CPU tier
-			keys := chain[:rng.IntN(len(chain))]
+		case op < 4: // a full digest, sometimes with a CPU tier or of another size
+			keys := slices.Clone(chain[:rng.IntN(len(chain))])
 			if rng.IntN(4) == 0 {
 				keys = append(keys, bloom.TierMarker(8))
 			}
-			tb.applyDigest(testDigest(id, epochs[id], uint64(rng.IntN(4)), keys...), now)
+			d := testDigest(id, epochs[id], uint64(rng.IntN(4)), keys...)
+			if rng.IntN(3) == 0 {
+				d = bloom.Build(bloom.Header{Node: id, Epoch: epochs[id], Params: bloom.ParamsFor(3000, 0.01)}, keys)
+			}
+			tb.applyDigest(d, now)
 		case op < 7: // a delta, in order or not
 			p := tb.peers[id]
 			if p == nil || p.digest == nil {
@@ -65,15 +70,22 @@ func TestTableGroupFollowsDigests(t *testing.T) {
 		default:
 			tb.remove(id)
 		}
-		held := 0
+		held, misfits := 0, 0
 		n := tb.group.Slots()
 		out, stamps := make([]int, n), make([]uint64, n)
 		tb.group.PrefixLens(chain, out, stamps)
 		for id, p := range tb.peers {
 			switch {
 			case p.grouped == nil:
-				if p.digest != nil && p.digest.Ranks() == 1 && p.digest.TierStride() == 0 {
-					t.Fatalf("step %d: %s holds a plain digest the group does not", step, id)
+				plain := p.digest != nil && bloom.Groupable(p.digest)
+				if plain && p.digest.Header().Params == tb.group.Shape() {
+					t.Fatalf("step %d: %s holds a plain digest of the group's shape the group does not", step, id)
+				}
+				if p.misfit != plain {
+					t.Fatalf("step %d: %s misfit %v; its digest plain and not in the group: %v", step, id, p.misfit, plain)
+				}
+				if p.misfit {
+					misfits++
 				}
 			case p.grouped.TierMatcher != p.digest:
 				t.Fatalf("step %d: %s's group member is not its digest", step, id)
@@ -88,6 +100,40 @@ func TestTableGroupFollowsDigests(t *testing.T) {
 		}
 		if got := tb.group.Len(); got != held {
 			t.Fatalf("step %d: group holds %d digests; peers hold %d in it", step, got, held)
+		}
+		if tb.misfits != misfits {
+			t.Fatalf("step %d: misfits counted %d; peers say %d", step, tb.misfits, misfits)
+		}
+	}
+}
+
+// TestTableGroupTakesTheCommonShape: an odd pod whose digest came first
+// does not keep its shape in the copy once two pods of another shape
+// outnumber it; it is then matched alone, and the views hand out the new
+// copy's members.
+func TestTableGroupTakesTheCommonShape(t *testing.T) {
+	tb := newTable(4)
+	odd := bloom.ParamsFor(3000, 0.01)
+	for _, id := range []string{"odd", "a", "b"} {
+		tb.upsert(id, metaAt(1, 1), true, t0)
+	}
+	tb.applyDigest(bloom.Build(bloom.Header{Node: "odd", Epoch: 1, Version: 1, Params: odd}, []blockkey.Key{1}), t0)
+	tb.applyDigest(testDigest("a", 1, 1, 1), t0)
+	if tb.group.Shape() != odd || tb.peers["a"].grouped != nil {
+		t.Fatalf("after the odd digest and one other: shape %v, a grouped %v; want the odd shape, a alone", tb.group.Shape(), tb.peers["a"].grouped)
+	}
+	tb.applyDigest(testDigest("b", 1, 1, 1), t0)
+	if tb.group.Shape() == odd || tb.group.Len() != 2 || tb.peers["odd"].grouped != nil || tb.misfits != 1 {
+		t.Fatalf("after two of the common shape: shape %v, %d members, odd grouped %v, %d misfits; want the common shape, 2, alone, 1",
+			tb.group.Shape(), tb.group.Len(), tb.peers["odd"].grouped, tb.misfits)
+	}
+	for _, v := range tb.views() {
+		_, grouped := v.Digest.(route.Grouped)
+		if grouped != (v.ID != "odd") {
+			t.Errorf("view %s grouped %v", v.ID, grouped)
+		}
+		if n := v.Digest.PrefixLen([]blockkey.Key{1}); n != 1 {
+			t.Errorf("view %s PrefixLen = %d; want 1", v.ID, n)
 		}
 	}
 }

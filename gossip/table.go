@@ -20,8 +20,10 @@ type table struct {
 	sorted []named
 	stride int // ours (Config.RoutingStride): views probe peers' digests in our keys
 	// group holds the peers' plain digests bit by bit across peers
-	// (regroup), for route to match them all at once.
-	group *bloom.Transposed
+	// (regroup), for route to match them all at once; misfits counts the
+	// peers whose plain digest is of another shape.
+	group   *bloom.Transposed
+	misfits int
 }
 
 type peer struct {
@@ -29,6 +31,7 @@ type peer struct {
 	metaOK   bool          // meta decoded at least once
 	digest   *bloom.Digest // replaced wholesale, never modified
 	grouped  *route.Member // digest as the table's group holds it; nil: not held
+	misfit   bool          // digest is plain but of another shape than the group's (regroup)
 	digestAt time.Time     // when digest last changed
 	loadAt   time.Time     // when the load last arrived (push or meta)
 	pushed   route.Load    // the newest pushed load; used once loadSeq > 0
