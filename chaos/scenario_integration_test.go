@@ -335,3 +335,24 @@ func routedLines(t *testing.T, dir, id string) []string {
 	}
 	return out
 }
+
+func TestRoutedLines(t *testing.T) {
+	dir := t.TempDir()
+	logs := map[string]string{
+		"pod1-sidecar.log": `{"level":"debug","node":"pod1","req":"s1.2","decision":"affinity","match_note":"claim","message":"routed"}
+{"level":"debug","node":"pod1","req":"s1.20","message":"routed"}
+{"level":"debug","node":"pod1","req":"s1.2","message":"other"}
+`,
+		"pod2-sidecar.log": `{"level":"debug","node":"pod2","req":"s1.2","decision":"local","message":"routed"}`,
+		"pod2-sim.log":     `{"req":"s1.2","message":"routed"}`,
+	}
+	for name, body := range logs {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := routedLines(t, dir, "s1.2")
+	if len(got) != 2 || !strings.Contains(got[0], `"match_note":"claim"`) || !strings.HasPrefix(got[1], "pod2-sidecar.log: ") {
+		t.Errorf("routedLines = %q; want pod1's routed line with its note, then pod2's", got)
+	}
+}
