@@ -214,6 +214,15 @@ func (m *Mesh) self(now time.Time) route.PeerView {
 	return v
 }
 
+// Grouped returns how many peer digests the table's transposed copy holds
+// (route matches them in one pass), and how many plain ones of another
+// shape it does not (matched one by one; see regroup).
+func (m *Mesh) Grouped() (held, misfits int) {
+	m.tableMu.Lock()
+	defer m.tableMu.Unlock()
+	return m.table.group.Len(), m.table.misfits
+}
+
 // Members returns the number of live members, this node included.
 func (m *Mesh) Members() int { return m.ms.Load().Len() }
 

@@ -175,6 +175,16 @@ func TestMeshDigestAndDeltas(t *testing.T) {
 	if v, _ := view(a, "n0"); !v.Local {
 		t.Errorf("local view Local = false; want true")
 	}
+	for _, m := range ms[1:] { // each holds n0's digest, plain, in its copy
+		if held, misfits := m.Grouped(); held != 1 || misfits != 0 {
+			t.Errorf("Grouped() = %d, %d; want 1, 0", held, misfits)
+		}
+		if v, _ := view(m, "n0"); v.Digest == nil {
+			t.Errorf("no view of n0's digest")
+		} else if _, ok := v.Digest.(route.Grouped); !ok {
+			t.Errorf("n0's view digest is a %T; want the copy's member", v.Digest)
+		}
+	}
 	s := a.Stats()
 	if s.Sent.Delta.Msgs < 9 || s.Sent.Digest.Msgs < 3 || s.DecodeErrors != 0 {
 		t.Errorf("Stats() = %+v; want >= 9 deltas and >= 3 digests sent, no decode errors", s)

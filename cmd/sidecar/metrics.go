@@ -79,6 +79,14 @@ func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.
 		counter("gossip_newer_read_total", "Gossip messages and node metas of a newer wire version, read as far as this sidecar knows them.", func() float64 { return float64(mesh.Stats().NewerRead) }),
 		gauge("gossip_oldest_wire_version", "The lowest gossip wire version among this sidecar and its peers: 1 while a v0.1.0 sidecar is a member.", func() float64 { return float64(mesh.OldestWire()) }),
 		counter("gossip_meta_updates_total", "Node-meta broadcasts: each change of models, drain or engine goes out twice, 300 ms apart.", func() float64 { return float64(mesh.Stats().MetaUpdates) }),
+		gauge("peer_digests_grouped", "Peer digests the transposed copy holds: the choice matches them all in one pass.", func() float64 {
+			held, _ := mesh.Grouped()
+			return float64(held)
+		}),
+		gauge("peer_digests_misfit", "Plain peer digests of another size than the transposed copy's, matched one by one; the copy follows the most common size.", func() float64 {
+			_, misfits := mesh.Grouped()
+			return float64(misfits)
+		}),
 		gauge("digest_staleness_seconds", "Age of the oldest peer digest in the peer table.", func() float64 {
 			now := time.Now()
 			worst := 0.0
