@@ -76,3 +76,49 @@ func benchChooseBloom(b *testing.B, npeers, ntokens, stride int, grouped bool) {
 		b.Fatalf("chose %s (%s); want the holder %s", d.Target, d.Reason, views[npeers/2].ID)
 	}
 }
+
+// BenchmarkChooseCold is BenchmarkChooseBloom's choice for a prompt no peer
+// holds beyond the shared system prompt: Affinity declines and the chain
+// goes on to Rendezvous, each policy assessing every peer again.
+func BenchmarkChooseCold(b *testing.B) {
+	for _, peers := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("peers=%d", peers), func(b *testing.B) {
+			benchChooseCold(b, peers)
+		})
+	}
+}
+
+func benchChooseCold(b *testing.B, npeers int) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	scheme := blockkey.Scheme{BlockSize: 16, Stride: 4}
+	tokens := make([]uint32, 32768)
+	for i := range tokens {
+		tokens[i] = rng.Uint32N(32000)
+	}
+	keys := scheme.Request(blockkey.Root("m", "", ""), tokens)
+	params := bloom.ParamsFor(100_000/4, 0.01)
+	now := time.Unix(1_800_000_000, 0)
+	g := bloom.NewTransposed()
+	views := make([]route.PeerView, npeers)
+	for i := range views {
+		held := append([]blockkey.Key{}, keys[:4]...)
+		for range 5000 {
+			held = append(held, blockkey.Key(rng.Uint64()))
+		}
+		id := fmt.Sprintf("pod-%03d", i)
+		d := bloom.Build(bloom.Header{Node: id, Params: params}, held)
+		slot, stamp := g.Put(-1, d)
+		views[i] = route.PeerView{ID: id, Addr: id + ":8000", Local: i == 0, KeyScheme: blockkey.Version,
+			Digest: &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}, DigestAt: now,
+			Load: route.Load{Running: i % 3}, LoadAt: now}
+	}
+	policy := route.DefaultChain(route.DefaultConfig(), nil)
+	req := route.Request{Keys: keys, TokensPerKey: scheme.TokensPerKey(), PromptTokens: len(tokens)}
+	var d route.Decision
+	for b.Loop() {
+		d = policy.Choose(req, views, now)
+	}
+	if d.Reason != route.ReasonRendezvous {
+		b.Fatalf("reason %s; want rendezvous", d.Reason)
+	}
+}
