@@ -24,9 +24,9 @@ type Grouped interface {
 	Group() (g Group, slot int, stamp uint64)
 }
 
-// Member is a digest a Group holds, as a peer table hands it out: the
-// Grouped of TierMatcher as member Slot of G, Stamp being the stamp G gave
-// it. Make a new one at every change of the digest.
+// Member is the Grouped a peer table hands out for a digest its Group
+// holds: the digest (TierMatcher), its slot in G, and the stamp G gave it
+// when it was put there. Make a new one at every change of the digest.
 type Member struct {
 	TierMatcher
 	G     Group
