@@ -9,8 +9,7 @@ import (
 // digest, or nothing for p when it has none or one the copy cannot hold;
 // p.grouped is then the digest as views hand it out (route.Member): route
 // matches every such peer's prefix in one pass over the copy instead of
-// one digest at a time. Every table method that may change a digest calls
-// it before it returns.
+// one digest at a time. Every table change of a digest calls it.
 //
 // The copy holds one shape of digest, its first member's. A plain digest
 // of another shape is a misfit, matched alone; when one other shape
@@ -28,6 +27,7 @@ func (t *table) regroup(p *peer) {
 	if p.digest == nil {
 		t.group.Remove(slot)
 		t.setMisfit(p, false)
+		t.rebuildIf(false)
 		return
 	}
 	s, stamp := t.group.Put(slot, p.digest)
@@ -38,7 +38,14 @@ func (t *table) regroup(p *peer) {
 	}
 	was := p.misfit
 	t.setMisfit(p, bloom.Groupable(p.digest))
-	if p.misfit && !was && t.misfits > t.group.Len() {
+	t.rebuildIf(p.misfit && !was)
+}
+
+// rebuildIf rebuilds the copy when misfits outnumber its members and
+// either one just became a misfit or the copy has emptied (its shape is
+// then free for theirs).
+func (t *table) rebuildIf(newMisfit bool) {
+	if t.misfits > t.group.Len() && (newMisfit || t.group.Len() == 0) {
 		t.rebuildGroup()
 	}
 }

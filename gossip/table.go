@@ -99,16 +99,16 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 	if p.digest != nil && p.metaOK && p.meta.HasDigest && m.HasDigest &&
 		p.meta.DigestEpoch != m.DigestEpoch && p.digest.Header().Epoch != m.DigestEpoch {
 		p.digest, p.digestAt, dropped = nil, now, true
+		t.regroup(p)
 	}
 	if m.Engine != route.EngineServing && !p.stated {
-		p.dropDigest(now)
+		t.dropDigest(p, now)
 		p.claims, p.since = nil, now
 	}
 	p.meta, p.metaOK = m, true
 	if p.loadSeq == 0 { // pushes are fresher than the meta's load
 		p.loadAt = now
 	}
-	t.regroup(p)
 	return dropped
 }
 
@@ -129,18 +129,18 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 			p.since = now
 		}
 		if r.Engine != route.EngineServing || r.Epoch == 0 {
-			p.dropDigest(now) // withdrawn: it must not match a byte more
+			t.dropDigest(p, now) // withdrawn: it must not match a byte more
 		}
 		p.engine, p.epoch, p.stated = r.Engine, r.Epoch, true
 		p.version = r.Version // 0 without one, which no copy lags
-		t.regroup(p)
 	}
 	return applied
 }
 
-func (p *peer) dropDigest(now time.Time) {
+func (t *table) dropDigest(p *peer, now time.Time) {
 	if p.digest != nil {
 		p.digest, p.digestAt = nil, now
+		t.regroup(p)
 	}
 	p.early, p.earlySince = nil, time.Time{}
 }
