@@ -279,17 +279,14 @@ func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerV
 	if b.off() {
 		return true
 	}
-	now := h.now()
-	room := false
-	eachQueue(h.cfg.Route, d, peers, prompt, now, func(q podQueue) bool {
-		room = !b.full(q)
-		return !room
+	// The queues up to the first pod with room: admit's rule reads only
+	// that far, and a refusal has them all for its message.
+	var qs []podQueue
+	eachQueue(h.cfg.Route, d, peers, prompt, h.now(), func(q podQueue) bool {
+		qs = append(qs, q)
+		return b.full(q)
 	})
-	if room {
-		return true
-	}
-	qs := candidateQueues(h.cfg.Route, d, peers, prompt, now)
-	if admit(qs, b) { // no pod with room, or none eligible: admit's rule decides
+	if admit(qs, b) {
 		return true
 	}
 	kind, msg := queueFullKind, fmt.Sprintf(

@@ -646,10 +646,6 @@ func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 			}
 			continue
 		}
-		if len(h.flights) == 0 { // the common case at a thousand peers: skip a lookup each
-			p.Load.InFlight, p.Load.InFlightPrefillTokens = 0, 0
-			continue
-		}
 		p.Load.InFlight, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
 	}
 }

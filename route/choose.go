@@ -28,7 +28,7 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 		p := &peers[i]
 		c := &cs[i]
 		c.ID, c.Local, c.Rank = p.ID, p.Local, NoRank
-		c.Excluded = excluded(&cfg, &peers[i], &req, now)
+		c.Excluded = excluded(&cfg, p, &req, now)
 		if c.Excluded != "" {
 			continue
 		}
