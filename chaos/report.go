@@ -391,7 +391,7 @@ func summarize(r *runState, samples []loadgen.Sample, conns []ConnRecord, trans 
 			// A retried request was served by a fallback, not its affinity choice.
 			if s.Decision == "affinity" && s.CachedTokens < routingKeyTokens {
 				res.AffinityMisses++
-				if staleClaim(s, restarts[s.Pod], turns[s.Session]) {
+				if staleClaim(s, restarts[s.Pod], turns[s.Session]) && !onClaim(attempts, s) {
 					res.StaleEpochClaims++
 					if len(res.StaleClaims) < maxListed {
 						rec, _ := entryOf(s)
@@ -546,6 +546,18 @@ func staleClaim(s loadgen.Sample, restarts []float64, session []loadgen.Sample) 
 		}
 	}
 	return earlier && before && !after
+}
+
+// onClaim reports whether a sidecar sent s to the pod that served it on a
+// claim (its routed line's match_note). Claims are voided when a pod's
+// engine restarts (gossip's table), so such a choice followed a request
+// placed on the current engine, still in flight there (another session's
+// shared system prompt): an affinity miss, not affinity to the old cache.
+func onClaim(attempts []Attempt, s loadgen.Sample) bool {
+	id := loadgen.RequestID(s.Session, s.Turn)
+	return slices.ContainsFunc(attempts, func(a Attempt) bool {
+		return a.Req == id && a.Target == s.Pod && strings.Contains(a.Note, "claim")
+	})
 }
 
 func record(class string, s loadgen.Sample, entry string) RequestRecord {

@@ -52,6 +52,8 @@ func TestSummarizeClassifies(t *testing.T) {
 		ok(13, "pod1", "least-load-retried", 100),
 		turnOf(ok(3, "pod2", "least-load", 300), "x", 0),
 		turnOf(ok(16, "pod2", "affinity", 0), "x", 1), // turn 0 was on the old engine
+		turnOf(ok(3, "pod2", "least-load", 300), "y", 0),
+		turnOf(ok(17, "pod2", "affinity", 0), "y", 1), // the same, but sent on a claim: a miss only
 	}
 	attempts := []Attempt{
 		{Req: "fwd.11", Node: "pod1", Target: "pod2"}, // sent before detection
@@ -59,6 +61,7 @@ func TestSummarizeClassifies(t *testing.T) {
 		{Req: "fwd.13", Node: "pod3", Target: "pod1"}, // another pod
 		{Req: "pod2own.0", Node: "pod2", Target: "pod1"},
 		{Req: "unknown.0", Node: "pod1", Target: "pod2"}, // no such request
+		{Req: "y.1", Node: "pod1", Target: "pod2", Note: "claim"},
 	}
 	samples = append(samples, turnOf(ok(11, "pod1", "least-load-retried", 0), "fwd", 11),
 		turnOf(ok(13, "pod1", "least-load-retried", 0), "fwd", 13))
@@ -67,11 +70,11 @@ func TestSummarizeClassifies(t *testing.T) {
 		name      string
 		got, want int
 	}{
-		{"requests", res.Requests, 13}, {"ok", res.OK, 7},
+		{"requests", res.Requests, 15}, {"ok", res.OK, 9},
 		{"failed_servable", res.FailedServable, 1}, {"failed_midstream", res.FailedMidstream, 1},
 		{"failed_inflight", res.FailedInflight, 1}, {"failed_service", res.FailedService, 3},
 		{"retried", res.Retried, 3}, {"forwards_to_dead_after_detection", res.ForwardsToDeadAfterDetection, 1},
-		{"stale_epoch_claims", res.StaleEpochClaims, 1}, {"affinity_misses", res.AffinityMisses, 1},
+		{"stale_epoch_claims", res.StaleEpochClaims, 1}, {"affinity_misses", res.AffinityMisses, 2},
 		{"undetected", res.Undetected, 0},
 	}
 	for _, c := range checks {
@@ -79,8 +82,8 @@ func TestSummarizeClassifies(t *testing.T) {
 			t.Errorf("%s = %d; want %d", c.name, c.got, c.want)
 		}
 	}
-	if got := res.Faults[0].ForwardedToAfter; got != 1 {
-		t.Errorf("forwarded_to_after = %d; want 1 (the 16 s request pod1 sent to the restarted pod2)", got)
+	if got := res.Faults[0].ForwardedToAfter; got != 2 {
+		t.Errorf("forwarded_to_after = %d; want 2 (the 16 and 17 s requests pod1 sent to the restarted pod2)", got)
 	}
 	if res.DetectionSMax != 2 {
 		t.Errorf("detection_s_max = %v; want 2 (the 12 s poll)", res.DetectionSMax)

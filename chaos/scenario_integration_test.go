@@ -71,9 +71,9 @@ func TestScenarioCISmoke(t *testing.T) {
 			t.Logf("failed servable: %+v", f)
 		}
 	}
-	// A stale epoch claim has failed this test once in five full runs and
-	// never alone: its record (sent when, after which fault, entered
-	// where) is what the next reader needs.
+	// A stale epoch claim's record, and each sidecar's routed line for it
+	// (its decision and match_note), say where the affinity came from: the
+	// one seen on 2026-12-06 was a claim (report.go's onClaim).
 	for _, r := range res.StaleClaims {
 		t.Logf("stale epoch claim: %+v", r)
 		for _, l := range routedLines(t, filepath.Join(cfg.Dir, "logs"), loadgen.RequestID(r.Session, r.Turn)) {

@@ -17,6 +17,9 @@ type Attempt struct {
 	Req    string    // the request id (the client's X-Request-Id)
 	Node   string    // the sidecar that forwarded
 	Target string    // the peer tried ("local" for its own vLLM)
+	// Note is the forwarding sidecar's match_note for its choice: where
+	// the chosen peer's match came from ("claim", "recent", ...).
+	Note string
 }
 
 // routedLine is the part of the sidecar's "routed" debug line we read.
@@ -26,6 +29,7 @@ type routedLine struct {
 	Req     string    `json:"req"`
 	Message string    `json:"message"`
 	Tried   []string  `json:"tried"`
+	Note    string    `json:"match_note"`
 }
 
 // readAttempts reads every sidecar log in dir (*-sidecar.log) and returns
@@ -55,7 +59,7 @@ func readAttempts(dir string) ([]Attempt, error) {
 			}
 			for _, t := range r.Tried {
 				if t != "local" {
-					out = append(out, Attempt{At: r.Time, Req: r.Req, Node: r.Node, Target: t})
+					out = append(out, Attempt{At: r.Time, Req: r.Req, Node: r.Node, Target: t, Note: r.Note})
 				}
 			}
 		}
