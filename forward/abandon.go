@@ -30,28 +30,32 @@ type waiters struct {
 	m    map[uint64]context.CancelCauseFunc
 }
 
-// add returns ctx for one attempt, abandoned by abandon, and the func
-// that takes it off the list once the attempt has its answer or failed;
-// ok is false, and there is no attempt to make, while the engine is down:
-// a plan's last resort is the local engine, and a hung one would hold it.
-func (w *waiters) add(ctx context.Context) (_ context.Context, done func(), ok bool) {
+// add returns ctx for one attempt, abandoned by abandon, and the id that
+// takes it off the list (remove) once the attempt has its answer or
+// failed; ok is false, and there is no attempt to make, while the engine
+// is down: a plan's last resort is the local engine, and a hung one would
+// hold it.
+func (w *waiters) add(ctx context.Context) (_ context.Context, id uint64, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.down {
-		return ctx, nil, false
+		return ctx, 0, false
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	if w.m == nil {
 		w.m = map[uint64]context.CancelCauseFunc{}
 	}
-	id := w.next
+	id = w.next
 	w.next++
 	w.m[id] = cancel
-	return ctx, func() {
-		w.mu.Lock()
-		delete(w.m, id)
-		w.mu.Unlock()
-	}, true
+	return ctx, id, true
+}
+
+// remove takes the attempt of id (add) off the list.
+func (w *waiters) remove(id uint64) {
+	w.mu.Lock()
+	delete(w.m, id)
+	w.mu.Unlock()
 }
 
 // abandon marks the engine down and fails every waiting attempt with
@@ -79,13 +83,13 @@ func (w *waiters) serving() {
 // so a hung engine costs a request no TokenizeTimeout; the request is
 // then routed without those keys (docs/design.md D6).
 func (w *waiters) watch(ctx context.Context) (context.Context, func()) {
-	wctx, done, ok := w.add(ctx)
+	wctx, id, ok := w.add(ctx)
 	if !ok {
 		wctx, cancel := context.WithCancelCause(ctx)
 		cancel(errEngineDown)
 		return wctx, func() {}
 	}
-	return wctx, done
+	return wctx, func() { w.remove(id) }
 }
 
 // abandoned reports whether an attempt under ctx failed because it was
@@ -94,17 +98,13 @@ func abandoned(ctx, parent context.Context) bool {
 	return parent.Err() == nil && errors.Is(context.Cause(ctx), errEngineDown)
 }
 
-// roundTripLocal is an attempt at the local engine under a.local: failed
-// at once with errEngineDown while the engine is down, and with it when
-// the engine goes down before it answers.
-func (a *attempts) roundTripLocal(out *http.Request, parent context.Context) (*http.Response, error) {
-	ctx, done, ok := a.local.add(out.Context())
-	if !ok {
-		return nil, errEngineDown
-	}
-	defer done()
-	resp, err := a.base.RoundTrip(out.WithContext(ctx))
-	if err != nil && abandoned(ctx, parent) {
+// roundTripLocal is an attempt at the local engine, out under the context
+// a.local.add gave it with id: failed with errEngineDown when the engine
+// goes down before it answers.
+func (a *attempts) roundTripLocal(out *http.Request, parent context.Context, id uint64) (*http.Response, error) {
+	defer a.local.remove(id)
+	resp, err := a.base.RoundTrip(out)
+	if err != nil && abandoned(out.Context(), parent) {
 		return nil, errEngineDown
 	}
 	return resp, err

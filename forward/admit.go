@@ -270,25 +270,74 @@ func (h *Handler) bounds() bounds {
 //   - prefill_busy, 429: so, but some only by the prefill share.
 func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView, prompt int) bool {
 	if d.Eligible == 0 && !h.localReady.Load() {
-		h.metrics.badRequests.WithLabelValues(noEngineKind, apiOf(c).String()).Inc()
-		c.Header("Retry-After", strconv.Itoa(retryAfter))
-		writeError(c, http.StatusServiceUnavailable, "no engine can serve this request now; retry later")
-		return false
+		return h.noEngine(c)
 	}
+	return h.admittedFrom(c, queueSource{d: &d, peers: peers, prompt: prompt})
+}
+
+// noEngine answers that no engine can serve the request (admitted's 503).
+func (h *Handler) noEngine(c *gin.Context) bool {
+	h.metrics.badRequests.WithLabelValues(noEngineKind, apiOf(c).String()).Inc()
+	c.Header("Retry-After", strconv.Itoa(retryAfter))
+	writeError(c, http.StatusServiceUnavailable, "no engine can serve this request now; retry later")
+	return false
+}
+
+// queueSource is the pods admission reads the queues of: a decision's
+// eligible candidates (d set), or before any choice every peer that
+// route.Excluded does not rule out at at.
+type queueSource struct {
+	d      *route.Decision
+	peers  []route.PeerView
+	prompt int
+	at     time.Time
+}
+
+// each is eachQueue for either kind of source.
+func (s *queueSource) each(cfg route.Config, now time.Time, f func(podQueue) bool) {
+	if s.d != nil {
+		eachQueue(cfg, *s.d, s.peers, s.prompt, now, f)
+		return
+	}
+	for i := range s.peers {
+		if s.eligible(cfg, i) && !f(queueAt(cfg, &s.peers[i], now)) {
+			return
+		}
+	}
+}
+
+func (s *queueSource) eligible(cfg route.Config, i int) bool {
+	return route.Excluded(cfg, s.peers[i], s.at) == ""
+}
+
+func (s *queueSource) anyEligible(cfg route.Config) bool {
+	for i := range s.peers {
+		if s.eligible(cfg, i) {
+			return true
+		}
+	}
+	return false
+}
+
+// admittedFrom is admitted's queue bounds on the pods of s.
+func (h *Handler) admittedFrom(c *gin.Context, s queueSource) bool {
 	b := h.bounds()
 	if b.off() {
 		return true
 	}
 	// The queues up to the first pod with room: admit's rule reads only
-	// that far, and a refusal has them all for its message.
-	var qs []podQueue
-	eachQueue(h.cfg.Route, d, peers, prompt, h.now(), func(q podQueue) bool {
+	// that far, and a refusal has them all for its message. The usual
+	// answer, a first pod with room, fits room and allocates nothing.
+	var room [1]podQueue
+	qs := room[:0]
+	s.each(h.cfg.Route, h.now(), func(q podQueue) bool {
 		qs = append(qs, q)
 		return b.full(q)
 	})
 	if admit(qs, b) {
 		return true
 	}
+	prompt := s.prompt
 	kind, msg := queueFullKind, fmt.Sprintf(
 		"every pod that could serve this request is full (%d requests waiting or %s of prompt queued); retry later",
 		h.cfg.MaxQueue, h.cfg.MaxQueueWait)
@@ -308,7 +357,8 @@ func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerV
 // down, or every pod that may serve anything full), the request is
 // refused as admitted would, without the /tokenize call and the choice an
 // overload would otherwise pay for every refused request. Otherwise the
-// choice decides, and admitted checks its candidates.
+// choice decides, and admitted checks its candidates. It reads the peers
+// only up to the first with room: no candidate list is built for it.
 func (h *Handler) admittedAny(c *gin.Context) bool {
 	if h.peers == nil {
 		return true
@@ -318,18 +368,14 @@ func (h *Handler) admittedAny(c *gin.Context) bool {
 	h.mu.Lock()
 	h.freshenLocked(peers, now)
 	h.mu.Unlock()
-	var d route.Decision
-	for _, p := range peers {
-		ok := route.Excluded(h.cfg.Route, p, now) == ""
-		d.Candidates = append(d.Candidates, route.Candidate{ID: p.ID, Eligible: ok})
-		if ok {
-			d.Eligible++
-		}
-	}
 	if len(peers) == 0 {
 		return true // no table yet: the local engine's own answer
 	}
-	return h.admitted(c, d, peers, 0)
+	s := queueSource{peers: peers, at: now}
+	if !h.localReady.Load() && !s.anyEligible(h.cfg.Route) {
+		return h.noEngine(c)
+	}
+	return h.admittedFrom(c, s)
 }
 
 // retryableRefusal makes a 503 or 429 that reaches a client retryable and

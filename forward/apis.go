@@ -3,6 +3,7 @@ package forward
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -79,16 +80,23 @@ func errorBody(api prompt.API, status int, msg string) any {
 	return newAPIError(status, msg)
 }
 
-// apiKey is where a routed handler keeps its API on the gin context, so
-// that every error the front writes for it has the API's shape.
-const apiKey = "kvroute.api"
+// storedPath is where a stored response is read (GET) or, under
+// storedPath+"/cancel", canceled: both are the Responses API's.
+const storedPath = "/v1/responses/:id"
 
-// apiOf is the API of the request c is serving (chat when not routed).
+// apiOf is the API of the request c is serving: its route's, chat when
+// not routed. It is read off the path gin matched (under any group's
+// prefix) rather than kept on c, which would cost a map per request for
+// what only an error needs.
 func apiOf(c *gin.Context) prompt.API {
-	if v, ok := c.Get(apiKey); ok {
-		if a, ok := v.(prompt.API); ok {
-			return a
+	p := c.FullPath()
+	for _, rt := range routes {
+		if strings.HasSuffix(p, rt.path) {
+			return rt.api
 		}
+	}
+	if strings.HasSuffix(p, storedPath) || strings.HasSuffix(p, storedPath+"/cancel") {
+		return prompt.APIResponses
 	}
 	return prompt.APIChat
 }

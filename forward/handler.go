@@ -298,8 +298,8 @@ func (h *Handler) Register(r gin.IRoutes) {
 	for _, rt := range routes {
 		r.POST(rt.path, h.serveRouted(rt.api))
 	}
-	r.GET("/v1/responses/:id", h.serveStored)
-	r.POST("/v1/responses/:id/cancel", h.serveStored)
+	r.GET(storedPath, h.serveStored)
+	r.POST(storedPath+"/cancel", h.serveStored)
 }
 
 // Passthrough serves any other path from the local vLLM (mount it as gin's
@@ -394,13 +394,14 @@ type reqState struct {
 	promptIDs        []byte
 }
 
+// stateKey holds a request's *reqState in its context: the handler's
+// hooks read it, and the transport its plan.
 type stateKey struct{}
 
 func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		h.active.Add(1)
 		defer h.active.Done()
-		c.Set(apiKey, api)
 		r := c.Request
 		arrived := h.now()
 		st := &reqState{id: h.requestID(r), api: api, creates: api == prompt.APIResponses, arrived: arrived, started: arrived}
@@ -423,7 +424,10 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			h.serveContinued(c, body, st, p.PreviousResponseID)
 			return
 		}
-		kctx, keyed := h.waiting.watch(r.Context())
+		kctx, keyed := r.Context(), func() {}
+		if !idsOnly(p, perr) {
+			kctx, keyed = h.waiting.watch(r.Context())
+		}
 		k := h.routeKeys(kctx, p, perr)
 		keyed()
 		keys := k.keys
@@ -716,9 +720,8 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 		h.metrics.inflight.Dec()
 	}()
 	r := c.Request
-	ctx := withPlan(context.WithValue(r.Context(), stateKey{}, st), p)
-	r = r.WithContext(ctx)
-	r.Body = io.NopCloser(http.NoBody)
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	r.Body = http.NoBody // each attempt gets the plan's
 	r.ContentLength = p.length
 	h.proxy.ServeHTTP(h.slowReaderBound(c), r)
 }
@@ -911,19 +914,29 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // fake engine's answers);
 // kvroute-send is from choosing until the request was written upstream.
 func serverTiming(st *reqState, now time.Time) string {
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
-	if st.routed.IsZero() {
-		out := "kvroute-hop;dur=" + ms(now.Sub(st.started))
-		if w := st.plan.wrote.Load(); w != 0 {
-			out += ", kvroute-hop-send;dur=" + ms(time.Unix(0, w).Sub(st.started))
+	// Built in one buffer: the header's one allocation is its string.
+	var buf [160]byte
+	b := buf[:0]
+	dur := func(b []byte, name string, d time.Duration) []byte {
+		if len(b) > 0 {
+			b = append(b, ", "...)
 		}
-		return out
+		b = append(append(b, name...), ";dur="...)
+		return strconv.AppendFloat(b, float64(d)/1e6, 'f', 3, 64)
 	}
-	out := "kvroute-read;dur=" + ms(st.started.Sub(st.arrived)) + ", kvroute-route;dur=" + ms(st.routed.Sub(st.started))
+	if st.routed.IsZero() {
+		b = dur(b, "kvroute-hop", now.Sub(st.started))
+		if w := st.plan.wrote.Load(); w != 0 {
+			b = dur(b, "kvroute-hop-send", time.Unix(0, w).Sub(st.started))
+		}
+		return string(b)
+	}
+	b = dur(b, "kvroute-read", st.started.Sub(st.arrived))
+	b = dur(b, "kvroute-route", st.routed.Sub(st.started))
 	if w := st.plan.wrote.Load(); w != 0 {
-		out += ", kvroute-send;dur=" + ms(time.Unix(0, w).Sub(st.routed))
+		b = dur(b, "kvroute-send", time.Unix(0, w).Sub(st.routed))
 	}
-	return out + ", kvroute;dur=" + ms(now.Sub(st.started))
+	return string(dur(b, "kvroute", now.Sub(st.started)))
 }
 
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {

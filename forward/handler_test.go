@@ -631,3 +631,26 @@ func TestHopChunkedBodyIsReadWhole(t *testing.T) {
 		t.Fatalf("status %d, engine saw %s; want 200 and %s", resp.StatusCode, got, want)
 	}
 }
+
+// TestServerTimingFormat pins the header's text, metric by metric, for a
+// routed request and a hop, with and without the upstream write's time.
+func TestServerTimingFormat(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Millisecond))) }
+	routed := &reqState{arrived: t0, started: ms(1.5), routed: ms(1.75), plan: &plan{}}
+	if got, want := serverTiming(routed, ms(12)), "kvroute-read;dur=1.500, kvroute-route;dur=0.250, kvroute;dur=10.500"; got != want {
+		t.Errorf("routed: %q; want %q", got, want)
+	}
+	routed.plan.wrote.Store(ms(2.0005).UnixNano())
+	if got, want := serverTiming(routed, ms(12)), "kvroute-read;dur=1.500, kvroute-route;dur=0.250, kvroute-send;dur=0.251, kvroute;dur=10.500"; got != want {
+		t.Errorf("routed, written: %q; want %q", got, want)
+	}
+	hop := &reqState{arrived: t0, started: t0, plan: &plan{}}
+	if got, want := serverTiming(hop, ms(3)), "kvroute-hop;dur=3.000"; got != want {
+		t.Errorf("hop: %q; want %q", got, want)
+	}
+	hop.plan.wrote.Store(ms(0.25).UnixNano())
+	if got, want := serverTiming(hop, ms(3)), "kvroute-hop;dur=3.000, kvroute-hop-send;dur=0.250"; got != want {
+		t.Errorf("hop, written: %q; want %q", got, want)
+	}
+}

@@ -54,6 +54,13 @@ func (h *Handler) routeKeys(ctx context.Context, p prompt.Prompt, perr error) ke
 	return keyed{keys: keys, tokens: tokens, path: path}
 }
 
+// idsOnly reports whether routeKeys keys p from its token ids alone,
+// calling no engine (/tokenize, render, the learned text prefixes): a
+// request that calls none needs no watch over its engine calls.
+func idsOnly(p prompt.Prompt, perr error) bool {
+	return perr != nil || (len(p.Images) == 0 && !p.Chat && len(p.Texts) == 0 && (p.Tokens != nil || len(p.Batch) > 0))
+}
+
 // batchKeys keys each prompt of a batch of completions: token ids as they
 // are, texts through /tokenize (or one render call for them all).
 func (h *Handler) batchKeys(ctx context.Context, p prompt.Prompt) keyed {

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvroute/kvroute/blockkey"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/route"
 )
 
@@ -148,5 +149,40 @@ func TestHopForUnservedModelIsRefused(t *testing.T) {
 	own := post(t, n.srv.URL+"/v1/completions", `{"model":"alice","prompt":"x"}`, nil)
 	if own.StatusCode != 404 {
 		t.Errorf("a client's own request: %d; want vLLM's 404 passed through", own.StatusCode)
+	}
+}
+
+// TestAPIOfRoute checks that every routed path's errors take its API's
+// shape, at the engine's root and under a group's prefix, and that any
+// other path's take chat's.
+func TestAPIOfRoute(t *testing.T) {
+	want := map[string]prompt.API{storedPath: prompt.APIResponses, storedPath + "/cancel": prompt.APIResponses}
+	for _, rt := range routes {
+		want[rt.path] = rt.api
+	}
+	var got prompt.API
+	record := func(c *gin.Context) { got = apiOf(c) }
+	e := gin.New()
+	for _, prefix := range []string{"", "/pre"} {
+		g := e.Group(prefix)
+		for path := range want {
+			g.POST(path, record)
+		}
+	}
+	e.NoRoute(record)
+	for _, prefix := range []string{"", "/pre"} {
+		for path, api := range want {
+			got = 255
+			url := prefix + strings.Replace(path, ":id", "resp_1", 1)
+			e.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", url, nil))
+			if got != api {
+				t.Errorf("%s: apiOf = %v; want %v", url, got, api)
+			}
+		}
+	}
+	got = 255
+	e.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/v1/models", nil))
+	if got != prompt.APIChat {
+		t.Errorf("unrouted: apiOf = %v; want chat", got)
 	}
 }

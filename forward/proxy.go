@@ -2,7 +2,6 @@ package forward
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -36,8 +35,8 @@ type target struct {
 }
 
 // plan is one request's ordered list of targets, shared between the handler
-// and the transport through the request context. The transport records which
-// target served.
+// and the transport through the request context (reqState.plan). The
+// transport records which target served.
 type plan struct {
 	targets []target
 	// body is the request body, sent to every attempt; or stream, read
@@ -49,14 +48,9 @@ type plan struct {
 	served int // index into targets; -1 until an attempt gets a response
 	tried  []string
 	// wrote is when the last attempt's request was written out (Unix
-	// ns; the transport's write loop sets it).
+	// ns; the transport's write loop sets it through trace).
 	wrote atomic.Int64
-}
-
-type planKey struct{}
-
-func withPlan(ctx context.Context, p *plan) context.Context {
-	return context.WithValue(ctx, planKey{}, p)
+	trace httptrace.ClientTrace
 }
 
 // attempts is an http.RoundTripper that walks a request's plan: it tries
@@ -80,16 +74,32 @@ type attempts struct {
 }
 
 func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
-	p, _ := r.Context().Value(planKey{}).(*plan)
-	if p == nil {
+	st, _ := r.Context().Value(stateKey{}).(*reqState)
+	if st == nil || st.plan == nil {
 		return a.base.RoundTrip(r)
 	}
+	p := st.plan
+	// One trace for every attempt, set here because ReverseProxy's own,
+	// which it composes with, is in r's context.
+	p.trace = httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { p.wrote.Store(a.now().UnixNano()) },
+	}
+	traced := httptrace.WithClientTrace(r.Context(), &p.trace)
 	var lastErr error
 	for i, tg := range p.targets {
 		if tg.AfterDial && !dialFailed(lastErr) {
 			return nil, lastErr
 		}
-		out := r.Clone(r.Context())
+		// An attempt at the local engine runs under a context that
+		// abandon cancels (abandon.go); the request is cloned once, under
+		// the attempt's context.
+		ctx, local := traced, tg.Peer == "" && a.local != nil
+		var id uint64
+		up := true
+		if local {
+			ctx, id, up = a.local.add(ctx)
+		}
+		out := r.Clone(ctx)
 		out.URL.Scheme, out.URL.Host = tg.URL.Scheme, tg.URL.Host
 		out.Host = tg.URL.Host
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(p.body)), int64(len(p.body))
@@ -109,14 +119,14 @@ func (a *attempts) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		setRank(out, tg)
 		p.tried = append(p.tried, peerName(tg.Peer))
-		out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
-			WroteRequest: func(httptrace.WroteRequestInfo) { p.wrote.Store(a.now().UnixNano()) },
-		}))
 		var resp *http.Response
 		var err error
-		if tg.Peer == "" && a.local != nil {
-			resp, err = a.roundTripLocal(out, r.Context())
-		} else {
+		switch {
+		case !up: // the local engine is down: a hung one would hold it
+			err = errEngineDown
+		case local:
+			resp, err = a.roundTripLocal(out, r.Context(), id)
+		default:
 			resp, err = a.base.RoundTrip(out)
 		}
 		// A 503 is a refusal: a peer's sidecar that cannot serve, or a vLLM

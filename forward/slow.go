@@ -80,10 +80,10 @@ func (h *Handler) slowReaderBound(c *gin.Context) http.ResponseWriter {
 	if h.cfg.WriteTimeout <= 0 {
 		return c.Writer
 	}
-	w := &deadlineWriter{ResponseWriter: c.Writer, rc: http.NewResponseController(c.Writer),
-		timeout: h.cfg.WriteTimeout, now: h.now, timedOut: func() {
-			h.metrics.badRequests.WithLabelValues(writeTimeoutKind, apiOf(c).String()).Inc()
-		}}
+	// One allocation per request: the controller is held by value, and
+	// the timeout is counted through h and c, not a closure over them.
+	w := &deadlineWriter{ResponseWriter: c.Writer, rc: *http.NewResponseController(c.Writer),
+		timeout: h.cfg.WriteTimeout, h: h, c: c}
 	if !w.renew() {
 		return c.Writer
 	}
@@ -96,16 +96,17 @@ func (h *Handler) slowReaderBound(c *gin.Context) http.ResponseWriter {
 // write may block for between 3/4 of the timeout and all of it.
 type deadlineWriter struct {
 	http.ResponseWriter
-	rc       *http.ResponseController
-	timeout  time.Duration
-	now      func() time.Time
-	set      time.Time // when the deadline was last renewed
-	timedOut func()    // called once, on the first write that timed out
-	once     atomic.Bool
+	rc      http.ResponseController
+	timeout time.Duration
+	set     time.Time // when the deadline was last renewed
+	// h counts the first write that timed out, for c's API.
+	h    *Handler
+	c    *gin.Context
+	once atomic.Bool
 }
 
 func (w *deadlineWriter) renew() bool {
-	now := w.now()
+	now := w.h.now()
 	if !w.set.IsZero() && now.Sub(w.set) < w.timeout/4 {
 		return true
 	}
@@ -118,7 +119,7 @@ func (w *deadlineWriter) renew() bool {
 
 func (w *deadlineWriter) check(err error) {
 	if err != nil && isTimeout(err) && w.once.CompareAndSwap(false, true) {
-		w.timedOut()
+		w.h.metrics.badRequests.WithLabelValues(writeTimeoutKind, apiOf(w.c).String()).Inc()
 	}
 }
 

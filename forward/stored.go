@@ -112,7 +112,6 @@ func (h *Handler) storedPlan(tg target) []target {
 func (h *Handler) serveStored(c *gin.Context) {
 	h.active.Add(1)
 	defer h.active.Done()
-	c.Set(apiKey, prompt.APIResponses)
 	r := c.Request
 	now := h.now()
 	st := &reqState{id: h.requestID(r), api: prompt.APIResponses, arrived: now, started: now}
