@@ -28,7 +28,7 @@ func Attempts(d Decision, max int) []string {
 		}
 	}
 	localOK := local != nil && local.Eligible
-	var out []string
+	out := make([]string, 0, max) // never more: one allocation per request
 	switch {
 	case d.Target != "" && d.Local:
 		out = append(out, d.Target)

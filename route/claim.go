@@ -34,8 +34,12 @@ func ClaimsFor(cfg Config, keys []blockkey.Key) []Claim {
 	if len(keys) == 0 {
 		return nil
 	}
-	var out []Claim
-	for n := rendezvousDepth(cfg, len(keys)); n < len(keys); n = (3*n + 1) / 2 {
+	depth, c := rendezvousDepth(cfg, len(keys)), 1
+	for n := depth; n < len(keys); n = (3*n + 1) / 2 {
+		c++
+	}
+	out := make([]Claim, 0, c) // counted first: one allocation per request
+	for n := depth; n < len(keys); n = (3*n + 1) / 2 {
 		out = append(out, Claim{Key: keys[n-1], Keys: n})
 	}
 	return append(out, Claim{Key: keys[len(keys)-1], Keys: len(keys)})

@@ -5,6 +5,7 @@
 package tokenids
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 )
@@ -49,7 +50,13 @@ func ParsePrefix(raw []byte) (ids []uint32, n int, ok bool) {
 	if i >= len(raw) || raw[i] != '[' {
 		return nil, 0, false
 	}
-	ids = make([]uint32, 0, len(raw)/6)
+	// Sized by the commas before the first ']': exact for any array this
+	// accepts, where len(raw)/6 grew a 136-token prompt's once.
+	end := bytes.IndexByte(raw[i:], ']')
+	if end < 0 {
+		return nil, 0, false
+	}
+	ids = make([]uint32, 0, bytes.Count(raw[i:i+end], []byte{','})+1)
 	for {
 		i = skipSpace(raw, i+1)
 		start, v := i, uint64(0)
