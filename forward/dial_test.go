@@ -72,3 +72,20 @@ func TestBodyConnCopiesThroughPool(t *testing.T) {
 		t.Fatalf("received %d bytes; want %d ending in the body", len(b), sent)
 	}
 }
+
+// TestCopyBuffersReuse checks that a buffer given back is lent again
+// whole, and that the round trip allocates nothing.
+func TestCopyBuffersReuse(t *testing.T) {
+	var b copyBuffers
+	buf := b.Get()
+	if len(buf) != copyBufferSize {
+		t.Fatalf("len %d; want %d", len(buf), copyBufferSize)
+	}
+	if n := testing.AllocsPerRun(100, func() { b.Put(b.Get()) }); n != 0 {
+		t.Errorf("Get and Put allocate %v times", n)
+	}
+	b.Put(buf[:10]) // a copy's slice of it: the whole buffer comes back
+	if got := b.Get(); len(got) != copyBufferSize {
+		t.Errorf("after a short Put: len %d; want %d", len(got), copyBufferSize)
+	}
+}

@@ -280,17 +280,25 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 }
 
 // copyBuffers lends ReverseProxy its response copy buffers; without a pool
-// it allocates 32 KiB per request (40% of the front's allocation).
+// it allocates 32 KiB per request (40% of the front's allocation). The
+// pool holds array pointers, which a returned slice converts to in place:
+// a *[]byte would cost an allocation per Put.
 type copyBuffers struct{ p sync.Pool }
 
+const copyBufferSize = 32 << 10
+
 func (b *copyBuffers) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
+	if v, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return v[:]
 	}
-	return make([]byte, 32<<10)
+	return make([]byte, copyBufferSize)
 }
 
-func (b *copyBuffers) Put(buf []byte) { b.p.Put(&buf) }
+func (b *copyBuffers) Put(buf []byte) {
+	if cap(buf) >= copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
+	}
+}
 
 // Register mounts the front on r: every API's generation path, and the
 // paths of stored responses (stored.go).
@@ -386,8 +394,12 @@ type reqState struct {
 	arrived   time.Time // the handler began (the headers were read)
 	started   time.Time // the body was read
 	routed    time.Time // the target was chosen (zero for a hop)
-	// flight marks the request's prefill done in the front's flights.
+	// flight marks the request's prefill done in the front's flights;
+	// answer calls it at the answer's first byte (held here, not
+	// allocated apart).
 	flight func()
+	answer firstByte
+	usage  usageTap // the answer's cached tokens, for the cache metric
 	// tapIDs: take the prompt's token ids from the answer (promptIDs);
 	// stripIDs: the front asked for them, so the client gets null.
 	tapIDs, stripIDs bool
@@ -830,7 +842,8 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		if st.api == prompt.APIResponses && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 			resp.Body = newFirstOutput(resp.Body, st.flight)
 		} else {
-			resp.Body = &firstByte{rc: resp.Body, fn: st.flight}
+			st.answer = firstByte{rc: resp.Body, fn: st.flight}
+			resp.Body = &st.answer
 		}
 	}
 	served := h.cfg.Self
@@ -870,7 +883,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		if st.api == prompt.APIMessages {
 			field = anthropicCachedField
 		}
-		resp.Body = newUsageTap(resp.Body, field, func(cached int) {
+		st.usage = usageTap{rc: resp.Body, field: field, found: func(cached int) {
 			if st.reason == ReasonStored {
 				// A continued conversation is routed to its store, not on a
 				// prediction: its hit is real but was not predicted.
@@ -879,7 +892,8 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 			}
 			h.metrics.cachedTokens.WithLabelValues("actual", api).Add(float64(cached))
 			h.metrics.cachedTokens.WithLabelValues("predicted", api).Add(float64(st.predicted))
-		})
+		}}
+		resp.Body = &st.usage
 	}
 	if resp.StatusCode == http.StatusOK && st.creates && served == h.cfg.Self && h.stored != nil {
 		// This pod's vLLM made the response: the mesh learns that it is

@@ -311,7 +311,7 @@ func TestUsageTap(t *testing.T) {
 	body := `data: {"choices":[]}` + "\n\n" + `data: {"usage":{"prompt_tokens_details":{"cached_tokens": 1234}}}` + "\n\n"
 	for split := 1; split < len(body); split++ {
 		got := -1
-		u := newUsageTap(io.NopCloser(strings.NewReader("")), cachedField, func(v int) { got = v })
+		u := &usageTap{rc: io.NopCloser(strings.NewReader("")), field: cachedField, found: func(v int) { got = v }}
 		u.scan([]byte(body[:split]))
 		u.scan([]byte(body[split:]))
 		if got != 1234 {

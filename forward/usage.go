@@ -26,10 +26,6 @@ type usageTap struct {
 	done  bool
 }
 
-func newUsageTap(rc io.ReadCloser, field []byte, found func(int)) *usageTap {
-	return &usageTap{rc: rc, field: field, found: found}
-}
-
 func (u *usageTap) Read(p []byte) (int, error) {
 	n, err := u.rc.Read(p)
 	if n > 0 && !u.done {
@@ -41,7 +37,10 @@ func (u *usageTap) Read(p []byte) (int, error) {
 func (u *usageTap) Close() error { return u.rc.Close() }
 
 func (u *usageTap) scan(b []byte) {
-	buf := append(u.tail, b...)
+	buf := b // no tail (the first read): searched in place, not copied
+	if len(u.tail) > 0 {
+		buf = append(u.tail, b...)
+	}
 	if i := bytes.Index(buf, u.field); i >= 0 {
 		rest := bytes.TrimLeft(buf[i+len(u.field):], " ")
 		v, ok, complete := leadingInt(rest)
