@@ -194,7 +194,9 @@ type Handler struct {
 	flights flights
 	sent    map[sentKey]uint64
 	repush  *time.Timer // reports the local queue when a prefill's time is up
-	share   prefillShare
+	// repushDue is when repush is armed for; zero: disarmed or fired.
+	repushDue time.Time
+	share     prefillShare
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -400,6 +402,7 @@ type reqState struct {
 	flight func()
 	answer firstByte
 	usage  usageTap // the answer's cached tokens, for the cache metric
+	writer deadlineWriter
 	// tapIDs: take the prompt's token ids from the answer (promptIDs);
 	// stripIDs: the front asked for them, so the client gets null.
 	tapIDs, stripIDs bool
@@ -735,7 +738,7 @@ func (h *Handler) serveFrom(c *gin.Context, p *plan, st *reqState) {
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 	r.Body = http.NoBody // each attempt gets the plan's
 	r.ContentLength = p.length
-	h.proxy.ServeHTTP(h.slowReaderBound(c), r)
+	h.proxy.ServeHTTP(h.slowReaderBound(c, &st.writer), r)
 }
 
 // placedRanks is how many ranks the front places requests on: the local
@@ -815,13 +818,23 @@ func (h *Handler) repushTime(now time.Time) time.Time {
 // repushAt arms the timer that reports the local queue again at t
 // (repushTime). Called with mu held; a zero t disarms it.
 func (h *Handler) repushAt(t, now time.Time) {
+	if t.Equal(h.repushDue) {
+		return // armed for t already (or disarmed): most of a request's reports
+	}
+	h.repushDue = t
 	switch {
 	case t.IsZero():
 		if h.repush != nil {
 			h.repush.Stop()
 		}
 	case h.repush == nil:
-		h.repush = time.AfterFunc(t.Sub(now), func() { h.track(func() {}, "") })
+		h.repush = time.AfterFunc(t.Sub(now), func() {
+			h.track(func() {
+				if !h.repushDue.After(h.now()) { // not armed again since
+					h.repushDue = time.Time{}
+				}
+			}, "")
+		})
 	default:
 		h.repush.Reset(t.Sub(now)) // one timer, not one per request
 	}

@@ -222,3 +222,46 @@ func TestWithPrefillCountsLoadedTokens(t *testing.T) {
 		t.Errorf("local: prefill %d; want the whole prompt", a.Prefill)
 	}
 }
+
+// TestRepushAt: the timer that reports the local queue again is armed
+// once for a time (reports at the same time leave it be), disarmed by a
+// zero time, and once it fired and reported, disarmed until armed again.
+func TestRepushAt(t *testing.T) {
+	a := newNode(t, "a")
+	h := a.h
+	reports := func() int {
+		a.peers.mu.Lock()
+		defer a.peers.mu.Unlock()
+		return len(a.peers.serving)
+	}
+	now := time.Now()
+	later := now.Add(time.Hour)
+	h.mu.Lock()
+	h.repushAt(later, now)
+	timer := h.repush
+	h.repushAt(later, now.Add(time.Second))
+	if h.repush != timer || !h.repushDue.Equal(later) {
+		t.Errorf("armed again for the same time: due %v", h.repushDue)
+	}
+	h.repushAt(time.Time{}, now)
+	if !h.repushDue.IsZero() || h.repush.Stop() {
+		t.Errorf("a zero time left it armed (due %v)", h.repushDue)
+	}
+	n := reports()
+	h.repushAt(time.Now().Add(time.Millisecond), time.Now())
+	h.mu.Unlock()
+	for deadline := time.Now().Add(5 * time.Second); reports() == n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the timer never reported")
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.repushDue.IsZero() {
+		t.Errorf("fired, but due %v", h.repushDue)
+	}
+	h.repushAt(later, now)
+	if !h.repushDue.Equal(later) || !h.repush.Stop() {
+		t.Errorf("not armed again after firing (due %v)", h.repushDue)
+	}
+}

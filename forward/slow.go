@@ -71,18 +71,19 @@ func isTimeout(err error) bool {
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// slowReaderBound returns c's writer under Config.WriteTimeout; without a
-// bound, or when the connection cannot take a deadline, the writer itself.
-// The deadline stays on through net/http's last flush of the answer (a
-// client that stops reading for its last bytes is cut off too), and the
-// server lifts it before the connection's next request.
-func (h *Handler) slowReaderBound(c *gin.Context) http.ResponseWriter {
+// slowReaderBound returns c's writer under Config.WriteTimeout, kept in w
+// (the request's state: no allocation of its own); without a bound, or
+// when the connection cannot take a deadline, the writer itself. The
+// deadline stays on through net/http's last flush of the answer (a client
+// that stops reading for its last bytes is cut off too), and the server
+// lifts it before the connection's next request.
+func (h *Handler) slowReaderBound(c *gin.Context, w *deadlineWriter) http.ResponseWriter {
 	if h.cfg.WriteTimeout <= 0 {
 		return c.Writer
 	}
-	// One allocation per request: the controller is held by value, and
-	// the timeout is counted through h and c, not a closure over them.
-	w := &deadlineWriter{ResponseWriter: c.Writer, rc: *http.NewResponseController(c.Writer),
+	// The controller is held by value, and the timeout is counted through
+	// h and c, not a closure over them.
+	*w = deadlineWriter{ResponseWriter: c.Writer, rc: *http.NewResponseController(c.Writer),
 		timeout: h.cfg.WriteTimeout, h: h, c: c}
 	if !w.renew() {
 		return c.Writer
