@@ -384,7 +384,7 @@ func (h *Handler) InFlight() map[string]int {
 }
 
 type reqState struct {
-	id  string
+	id  reqID
 	api prompt.API
 	// creates: the request makes a new stored response (a Responses
 	// generation, not a read or cancel of one).
@@ -420,7 +420,7 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 		r := c.Request
 		arrived := h.now()
 		st := &reqState{id: h.requestID(r), api: api, creates: api == prompt.APIResponses, arrived: arrived, started: arrived}
-		if from, ok := h.trustedHop(r, st.id); ok {
+		if from, ok := h.trustedHop(r, &st.id); ok {
 			h.serveHop(c, st, from)
 			return
 		}
@@ -487,14 +487,14 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 // header, and which. An untrusted header is counted, logged and removed,
 // and so is a client's pin (only a sidecar pins a hop): the request is then
 // the client's own and is routed.
-func (h *Handler) trustedHop(r *http.Request, id string) (from string, ok bool) {
+func (h *Handler) trustedHop(r *http.Request, id *reqID) (from string, ok bool) {
 	if v := r.Header.Get(HopHeader); v != "" {
 		from, err := h.hop.Verify(v, h.cfg.Self, h.now())
 		if err == nil {
 			return from, true
 		}
 		h.metrics.hopRejected.WithLabelValues(hopReason(err)).Inc()
-		h.log.Warn().Str("req", id).Err(err).Msg("ignoring untrusted hop header")
+		h.log.Warn().Stringer("req", id).Err(err).Msg("ignoring untrusted hop header")
 		r.Header.Del(HopHeader)
 	}
 	r.Header.Del(PinnedHeader)
@@ -526,7 +526,7 @@ func (h *Handler) serveHop(c *gin.Context, st *reqState, from string) {
 	}
 	st.reason = "hop"
 	h.metrics.decisions.WithLabelValues("local", "hop", st.api.String()).Inc()
-	h.log.Debug().Str("req", st.id).Str("from", from).Msg("serving forwarded request")
+	h.log.Debug().Stringer("req", &st.id).Str("from", from).Msg("serving forwarded request")
 	local := []target{{URL: h.cfg.VLLM}}
 	local[0].Prefill, local[0].PrefillFor = hopPrefill(r)
 	hopRankChoice(r, &local[0])
@@ -914,7 +914,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		resp.Body = &idTap{rc: resp.Body, found: func(id string) { h.stored.AnnounceResponses(id) }}
 	}
 	if e := h.log.Debug(); e.Enabled() {
-		e = e.Str("req", st.id).Str("served_by", served).Str("decision", reason).
+		e = e.Stringer("req", &st.id).Str("served_by", served).Str("decision", reason).
 			Strs("tried", p.tried).Int("predicted_cached", st.predicted)
 		// Where the chosen peer's match came from ("recent", "claim", a
 		// stale load...): what a chaos failure's reader needs first.
@@ -990,7 +990,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 			h.metrics.badRequests.WithLabelValues("upstream", st.api.String()).Inc()
 		}
 		h.metrics.decisions.WithLabelValues("refused", reason, st.api.String()).Inc()
-		h.log.Warn().Err(err).Str("req", st.id).Msg("local vLLM failed a forwarded request; refusing it")
+		h.log.Warn().Err(err).Stringer("req", &st.id).Msg("local vLLM failed a forwarded request; refusing it")
 		w.Header().Set(RefusedHeader, reason)
 		writeAPIError(w, st.api, http.StatusServiceUnavailable, msg)
 		return
@@ -1025,11 +1025,27 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	writeAPIError(w, api, http.StatusServiceUnavailable, "no engine could take this request: "+err.Error())
 }
 
-func (h *Handler) requestID(r *http.Request) string {
+func (h *Handler) requestID(r *http.Request) reqID {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
-		return id
+		return reqID{client: id}
 	}
-	return h.cfg.Self + "-" + strconv.FormatUint(h.seq.Add(1), 10)
+	return reqID{self: h.cfg.Self, seq: h.seq.Add(1)}
+}
+
+// reqID names a request in the logs: its client's X-Request-Id, or this
+// front's name and a sequence number, made a string only when a line
+// names it (most requests log none). Logged by pointer (Stringer), which
+// boxes without allocating.
+type reqID struct {
+	client, self string
+	seq          uint64
+}
+
+func (id *reqID) String() string {
+	if id.client != "" {
+		return id.client
+	}
+	return id.self + "-" + strconv.FormatUint(id.seq, 10)
 }
 
 func hopReason(err error) string {

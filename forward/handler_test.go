@@ -654,3 +654,43 @@ func TestServerTimingFormat(t *testing.T) {
 		t.Errorf("hop, written: %q; want %q", got, want)
 	}
 }
+
+// logSink hands each log line to the test, whatever goroutine wrote it.
+type logSink chan string
+
+func (s logSink) Write(b []byte) (int, error) {
+	s <- string(b)
+	return len(b), nil
+}
+
+// TestRoutedLogNamesRequest: the routed debug line names a request by its
+// client's X-Request-Id, else by the front's name and its arrival order.
+func TestRoutedLogNamesRequest(t *testing.T) {
+	n := newNode(t, "a")
+	logs := make(logSink, 64)
+	n.h.log = zerolog.New(logs).Level(zerolog.DebugLevel)
+	for _, id := range []string{"", "client-7", ""} {
+		hdr := map[string]string{}
+		if id != "" {
+			hdr["X-Request-Id"] = id
+		}
+		resp := post(t, n.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, hdr)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	var got []string
+	for timeout := time.After(5 * time.Second); len(got) < 3; {
+		select {
+		case l := <-logs:
+			var line struct{ Req, Message string }
+			if json.Unmarshal([]byte(l), &line) == nil && line.Message == "routed" {
+				got = append(got, line.Req)
+			}
+		case <-timeout:
+			t.Fatalf("routed lines %q; want 3", got)
+		}
+	}
+	if want := []string{"a-1", "client-7", "a-2"}; !slices.Equal(got, want) {
+		t.Errorf("routed lines name %q; want %q", got, want)
+	}
+}

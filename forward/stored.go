@@ -115,7 +115,7 @@ func (h *Handler) serveStored(c *gin.Context) {
 	r := c.Request
 	now := h.now()
 	st := &reqState{id: h.requestID(r), api: prompt.APIResponses, arrived: now, started: now}
-	if _, ok := h.trustedHop(r, st.id); ok {
+	if _, ok := h.trustedHop(r, &st.id); ok {
 		st.reason = "hop"
 		h.metrics.decisions.WithLabelValues("local", "hop", st.api.String()).Inc()
 		h.serveFrom(c, &plan{targets: []target{{URL: h.cfg.VLLM}}, served: -1}, st)
