@@ -268,3 +268,28 @@ func BenchmarkRoutePath(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmittedAny is admission before the choice (admittedAny) at 8
+// and 1000 peers with room: it reads the peers up to the first with room.
+func BenchmarkAdmittedAny(b *testing.B) {
+	for _, npeers := range []int{8, 1000} {
+		b.Run(fmt.Sprintf("peers=%d", npeers), func(b *testing.B) {
+			n := newNode(b, "pod-000")
+			now := n.h.now()
+			views := make([]route.PeerView, npeers)
+			for i := range views {
+				id := fmt.Sprintf("pod-%03d", i)
+				views[i] = route.PeerView{ID: id, Addr: id + ":8000", Local: i == 0, KeyScheme: blockkey.Version,
+					Load: route.Load{Running: i % 3}, LoadAt: now}
+			}
+			n.peers.views = views
+			gc, _ := gin.CreateTestContext(httptest.NewRecorder())
+			b.ReportAllocs()
+			for b.Loop() {
+				if !n.h.admittedAny(gc) {
+					b.Fatal("not admitted")
+				}
+			}
+		})
+	}
+}
