@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
+	"github.com/kvroute/kvroute/route"
 )
 
 // BenchmarkPropagation measures, on loopback with 8 meshes, the time from
@@ -191,6 +192,31 @@ func BenchmarkViews(b *testing.B) {
 				if vs := tb.views(); len(vs) != n {
 					b.Fatalf("views = %d; want %d", len(vs), n)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkClaim is what the front pays per request after the choice: a
+// request's claims (five, route.ClaimsFor's for a prompt five times its
+// rendezvous depth) on the pod it was sent to, this one or a peer, whose
+// claim list is full (keepClaims).
+func BenchmarkClaim(b *testing.B) {
+	ms := cluster(b, 2, func(i int, c *Config) { c.MetaInterval = time.Hour })
+	cs := make([]route.Claim, 5)
+	for i := range cs {
+		cs[i] = route.Claim{Key: blockkey.Key(i + 1), Keys: 4 << i}
+	}
+	for _, to := range []string{"n0", "n1"} {
+		b.Run("to="+to, func(b *testing.B) {
+			waitFor(b, 5*time.Second, to+" claimed", func() bool {
+				ms[0].Claim(to, cs)
+				v, _ := view(ms[0], to)
+				return len(v.Claims) >= keepClaims
+			})
+			b.ReportAllocs()
+			for b.Loop() {
+				ms[0].Claim(to, cs)
 			}
 		})
 	}

@@ -142,9 +142,8 @@ func (m *Mesh) Claim(peer string, cs []route.Claim) {
 	now := m.now()
 	p := &m.load
 	p.mu.Lock()
+	m.claimLocked(peer, now, cs...)
 	for _, c := range cs {
-		c.At = now
-		m.claimLocked(peer, c)
 		if len(p.claims) >= maxClaims {
 			p.claims = slices.Delete(p.claims, 0, 1)
 		}
@@ -154,18 +153,18 @@ func (m *Mesh) Claim(peer string, cs []route.Claim) {
 	p.pushSoon()
 }
 
-// claimLocked records a claim on peer: on this node unless its engine does
-// not serve (a claim on no cache is void), else in the table. The caller
-// holds load.mu.
-func (m *Mesh) claimLocked(peer string, c route.Claim) {
+// claimLocked records claims made at at on peer: on this node unless its
+// engine does not serve (a claim on no cache is void), else in the table.
+// The caller holds load.mu.
+func (m *Mesh) claimLocked(peer string, at time.Time, cs ...route.Claim) {
 	if peer == m.cfg.NodeName {
 		if m.load.engine == route.EngineServing {
-			m.load.self = addClaim(m.load.self, c)
+			m.load.self = addClaims(m.load.self, at, cs...)
 		}
 		return
 	}
 	m.tableMu.Lock()
-	m.table.claim(peer, c)
+	m.table.claim(peer, at, cs...)
 	m.tableMu.Unlock()
 }
 

@@ -229,6 +229,6 @@ func (r loadReport) apply(m *Mesh, now time.Time) {
 	m.load.mu.Lock()
 	defer m.load.mu.Unlock()
 	for _, c := range r.Claims {
-		m.claimLocked(c.Peer, route.Claim{Key: c.Key, Keys: c.Keys, At: now})
+		m.claimLocked(c.Peer, now, route.Claim{Key: c.Key, Keys: c.Keys})
 	}
 }

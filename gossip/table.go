@@ -378,18 +378,29 @@ func (t *table) views() []route.PeerView {
 // few distinct prefixes within route.Config.ClaimTTL.
 const keepClaims = 32
 
-// addClaim returns claims with c appended, dropping the oldest beyond
-// keepClaims. It never modifies claims: views share the slice with every
-// request's snapshot instead of copying it per request.
-func addClaim(claims []route.Claim, c route.Claim) []route.Claim {
-	claims = claims[max(0, len(claims)-keepClaims+1):]
-	return append(slices.Clip(claims), c)
+// addClaims returns claims with cs appended, each made at at, dropping
+// the oldest beyond keepClaims. It never modifies claims: views share the
+// slice with every request's snapshot instead of copying it per request.
+// A request's claims come in one call, so they cost one copy, not one
+// per claim.
+func addClaims(claims []route.Claim, at time.Time, cs ...route.Claim) []route.Claim {
+	all := len(claims) + len(cs)
+	out := make([]route.Claim, 0, min(all, keepClaims))
+	skip := all - cap(out) // the oldest, beyond keepClaims
+	if skip < len(claims) {
+		out = append(out, claims[skip:]...)
+	}
+	for _, c := range cs[max(0, skip-len(claims)):] {
+		c.At = at
+		out = append(out, c)
+	}
+	return out
 }
 
-// claim records a claim on a known peer; unknown peers are ignored.
-func (t *table) claim(id string, c route.Claim) {
+// claim records claims on a known peer; unknown peers are ignored.
+func (t *table) claim(id string, at time.Time, cs ...route.Claim) {
 	if p := t.peers[id]; p != nil && p.engineState() == route.EngineServing { // a claim on no cache is void
-		p.claims = addClaim(p.claims, c)
+		p.claims = addClaims(p.claims, at, cs...)
 	}
 }
 

@@ -321,21 +321,43 @@ func TestTableApplyLoad(t *testing.T) {
 	}
 }
 
-// TestAddClaimCopies checks addClaim keeps the newest keepClaims and never
-// writes to a slice a snapshot may hold.
+// TestAddClaimCopies checks addClaims keeps the newest keepClaims, claimed
+// at the time given, and never writes to a slice a snapshot may hold; a
+// batch keeps what its claims added one at a time would.
 func TestAddClaimCopies(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var cs []route.Claim
 	var held [][]route.Claim
 	for i := range keepClaims + 5 {
-		cs = addClaim(cs, route.Claim{Keys: i + 1})
+		cs = addClaims(cs, t0.Add(time.Duration(i)), route.Claim{Keys: i + 1})
 		held = append(held, cs)
 	}
-	if len(cs) != keepClaims || cs[0].Keys != 6 || cs[keepClaims-1].Keys != keepClaims+5 {
-		t.Fatalf("after %d claims: len %d, first %d, last %d; want %d, 6, %d", keepClaims+5, len(cs), cs[0].Keys, cs[len(cs)-1].Keys, keepClaims, keepClaims+5)
+	if len(cs) != keepClaims || cs[0].Keys != 6 || cs[keepClaims-1].Keys != keepClaims+5 || !cs[0].At.Equal(t0.Add(5)) {
+		t.Fatalf("after %d claims: len %d, first %d at %v, last %d; want %d, 6 at +5ns, %d", keepClaims+5, len(cs), cs[0].Keys, cs[0].At, cs[len(cs)-1].Keys, keepClaims, keepClaims+5)
 	}
 	for i, h := range held {
 		if got := h[len(h)-1].Keys; got != i+1 {
 			t.Errorf("snapshot %d's last claim changed to %d; want %d", i, got, i+1)
+		}
+	}
+	for _, tt := range []struct{ before, batch int }{{0, 3}, {10, 5}, {30, 5}, {keepClaims, keepClaims + 3}, {3, keepClaims + 1}} {
+		var before, batch []route.Claim
+		for i := range tt.before {
+			before = append(before, route.Claim{Keys: i + 1, At: t0})
+		}
+		for i := range tt.batch {
+			batch = append(batch, route.Claim{Keys: 100 + i})
+		}
+		one := before
+		for _, c := range batch {
+			one = addClaims(one, t0.Add(time.Hour), c)
+		}
+		got := addClaims(before, t0.Add(time.Hour), batch...)
+		if !slices.Equal(got, one) {
+			t.Errorf("%d claims, then a batch of %d: %v; one at a time %v", tt.before, tt.batch, got, one)
+		}
+		if len(before) > 0 && len(got) > 0 && &got[0] == &before[0] {
+			t.Errorf("%d claims, then a batch of %d: shares the snapshot's array", tt.before, tt.batch)
 		}
 	}
 }
@@ -363,7 +385,7 @@ func TestTableEngineState(t *testing.T) {
 			t.Errorf("%s: %+v; want %+v", step, got, w)
 		}
 	}
-	tb.claim("a", claim)
+	tb.claim("a", claim.At, claim)
 	check("before any stated push", want{route.EngineServing, true, true, 1})
 
 	tb.applyLoad(loadReport{Node: "a", Seq: 1, Engine: route.EngineServing, Epoch: 1, HasState: true}, t0)
@@ -379,7 +401,7 @@ func TestTableEngineState(t *testing.T) {
 	check("serving, epoch 2", want{route.EngineServing, true, true, 0})
 
 	// An old-epoch copy (a full digest resent late) is held but not matched.
-	tb.claim("a", claim)
+	tb.claim("a", claim.At, claim)
 	tb.applyDigest(testDigest("a", 1, 9), t0)
 	check("late old-epoch digest", want{route.EngineServing, false, true, 1})
 
