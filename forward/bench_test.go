@@ -293,3 +293,22 @@ func BenchmarkAdmittedAny(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkUsageTapStream is the usage tap over a 100-event stream read
+// event by event, as ReverseProxy reads an SSE answer.
+func BenchmarkUsageTapStream(b *testing.B) {
+	event := []byte(`data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" word"}]}` + "\n\n")
+	last := []byte(`data: {"usage":{"prompt_tokens_details":{"cached_tokens":1234}}}` + "\n\n")
+	b.ReportAllocs()
+	for b.Loop() {
+		got := 0
+		u := &usageTap{field: cachedField, found: func(v int) { got = v }}
+		for range 100 {
+			u.scan(event)
+		}
+		u.scan(last)
+		if got != 1234 {
+			b.Fatalf("found %d", got)
+		}
+	}
+}

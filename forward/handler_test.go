@@ -318,6 +318,24 @@ func TestUsageTap(t *testing.T) {
 			t.Fatalf("split at %d: found %d; want 1234", split, got)
 		}
 	}
+	// A stream read in pieces of every size, events before the figure's
+	// included: the buffer reused from read to read keeps each intact.
+	stream := strings.Repeat(`data: {"choices":[{"text":"x"}]}`+"\n\n", 20) + body
+	for size := 1; size <= len(stream); size++ {
+		got, calls := -1, 0
+		u := &usageTap{rc: io.NopCloser(strings.NewReader(stream)), field: cachedField, found: func(v int) { got, calls = v, calls+1 }}
+		buf := make([]byte, size)
+		for {
+			n, err := u.Read(buf)
+			clear(buf[:n]) // the caller reuses its buffer too
+			if err != nil {
+				break
+			}
+		}
+		if got != 1234 || calls != 1 {
+			t.Fatalf("reads of %d bytes: found %d, %d times; want 1234 once", size, got, calls)
+		}
+	}
 }
 
 // TestReportsServing checks the front reports its local vLLM's request

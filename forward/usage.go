@@ -23,6 +23,7 @@ type usageTap struct {
 	field []byte
 	found func(int)
 	tail  []byte
+	buf   []byte // the tail and a read, searched together: reused read after read
 	done  bool
 }
 
@@ -39,7 +40,10 @@ func (u *usageTap) Close() error { return u.rc.Close() }
 func (u *usageTap) scan(b []byte) {
 	buf := b // no tail (the first read): searched in place, not copied
 	if len(u.tail) > 0 {
-		buf = append(u.tail, b...)
+		// A stream's every event is a read: one buffer for them all, not
+		// an allocation per event.
+		u.buf = append(append(u.buf[:0], u.tail...), b...)
+		buf = u.buf
 	}
 	if i := bytes.Index(buf, u.field); i >= 0 {
 		rest := bytes.TrimLeft(buf[i+len(u.field):], " ")
