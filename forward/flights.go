@@ -72,17 +72,18 @@ func (f flights) find(peer string, at time.Time) int {
 }
 
 // since counts the requests to peer that started after t (all of them for
-// a zero t), and at now the prefill tokens of those not yet answered.
-func (f flights) since(peer string, t, now time.Time) (n, prefill int) {
+// a zero t), and at now those not yet answered and their prefill tokens.
+func (f flights) since(peer string, t, now time.Time) (n, prefilling, prefill int) {
 	for _, fl := range f[peer] {
 		if fl.at.After(t) {
 			n++
 			if fl.queued(now) {
+				prefilling++
 				prefill += fl.prefill
 			}
 		}
 	}
-	return n, prefill
+	return n, prefilling, prefill
 }
 
 // ranks is the local vLLM's load per data-parallel rank, of n ranks, at

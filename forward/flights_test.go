@@ -15,24 +15,24 @@ func TestFlights(t *testing.T) {
 	f.add("a", at(2), 20, 0, -1)
 	f.add("", at(3), 7, 0, -1)
 	f.add("", at(4), -5, 0, -1) // a prediction above the prompt: nothing queued
-	check := func(when, peer string, since time.Time, wantN, wantPrefill int) {
+	check := func(when, peer string, since time.Time, wantN, wantQueued, wantPrefill int) {
 		t.Helper()
-		if n, p := f.since(peer, since, at(5)); n != wantN || p != wantPrefill {
-			t.Errorf("%s: since(%q, %v) = %d, %d; want %d, %d", when, peer, since, n, p, wantN, wantPrefill)
+		if n, q, p := f.since(peer, since, at(5)); n != wantN || q != wantQueued || p != wantPrefill {
+			t.Errorf("%s: since(%q, %v) = %d, %d, %d; want %d, %d, %d", when, peer, since, n, q, p, wantN, wantQueued, wantPrefill)
 		}
 	}
-	check("sent", "a", time.Time{}, 3, 140)
-	check("sent", "a", at(1), 2, 40)
-	check("sent", "a", at(2), 0, 0)
-	check("sent", "", at(0), 2, 7)
-	check("sent", "b", time.Time{}, 0, 0)
+	check("sent", "a", time.Time{}, 3, 3, 140)
+	check("sent", "a", at(1), 2, 2, 40)
+	check("sent", "a", at(2), 0, 0, 0)
+	check("sent", "", at(0), 2, 2, 7)
+	check("sent", "b", time.Time{}, 0, 0, 0)
 
 	f.answered("a", at(1)) // its prefill is done; it still runs
 	f.answered("a", at(9)) // never added: nothing changes
-	check("one answered", "a", time.Time{}, 3, 40)
+	check("one answered", "a", time.Time{}, 3, 2, 40)
 	f.done("a", at(2))
 	f.done("a", at(9))
-	check("one done", "a", time.Time{}, 2, 20)
+	check("one done", "a", time.Time{}, 2, 1, 20)
 	f.done("a", at(1))
 	f.done("a", at(2))
 	f.done("", at(3))
@@ -44,14 +44,14 @@ func TestFlights(t *testing.T) {
 	// A non-streamed answer's prefill counts until its time is up.
 	f.add("", at(10), 300, 2*time.Second, -1)
 	f.add("", at(11), 5, 0, -1)
-	if n, p := f.since("", time.Time{}, at(11)); n != 2 || p != 305 {
-		t.Errorf("within its time: %d, %d; want 2, 305", n, p)
+	if n, q, p := f.since("", time.Time{}, at(11)); n != 2 || q != 2 || p != 305 {
+		t.Errorf("within its time: %d, %d, %d; want 2, 2, 305", n, q, p)
 	}
 	if got := f.next("", at(11)); !got.Equal(at(12)) {
 		t.Errorf("next = %v; want %v", got, at(12))
 	}
-	if n, p := f.since("", time.Time{}, at(12)); n != 2 || p != 5 {
-		t.Errorf("its time up: %d, %d; want 2, 5 (it still runs)", n, p)
+	if n, q, p := f.since("", time.Time{}, at(12)); n != 2 || q != 1 || p != 5 {
+		t.Errorf("its time up: %d, %d, %d; want 2, 1, 5 (it still runs)", n, q, p)
 	}
 	if got := f.next("", at(12)); !got.IsZero() {
 		t.Errorf("next after every time is up = %v; want zero", got)

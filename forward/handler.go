@@ -43,10 +43,11 @@ type Peers interface {
 	// MarkFailed records that a forward to peer failed at the given time.
 	MarkFailed(peer string, at time.Time)
 	// SetServing reports how many requests the front has at the local vLLM,
-	// the prompt tokens of theirs still to prefill, and the engine's
-	// route.Load.PrefillShare (peers learn them at once, which keeps
-	// independent fronts from herding).
-	SetServing(requests, prefillTokens int, share float64)
+	// how many of them still wait for their first token and their prompt
+	// tokens still to prefill, and the engine's route.Load.PrefillShare
+	// (peers learn them at once, which keeps independent fronts from
+	// herding).
+	SetServing(requests, prefilling, prefillTokens int, share float64)
 	// Claim shares that a request whose prefix cs claim was just sent to
 	// peer (this node's own name included).
 	Claim(peer string, cs []route.Claim)
@@ -656,16 +657,16 @@ func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 	for i := range peers {
 		p := &peers[i]
 		if p.Local {
-			p.Load.Serving, p.Load.QueuedPrefillTokens = h.flights.since("", time.Time{}, now)
+			p.Load.Serving, p.Load.Prefilling, p.Load.QueuedPrefillTokens = h.flights.since("", time.Time{}, now)
 			p.Load.PrefillShare = h.share.at(now)
-			p.Load.InFlight, p.Load.InFlightPrefillTokens, p.Load.Fronted = 0, 0, true
+			p.Load.InFlight, p.Load.InFlightPrefilling, p.Load.InFlightPrefillTokens, p.Load.Fronted = 0, 0, 0, true
 			p.LoadAt = now // Serving and the queue are exact
 			if !h.localReady.Load() {
 				p.Engine = route.EngineDown
 			}
 			continue
 		}
-		p.Load.InFlight, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
+		p.Load.InFlight, p.Load.InFlightPrefilling, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
 	}
 }
 
@@ -788,12 +789,12 @@ func (h *Handler) track(change func(), peer string) {
 	change()
 	if peer == "" {
 		now := h.now()
-		n, queued := h.flights.since("", time.Time{}, now)
+		n, prefilling, queued := h.flights.since("", time.Time{}, now)
 		h.share.set(now, queued > 0)
 		h.metrics.queuedPrefill.Set(float64(queued))
 		h.metrics.prefillShare.Set(h.share.v)
 		if h.peers != nil {
-			h.peers.SetServing(n, queued, h.share.v)
+			h.peers.SetServing(n, prefilling, queued, h.share.v)
 		}
 		h.repushAt(h.repushTime(now), now)
 	}

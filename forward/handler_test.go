@@ -43,13 +43,14 @@ func (s keySet) PrefixLen(keys []blockkey.Key) int {
 }
 
 type fakePeers struct {
-	mu      sync.Mutex
-	views   []route.PeerView
-	failed  []string
-	serving []int     // every SetServing's requests, in order
-	queued  []int     // and its prefill tokens
-	shares  []float64 // and its prefill share
-	claims  []string  // the peer of every Claim, in order
+	mu         sync.Mutex
+	views      []route.PeerView
+	failed     []string
+	serving    []int     // every SetServing's requests, in order
+	prefilling []int     // and how many wait for their first token
+	queued     []int     // and its prefill tokens
+	shares     []float64 // and its prefill share
+	claims     []string  // the peer of every Claim, in order
 }
 
 func (f *fakePeers) Claim(peer string, cs []route.Claim) {
@@ -58,9 +59,10 @@ func (f *fakePeers) Claim(peer string, cs []route.Claim) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) SetServing(n, queued int, share float64) {
+func (f *fakePeers) SetServing(n, prefilling, queued int, share float64) {
 	f.mu.Lock()
 	f.serving = append(f.serving, n)
+	f.prefilling = append(f.prefilling, prefilling)
 	f.queued = append(f.queued, queued)
 	f.shares = append(f.shares, share)
 	f.mu.Unlock()

@@ -113,9 +113,14 @@ func TestClientPrefillIgnored(t *testing.T) {
 	}
 	a.peers.mu.Lock()
 	queued := append([]int(nil), a.peers.queued...)
+	prefilling := append([]int(nil), a.peers.prefilling...)
 	a.peers.mu.Unlock()
 	if len(queued) == 0 || queued[0] != len(testPrompt) {
 		t.Errorf("queued reports %v; want the prompt's %d tokens first (nothing cached, no peer)", queued, len(testPrompt))
+	}
+	// One request waits for its first token, then none (answered, done).
+	if len(prefilling) < 2 || prefilling[0] != 1 || prefilling[len(prefilling)-1] != 0 {
+		t.Errorf("prefilling reports %v; want 1 first and 0 last", prefilling)
 	}
 	if len(*a.seen) != 1 || (*a.seen)[0].Get(PrefillHeader) != "" {
 		t.Errorf("vLLM saw %v; want one request without %s", *a.seen, PrefillHeader)

@@ -80,27 +80,27 @@ func (p *pusher) pushNow() {
 }
 
 // SetLoad records the local vLLM's scraped load (Running, Waiting,
-// KVUsage; Serving, QueuedPrefillTokens and PrefillShare are the front's,
-// from SetServing, and the in-flight fields are a sender's, so those are
-// ignored). Peers get it pushed within LoadPushInterval, and in the next
-// meta update.
+// KVUsage; Serving, Prefilling, QueuedPrefillTokens and PrefillShare are
+// the front's, from SetServing, and the in-flight fields are a sender's,
+// so those are ignored). Peers get it pushed within LoadPushInterval, and
+// in the next meta update.
 func (m *Mesh) SetLoad(l route.Load) {
 	m.load.mu.Lock()
 	cur := m.load.load
-	l.Serving, l.QueuedPrefillTokens, l.PrefillShare = cur.Serving, cur.QueuedPrefillTokens, cur.PrefillShare
-	l.InFlight, l.InFlightPrefillTokens = 0, 0
+	l.Serving, l.Prefilling, l.QueuedPrefillTokens, l.PrefillShare = cur.Serving, cur.Prefilling, cur.QueuedPrefillTokens, cur.PrefillShare
+	l.InFlight, l.InFlightPrefilling, l.InFlightPrefillTokens = 0, 0, 0
 	m.setLoadLocked(l)
 	m.load.mu.Unlock()
 }
 
 // SetServing records how many requests the local front has at its vLLM
-// right now, their prompt tokens still to prefill, and its engine's
-// prefill share (route.Load.PrefillShare). It is cheap: call it on every
-// change.
-func (m *Mesh) SetServing(n, prefillTokens int, share float64) {
+// right now, how many of them wait for their first token and their prompt
+// tokens still to prefill, and its engine's prefill share
+// (route.Load.PrefillShare). It is cheap: call it on every change.
+func (m *Mesh) SetServing(n, prefilling, prefillTokens int, share float64) {
 	m.load.mu.Lock()
 	l := m.load.load
-	l.Serving, l.QueuedPrefillTokens, l.PrefillShare = n, prefillTokens, share
+	l.Serving, l.Prefilling, l.QueuedPrefillTokens, l.PrefillShare = n, prefilling, prefillTokens, share
 	m.setLoadLocked(l)
 	m.load.mu.Unlock()
 }

@@ -19,14 +19,16 @@ import (
 //	queued prefill uvarint | claim count uvarint |
 //	(peer len u8 | peer | key u64 LE | keys uvarint)* |
 //	engine u8 | digest epoch uvarint | wire version u8 |
-//	prefill share milli uvarint | digest version uvarint
+//	prefill share milli uvarint | digest version uvarint |
+//	prefilling uvarint
 //
 // Decoders ignore bytes after the last field they know, so a later version
 // may append fields: v0.1.0 reads up to the digest epoch and ignores the
 // wire version after it, which v0.2.0 appended. A report without the
 // claims part has none; one that ends at the epoch is v0.1.0's (Wire 1);
-// one that ends at the wire version has no prefill share, and one that
-// ends at the share no digest version (earlier v0.2.0 development builds).
+// one that ends at the wire version has no prefill share, one that ends
+// at the share no digest version, and one that ends at the version no
+// prefilling count (earlier v0.2.0 development builds: 0).
 // A pushed load is Fronted: only sidecars push, and they count every
 // request their pod serves.
 type loadReport struct {
@@ -106,7 +108,8 @@ func encodeLoad(r loadReport) ([]byte, error) {
 	if !r.HasVersion {
 		return b, nil
 	}
-	return binary.AppendUvarint(b, r.Version), nil
+	b = binary.AppendUvarint(b, r.Version)
+	return binary.AppendUvarint(b, uint64(max(l.Prefilling, 0))), nil
 }
 
 func decodeLoad(b []byte) (loadReport, error) {
@@ -187,7 +190,15 @@ func decodeLoad(b []byte) (loadReport, error) {
 	if k <= 0 {
 		return loadReport{}, fmt.Errorf("digest version: truncated or over 64 bits")
 	}
-	r.Version, r.HasVersion = v, true
+	r.Version, r.HasVersion, b = v, true, b[k:]
+	if len(b) == 0 {
+		return r, nil // no prefilling count
+	}
+	v, k = binary.Uvarint(b)
+	if k <= 0 || v > math.MaxInt32 {
+		return loadReport{}, fmt.Errorf("prefilling: truncated or out of range")
+	}
+	r.Load.Prefilling = int(v)
 	return r, nil // bytes after it are a newer version's fields
 }
 

@@ -280,10 +280,10 @@ func TestMeshLoadAndDraining(t *testing.T) {
 	// SetLoad ignores Serving, the queued prefill, its share and the in-flight fields:
 	// the first three come from SetServing, the others are each receiver's
 	// own count.
-	ms[0].SetServing(4, 512, 0.75)
-	ms[0].SetLoad(route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, Serving: 9, InFlight: 1, QueuedPrefillTokens: 77, InFlightPrefillTokens: 5})
+	ms[0].SetServing(4, 2, 512, 0.75)
+	ms[0].SetLoad(route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, Serving: 9, Prefilling: 8, InFlight: 1, InFlightPrefilling: 1, QueuedPrefillTokens: 77, InFlightPrefillTokens: 5})
 	ms[0].SetDraining(true)
-	want := route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, Serving: 4, Fronted: true, QueuedPrefillTokens: 512, PrefillShare: 0.75}
+	want := route.Load{Running: 3, Waiting: 2, KVUsage: 0.42, Serving: 4, Prefilling: 2, Fronted: true, QueuedPrefillTokens: 512, PrefillShare: 0.75}
 	waitFor(t, 5*time.Second, "load and draining on n1", func() bool {
 		v, ok := view(ms[1], "n0")
 		return ok && v.Draining && v.Load == want && v.Addr == "n0:8000" && len(v.Models) == 1
@@ -301,7 +301,7 @@ func TestMeshLoadAndDraining(t *testing.T) {
 func TestMeshPushesLoad(t *testing.T) {
 	ms := cluster(t, 3, func(i int, c *Config) { c.MetaInterval = time.Hour; c.LoadPushInterval = 5 * time.Millisecond })
 	for n := 1; n <= 20; n++ {
-		ms[0].SetServing(n, 0, 0)
+		ms[0].SetServing(n, 0, 0, 0)
 	}
 	ms[0].SetLoad(route.Load{Running: 7, Waiting: 1, KVUsage: 0.25})
 	want := route.Load{Running: 7, Waiting: 1, KVUsage: 0.25, Serving: 20}
@@ -333,7 +333,7 @@ func TestMeshDelaysLoadPush(t *testing.T) {
 	sent := ms[0].Stats().Sent.Load.Msgs
 	waitFor(t, 5*time.Second, "a refresh push from n0", func() bool { return ms[0].Stats().Sent.Load.Msgs > sent })
 	t0 := time.Now()
-	ms[0].SetServing(5, 0, 0)
+	ms[0].SetServing(5, 0, 0, 0)
 	waitFor(t, 5*time.Second, "the change on n1", func() bool { v, _ := view(ms[1], "n0"); return v.Load.Serving == 5 })
 	if d := time.Since(t0); d < delay*3/4 {
 		t.Errorf("the change reached n1 after %v; want no sooner than LoadPushDelay %v", d, delay)
@@ -676,11 +676,11 @@ func TestMetaQuiet(t *testing.T) {
 		if err := a.PublishDelta(x); err != nil {
 			t.Fatal(err)
 		}
-		a.SetServing(int(v), 100*int(v), 0)
+		a.SetServing(int(v), int(v)/2, 100*int(v), 0)
 	}
 	waitFor(t, 5*time.Second, "every delta and the last load on n1", func() bool {
 		v, ok := view(ms[1], "n0")
-		return digestVersion(ms[1], "n0") == 21 && ok && v.Load.Serving == 20
+		return digestVersion(ms[1], "n0") == 21 && ok && v.Load.Serving == 20 && v.Load.Prefilling == 10
 	})
 	// Three load refreshes (loadRefresh apart) span several MetaIntervals.
 	p1 := pushes()

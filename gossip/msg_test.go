@@ -130,15 +130,24 @@ func TestLoadWireV010(t *testing.T) {
 	// meta, which then changed with every delta.
 	want.Version, want.HasVersion = 300, true
 	b, err = encodeLoad(want)
-	if err != nil || !bytes.Equal(b, append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02)) {
-		t.Errorf("encodeLoad(version 300) = %x, %v; want v0.1.0's bytes then %d, 200 and 300 (uvarints)", b, err, WireVersion)
+	if err != nil || !bytes.Equal(b, append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02, 0)) {
+		t.Errorf("encodeLoad(version 300) = %x, %v; want v0.1.0's bytes then %d, 200, 300 and 0 prefilling (uvarints)", b, err, WireVersion)
 	}
 	if _, err := decodeMsg(append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac)); err == nil {
 		t.Error("decodeMsg(truncated digest version): no error")
 	}
+	// An earlier development build's: the digest version ends it.
+	got, err = decodeMsg(append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02))
+	if r := reportOf(got); err != nil || r.Wire != WireVersion || r.Version != 300 || r.Load.Prefilling != 0 {
+		t.Errorf("decodeMsg(no prefilling) = %+v, %v; want %+v", r, err, want)
+	}
+	if _, err := decodeMsg(append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02, 0xff)); err == nil {
+		t.Error("decodeMsg(truncated prefilling): no error")
+	}
 	// A newer version's report: its wire version, the share, the digest
-	// version, then fields this build does not know, read as far as it
-	// knows them.
+	// version, the prefilling count, then fields this build does not know,
+	// read as far as it knows them.
+	want.Load.Prefilling = 255
 	newer := append(slices.Clip(loadV010), WireVersion+1, 200, 1, 0xac, 0x02, 0xff, 0x01, 'x')
 	got, err = decodeMsg(newer)
 	want.Wire = WireVersion + 1

@@ -86,7 +86,7 @@ func TestMeshLoadNeverWaitsBehindTheQueue(t *testing.T) {
 		t.Fatalf("queue to n1 never full (0 drops of 10 on depth 4)")
 	}
 
-	ms[0].SetServing(9, 900, 0)
+	ms[0].SetServing(9, 3, 900, 0)
 	waitFor(t, 2*time.Second, "the load change on n1", func() bool {
 		v, _ := view(ms[1], "n0")
 		return v.Load.Serving == 9 && v.Load.QueuedPrefillTokens == 900

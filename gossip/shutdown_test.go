@@ -65,7 +65,7 @@ func TestShutdownJoinsGoroutines(t *testing.T) {
 	if err := ms[0].PublishDigest(testDigest("n0", 1, 1, 1, 2)); err != nil {
 		t.Fatal(err)
 	}
-	ms[0].SetServing(3, 0, 0)
+	ms[0].SetServing(3, 0, 0, 0)
 	ms[1].Claim("n0", []route.Claim{{Key: 1, Keys: 2}})
 	waitFor(t, 5*time.Second, "digest and load on n1 and n2", func() bool {
 		v, _ := view(ms[2], "n0")
@@ -175,7 +175,7 @@ func TestMeshConcurrentUse(t *testing.T) {
 		go func() { // the front
 			defer wg.Done()
 			for r := range rounds {
-				m.SetServing(r%7, 0, 0)
+				m.SetServing(r%7, 0, 0, 0)
 				m.Claim(fmt.Sprintf("n%d", r%3), []route.Claim{{Key: blockkey.Key(r), Keys: 1 + r%4}})
 				m.MarkFailed(fmt.Sprintf("n%d", (r+1)%3), time.Now())
 				_ = m.Snapshot(time.Now())

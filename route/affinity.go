@@ -12,15 +12,16 @@ import (
 // the most prefill tokens net of the work queued ahead of it. It scores a
 // peer by
 //
-//	MatchedTokens - QueuedWeight*Queued - LoadTokens*Load
+//	dupWeight*MatchedTokens - QueuedWeight*Queued - LoadTokens*Load
 //
 // (the tokens it spares the request and the requests queued behind it,
-// less what it waits for there; see QueuedWeight) and picks the best
-// score, even a peer that holds less when the holder is that much busier. It declines (no target) when no peer within the bound
-// matches MinMatchKeys keys or MinMatchFraction of the prompt: a prefix
-// nobody holds, or one too short to matter (every request of the Mooncake
-// conversation trace shares its first 512 tokens), goes to Rendezvous,
-// which balances. Recent, if set, adds this sidecar's own recent forwards
+// weighed up where requests wait, less what it waits for there; see
+// QueuedWeight) and picks the best score, even a peer that holds less
+// when the holder is that much busier. It declines (no target) when no
+// peer within the bound matches MinMatchKeys keys or MinMatchFraction of
+// the prompt: a prefix nobody holds, or one too short to matter (every
+// request of the Mooncake conversation trace shares its first 512
+// tokens), goes to Rendezvous, which balances. Recent, if set, adds this sidecar's own recent forwards
 // to the peers' digests.
 type Affinity struct {
 	Config Config
@@ -40,6 +41,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	cs := a.d.Candidates
 	held := -1 // a scored peer with the longest match
 	mr := newMatcher(&p.Config, &req, tpk, now, p.Recent)
+	dup := dupWeight(&p.Config, cs)
 	if len(req.Batch) == 0 {
 		mr.group = groupFor(peers, req.Keys)
 	}
@@ -53,7 +55,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 		c.setMatch(m, tpk, req.PromptTokens)
 		if a.inBound(i) {
 			c.Scored = true
-			c.Score = p.Config.savedBy(c) - wait(&p.Config, c, p.Config.LoadTokens)
+			c.Score = dup*p.Config.savedBy(c) - wait(&p.Config, c, p.Config.LoadTokens)
 			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
 				held = i
 			}
@@ -78,10 +80,42 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 			cs[held].MatchedTokens, req.PromptTokens, cs[held].ID, 100*f))
 	}
 	d := a.choose(best, ReasonAffinity)
+	if dup > 1 {
+		d.Note = addNote(d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")
+	}
 	if best != held && cs[best].MatchedKeys < cs[held].MatchedKeys {
 		d.Note = addNote(d.Note, fmt.Sprintf("load over affinity: %s holds more", cs[held].ID))
 	}
 	return d
+}
+
+// dupWeight is what a saved token is worth in Affinity's score, against
+// a queued token at QueuedWeight: 1 + QueuedWeight × the mean number of
+// requests waiting for their first token at the eligible peers.
+//
+// A token computed where another peer holds it is work the cluster does
+// twice. With no queue it costs the request alone, a saved token weighs
+// 1. Under queues it delays every waiting request as well: the choice
+// balances queues, so the cluster drains them as one, each by the work
+// it adds. Weighed at 1, the shared-prefix workload past the knee (4
+// pods, 41 req/s, seed 2) collapsed: pods spread system prompts to
+// balance queues, the hit rate fell from 87% to 67%, the work grew and
+// the queues with it, and admission refused a quarter of the requests
+// (TTFT p90 3.6 s, central-precise's 0.43). The mean, not the candidate's
+// own count, since a burst of one task waiting at its holder is no
+// reason to compute the next task's prefix again elsewhere (priced per
+// peer, agent fan-out's hit rate fell 4 points at the knee).
+func dupWeight(cfg *Config, cs []Candidate) float64 {
+	n, sum := 0, 0
+	for i := range cs {
+		if cs[i].Eligible {
+			n, sum = n+1, sum+max(cs[i].Ahead, 0)
+		}
+	}
+	if n == 0 {
+		return 1
+	}
+	return 1 + max(cfg.QueuedWeight, 0)*float64(sum)/float64(n)
 }
 
 // matcher matches one request against peer after peer. It holds what

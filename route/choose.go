@@ -38,7 +38,7 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 			c.Note = addTag(c.Note, "model unlisted, in digest")
 		}
 		var stale bool
-		c.Load, c.Queued, stale = load(&cfg, p, now)
+		c.Load, c.Queued, c.Ahead, stale = load(&cfg, p, now)
 		if stale {
 			c.Note = addTag(c.Note, "stale load")
 		}
@@ -129,21 +129,23 @@ func holdsModel(cfg *Config, p *PeerView, keys []blockkey.Key, now time.Time) bo
 }
 
 // load returns p's load in requests, the prefill tokens queued ahead of a
-// new request there, and whether the report was stale:
+// new request there and how many requests they are, and whether the report
+// was stale:
 //
 //	load   = busy + InFlight + kv
 //	queued = QueuedPrefillTokens + InFlightPrefillTokens
+//	ahead  = Prefilling + InFlightPrefilling
 //
 // where busy is Serving for a Fronted peer, else max(Running+Waiting,
 // Serving), and kv rises from 0 at KVKnee usage to KVWeight when full;
 // or only what this sidecar has in flight there when the report is older
 // than LoadTTL (or never came).
-func load(cfg *Config, p *PeerView, now time.Time) (float64, int, bool) {
+func load(cfg *Config, p *PeerView, now time.Time) (x float64, queued, ahead int, stale bool) {
 	l := p.Load
 	inflight := float64(max(l.InFlight, 0))
-	queued := max(l.InFlightPrefillTokens, 0)
+	queued, ahead = max(l.InFlightPrefillTokens, 0), max(l.InFlightPrefilling, 0)
 	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && now.Sub(p.LoadAt) > cfg.LoadTTL) {
-		return inflight, queued, true
+		return inflight, queued, ahead, true
 	}
 	// InFlight is what the report cannot count yet: each send raises the
 	// target's load at once, which stops a burst from piling onto one pod
@@ -152,11 +154,11 @@ func load(cfg *Config, p *PeerView, now time.Time) (float64, int, bool) {
 	if l.Fronted {
 		busy = max(l.Serving, 0)
 	}
-	x := float64(busy) + inflight
+	x = float64(busy) + inflight
 	if kv := l.KVUsage; kv > cfg.KVKnee && !math.IsNaN(kv) {
 		x += cfg.KVWeight * (min(kv, 1) - cfg.KVKnee) / (1 - min(cfg.KVKnee, 0.999))
 	}
-	return x, queued + max(l.QueuedPrefillTokens, 0), false
+	return x, queued + max(l.QueuedPrefillTokens, 0), ahead + max(l.Prefilling, 0), false
 }
 
 // wait is what a request waits for at candidate c before its own prefill,

@@ -151,11 +151,30 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, queued, stale := load(&cfg, &PeerView{Load: tt.l, LoadAt: tt.at}, t0)
+			got, queued, _, stale := load(&cfg, &PeerView{Load: tt.l, LoadAt: tt.at}, t0)
 			if got != tt.want || queued != tt.wantQueued || stale != tt.wantStale {
 				t.Errorf("load(%+v) = %v, %d, %v; want %v, %d, %v", tt.l, got, queued, stale, tt.want, tt.wantQueued, tt.wantStale)
 			}
 		})
+	}
+}
+
+// TestLoadAhead: the requests ahead are the pushed ones while fresh, and
+// this sidecar's in flight always.
+func TestLoadAhead(t *testing.T) {
+	cfg := DefaultConfig()
+	l := Load{Fronted: true, Serving: 5, Prefilling: 3, QueuedPrefillTokens: 900, InFlight: 2, InFlightPrefilling: 1, InFlightPrefillTokens: 40}
+	for _, tt := range []struct {
+		at   time.Time
+		want int
+	}{{t0, 4}, {t0.Add(-6 * time.Second), 1}, {time.Time{}, 1}} {
+		if _, _, got, _ := load(&cfg, &PeerView{Load: l, LoadAt: tt.at}, t0); got != tt.want {
+			t.Errorf("report at %v: ahead %d; want %d", tt.at, got, tt.want)
+		}
+	}
+	l.Prefilling, l.InFlightPrefilling = -3, -1
+	if _, _, got, _ := load(&cfg, &PeerView{Load: l, LoadAt: t0}, t0); got != 0 {
+		t.Errorf("negative counts: ahead %d; want 0", got)
 	}
 }
 

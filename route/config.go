@@ -125,6 +125,9 @@ type Config struct {
 	// burst of one new prefix went to every idle pod in turn, each
 	// computing it again, since waiting for the first pod's prefill and
 	// computing it elsewhere tie (e2e TestBurstOfNewPrefixLandsOnOnePod).
+	// Where requests wait for their first token (Candidate.Ahead), a
+	// token saved weighs 1 + QueuedWeight × their mean over the peers
+	// (Affinity's dupWeight): computing it again delays them as well.
 	// 0 ignores the queued work and ranks by requests alone, as kvroute
 	// did before (for side-by-side runs: the sidecar's
 	// --route-load=requests).

@@ -83,7 +83,8 @@
 // (LMetric, OSDI'26, prices the same two terms as a product; a sum is what
 // a first-come-first-served prefill queue costs):
 //
-//	Score = MatchedTokens - QueuedWeight*Queued - LoadTokens*Load
+//	Score = (1 + QueuedWeight*Waiting)*MatchedTokens
+//	        - QueuedWeight*Queued - LoadTokens*Load
 //
 // MatchedTokens is MatchedKeys*TokensPerKey: the work the peer skips,
 // which spares the request and every request queued behind it there.
@@ -92,7 +93,14 @@
 // request the engine runs alongside (its decode step and overhead), so a
 // near-equal match goes to the lighter peer. A 6,000-token miss queued at
 // the holder weighs 6,000 tokens, a 50-token hit 50: a count of requests
-// cannot tell them apart. Rendezvous and LeastLoad rank by the same wait.
+// cannot tell them apart. Waiting is the mean number of requests waiting
+// for their first token at the eligible peers (Candidate.Ahead): a token
+// computed again where another peer holds it delays each of them too, as
+// the queues drain as one (dupWeight). With no queue it is 0 and the
+// score is the request's own wait; without it the choice balanced queues
+// by spreading prefixes past the knee, the spread lowered the hit rate,
+// the work grew, and the queues with it. Rendezvous and LeastLoad rank
+// by the same wait.
 // The bound, in requests, not the score, is what keeps affinity from
 // piling up. Ties, here and in every policy, go to the higher rendezvous
 // weight and then to the smaller ID, never to the order of peers: sidecars

@@ -55,6 +55,9 @@ func (d Decision) Table() string {
 		if c.Note != "" {
 			status = append(status, c.Note)
 		}
+		if c.Ahead > 0 {
+			status = append(status, plural(c.Ahead, "request")+" ahead")
+		}
 		if t := tierNote(c); t != "" {
 			status = append(status, t)
 		}

@@ -45,6 +45,12 @@ type Load struct {
 	// tokens of the requests this sidecar sent to the peer that its report
 	// does not count yet, and whose first byte has not come back.
 	InFlightPrefillTokens int `json:"in_flight_prefill_tokens"`
+	// Prefilling is how many of the requests QueuedPrefillTokens counts
+	// there are: the requests at the peer still waiting for their first
+	// token. InFlightPrefilling is its InFlight, the ones of
+	// InFlightPrefillTokens. 0 from a peer that does not push it.
+	Prefilling         int `json:"prefilling"`
+	InFlightPrefilling int `json:"in_flight_prefilling"`
 	// PrefillShare is the share of the recent past in which the peer's
 	// engine had prompt tokens queued for prefill (an average over
 	// ShareWindow, ShareAt), as of the report: 1 means every engine step
@@ -190,6 +196,11 @@ type Candidate struct {
 	// tokens: its reported QueuedPrefillTokens (while fresh) plus
 	// InFlightPrefillTokens.
 	Queued int `json:"queued_tokens"`
+	// Ahead is how many requests Queued is: those at the peer still
+	// waiting for their first token (Load.Prefilling while fresh, plus
+	// InFlightPrefilling). Affinity weighs saved tokens by their mean
+	// over the peers (Config.QueuedWeight).
+	Ahead int `json:"ahead"`
 	// TTFT is the expected time to this request's first token at the
 	// peer, in seconds (Config.PrefillTokensPerSecond): its wait and its
 	// uncached tokens at the engine's prefill rate. 0 when unknown.
