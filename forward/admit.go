@@ -148,7 +148,11 @@ func queueAt(cfg route.Config, p *route.PeerView, now time.Time) podQueue {
 	if !p.LoadAt.IsZero() && (cfg.LoadTTL <= 0 || now.Sub(p.LoadAt) <= cfg.LoadTTL) {
 		w := max(p.Load.Waiting, 0)
 		if p.Load.Fronted {
-			w = max(w, p.Load.Serving-max(p.Load.Running, 0))
+			// Serving is exact, Running a scrape up to its interval old:
+			// in a burst the difference counts requests vLLM has
+			// scheduled since. None of them waits unless it also waits
+			// for its first token (Prefilling, exact).
+			w = max(w, min(p.Load.Serving-max(p.Load.Running, 0), p.Load.Prefilling))
 		}
 		q.Waiting += w
 		q.Prefill += max(p.Load.QueuedPrefillTokens, 0)

@@ -81,10 +81,14 @@ func TestQueueAt(t *testing.T) {
 		{"stale report: only sends since", route.PeerView{Load: route.Load{Waiting: 4, InFlight: 2, QueuedPrefillTokens: 9}, LoadAt: now.Add(-cfg.LoadTTL - time.Second)}, podQueue{Waiting: 2, Prefill: 0}},
 		{"no report", route.PeerView{Load: route.Load{Waiting: 4}}, podQueue{}},
 		{"negative fields count 0", route.PeerView{Load: route.Load{Waiting: -3, InFlight: -1, QueuedPrefillTokens: -5}, LoadAt: now}, podQueue{}},
-		// The batch is full at the scrape (9 running); 5 arrived since, so
-		// 5 wait although the scrape said 1.
-		{"fronted: arrivals since the scrape wait", route.PeerView{Load: route.Load{Fronted: true, Waiting: 1, Running: 9, Serving: 14}, LoadAt: now}, podQueue{Waiting: 5, Prefill: 0}},
-		{"fronted: the scrape's own queue when larger", route.PeerView{Load: route.Load{Fronted: true, Waiting: 6, Running: 9, Serving: 10}, LoadAt: now}, podQueue{Waiting: 6, Prefill: 0}},
+		// The batch is full at the scrape (9 running); 5 arrived since and
+		// wait for their first token, so 5 wait although the scrape said 1.
+		{"fronted: arrivals since the scrape wait", route.PeerView{Load: route.Load{Fronted: true, Waiting: 1, Running: 9, Serving: 14, Prefilling: 5}, LoadAt: now}, podQueue{Waiting: 5, Prefill: 0}},
+		// A burst of 8 since the scrape, 6 of them answered already: vLLM
+		// scheduled them, at most 2 wait (agent fan-out's calls were
+		// refused so, the scrape 250 ms behind).
+		{"fronted: arrivals since the scrape, most answered", route.PeerView{Load: route.Load{Fronted: true, Running: 4, Serving: 12, Prefilling: 2}, LoadAt: now}, podQueue{Waiting: 2, Prefill: 0}},
+		{"fronted: the scrape's own queue when larger", route.PeerView{Load: route.Load{Fronted: true, Waiting: 6, Running: 9, Serving: 10, Prefilling: 1}, LoadAt: now}, podQueue{Waiting: 6, Prefill: 0}},
 		{"not fronted: the scrape alone", route.PeerView{Load: route.Load{Waiting: 1, Running: 9, Serving: 14}, LoadAt: now}, podQueue{Waiting: 1, Prefill: 0}},
 		// The share goes on from the report with the queue it gave: up
 		// while tokens were queued, down while none were.

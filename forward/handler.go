@@ -106,11 +106,17 @@ type Config struct {
 	// scheduled) at which the pod is full; MaxQueueWait is the queued
 	// prefill, at Route.PrefillTokensPerSecond, at which it is. When every
 	// pod that could serve a client's request is full, it is refused at
-	// once with 429 and Retry-After (admit.go). Defaults 16 and 8 s: a
-	// queue only has to refill the batch until the next load report, and
-	// a longer one is only wait (16 waiting 32k-token chats are half a
-	// minute of prefill); 8 s of queue drains within the 10 s a burst's
-	// TTFT must recover in. 0 turns either off.
+	// once with 429 and Retry-After (admit.go). Defaults 64 and 8 s: 8 s
+	// of queue drains within the 10 s a burst's TTFT must recover in, and
+	// it is the bound a backlog of prompts meets (16 waiting 32k-token
+	// chats are half a minute of prefill). A count cannot tell a burst
+	// from a backlog: at 16, agent fan-out (8 calls of a task at once,
+	// 41.6 req/s on 4 pods) had two tasks' calls waiting at a holder for
+	// a moment and was steered off it and refused, 87% served at a TTFT
+	// p90 of 2.3-2.5 s; at 64 or off, all served at 0.62-0.63 s
+	// (docs/bench/2026-12-06/waiting.md). The count is for requests that
+	// wait with little prefill: for KV space, or behind long decodes.
+	// 0 turns either off.
 	MaxQueue     int
 	MaxQueueWait time.Duration
 	// MaxPrefillShare is the prefill share (route.Load.PrefillShare) at
@@ -159,7 +165,7 @@ func DefaultConfig() Config {
 		Route:           route.DefaultConfig(),
 		Recent:          route.DefaultRecentConfig(),
 		DialTimeout:     time.Second,
-		MaxQueue:        16,
+		MaxQueue:        64,
 		MaxQueueWait:    8 * time.Second,
 		MaxPrefillShare: 0.9,
 		BodyTimeout:     10 * time.Second,
