@@ -233,9 +233,10 @@ func FuzzDigestMsg(f *testing.F) {
 	newer := append(slices.Clip(loadV010), WireVersion+1, 9)
 	shared := append(slices.Clip(loadV010), WireVersion, 200, 1)                // a prefill share of 0.2
 	versioned := append(slices.Clip(loadV010), WireVersion, 200, 1, 0xac, 0x02) // and digest version 300
+	prefilling := append(slices.Clip(versioned), 3)                             // and 3 waiting for a first token
 	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
 	rb, _ := encodeResponses(responsesMsg{State: true, Entries: []respown.Entry{{ID: "resp_0123456789abcdef0123456789abcdef", Node: "n"}, {ID: "own", Node: "p"}}})
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, shared, versioned, tb, rb, {kindDigest}, {}} {
+	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, shared, versioned, prefilling, tb, rb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

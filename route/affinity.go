@@ -21,8 +21,8 @@ import (
 // peer within the bound matches MinMatchKeys keys or MinMatchFraction of
 // the prompt: a prefix nobody holds, or one too short to matter (every
 // request of the Mooncake conversation trace shares its first 512
-// tokens), goes to Rendezvous, which balances. Recent, if set, adds this sidecar's own recent forwards
-// to the peers' digests.
+// tokens), goes to Rendezvous, which balances. Recent, if set, adds this
+// sidecar's own recent forwards to the peers' digests.
 type Affinity struct {
 	Config Config
 	Recent *Recent
@@ -41,7 +41,7 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	cs := a.d.Candidates
 	held := -1 // a scored peer with the longest match
 	mr := newMatcher(&p.Config, &req, tpk, now, p.Recent)
-	dup := dupWeight(&p.Config, cs)
+	dup := dupWeight(&p.Config, a.waiting)
 	if len(req.Batch) == 0 {
 		mr.group = groupFor(peers, req.Keys)
 	}
@@ -90,8 +90,9 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 }
 
 // dupWeight is what a saved token is worth in Affinity's score, against
-// a queued token at QueuedWeight: 1 + QueuedWeight × the mean number of
-// requests waiting for their first token at the eligible peers.
+// a queued token at QueuedWeight: 1 + QueuedWeight × waiting, the mean
+// number of requests waiting for their first token at the eligible peers
+// (assess).
 //
 // A token computed where another peer holds it is work the cluster does
 // twice. With no queue it costs the request alone, a saved token weighs
@@ -105,17 +106,8 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 // own count, since a burst of one task waiting at its holder is no
 // reason to compute the next task's prefix again elsewhere (priced per
 // peer, agent fan-out's hit rate fell 4 points at the knee).
-func dupWeight(cfg *Config, cs []Candidate) float64 {
-	n, sum := 0, 0
-	for i := range cs {
-		if cs[i].Eligible {
-			n, sum = n+1, sum+max(cs[i].Ahead, 0)
-		}
-	}
-	if n == 0 {
-		return 1
-	}
-	return 1 + max(cfg.QueuedWeight, 0)*float64(sum)/float64(n)
+func dupWeight(cfg *Config, waiting float64) float64 {
+	return 1 + max(cfg.QueuedWeight, 0)*waiting
 }
 
 // matcher matches one request against peer after peer. It holds what

@@ -15,7 +15,8 @@ type assessment struct {
 	d       Decision
 	allOver bool // every eligible peer is over the bound, so none is passed over
 	cfg     Config
-	prompt  int // Request.PromptTokens
+	prompt  int     // Request.PromptTokens
+	waiting float64 // the eligible peers' mean Ahead
 }
 
 // assess checks eligibility and computes load and the bound for every
@@ -23,7 +24,7 @@ type assessment struct {
 func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment {
 	cs := make([]Candidate, len(peers))
 	var sum float64
-	eligible := 0
+	eligible, ahead := 0, 0
 	for i := range peers {
 		p := &peers[i]
 		c := &cs[i]
@@ -43,11 +44,13 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 			c.Note = addTag(c.Note, "stale load")
 		}
 		sum += c.Load
+		ahead += c.Ahead
 	}
 	a := assessment{d: Decision{Candidates: cs, Eligible: eligible}, cfg: cfg, prompt: req.PromptTokens}
 	if a.d.Eligible == 0 {
 		return a
 	}
+	a.waiting = float64(ahead) / float64(eligible)
 	m := (sum + 1) / float64(a.d.Eligible)
 	a.d.Mean = m
 	a.d.Bound = max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
