@@ -176,23 +176,42 @@ func candidateQueues(cfg route.Config, d route.Decision, peers []route.PeerView,
 // eachQueue calls f with each of candidateQueues' queues in turn, until f
 // returns false: admission stops at the first pod with room, which at a
 // thousand peers is most of its cost saved.
+//
+// A Decision among many peers lists only some (route.ListPeers): when
+// none of those has room, the peers it omits follow, those route.Excluded
+// does not rule out, each with the prompt's whole work (what they hold of
+// it was not kept).
 func eachQueue(cfg route.Config, d route.Decision, peers []route.PeerView, prompt int, now time.Time, f func(podQueue) bool) {
 	for i := range d.Candidates {
 		c := &d.Candidates[i]
 		if !c.Eligible {
 			continue
 		}
-		j := i
-		if j >= len(peers) || peers[j].ID != c.ID { // Candidates follow the peers' order
-			j = slices.IndexFunc(peers, func(p route.PeerView) bool { return p.ID == c.ID })
-		}
-		if j < 0 {
+		p := peerOf(d, peers, c.ID)
+		if p == nil {
 			continue
 		}
-		q := queueAt(cfg, &peers[j], now)
+		q := queueAt(cfg, p, now)
 		if prompt > 0 {
 			q.Work = cfg.Work(c, prompt)
 		}
+		if !f(q) {
+			return
+		}
+	}
+	if d.Omitted == 0 {
+		return
+	}
+	listed := make(map[int]bool, len(d.Candidates))
+	for i := range d.Candidates {
+		listed[d.Candidates[i].Index] = true
+	}
+	for i := range peers {
+		if listed[i] || route.Excluded(cfg, peers[i], now) != "" {
+			continue
+		}
+		q := queueAt(cfg, &peers[i], now)
+		q.Work = float64(max(prompt, 0))
 		if !f(q) {
 			return
 		}
@@ -242,9 +261,9 @@ func (h *Handler) steered(d route.Decision, peers []route.PeerView, prompt int) 
 	// steer moves only the failover order's pods: their queues alone.
 	now := h.now()
 	qs := make(map[string]podQueue, len(d.Attempts))
-	for i := range peers {
-		if p := &peers[i]; slices.Contains(d.Attempts, p.ID) {
-			qs[p.ID] = queueAt(h.cfg.Route, p, now)
+	for _, id := range d.Attempts {
+		if p := peerOf(d, peers, id); p != nil {
+			qs[id] = queueAt(h.cfg.Route, p, now)
 		}
 	}
 	for i := range d.Candidates {

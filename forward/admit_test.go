@@ -128,6 +128,43 @@ func TestCandidateQueuesSkipIneligible(t *testing.T) {
 	}
 }
 
+// A Decision among many peers lists only some; admission reads the
+// peers it omits once the listed ones are full, so a pod with room that
+// is heavier by load than every listed one still admits the request.
+func TestCandidateQueuesReadOmittedPeers(t *testing.T) {
+	now := time.Now()
+	peers := make([]route.PeerView, 3*route.ListPeers)
+	for i := range peers {
+		peers[i] = route.PeerView{ID: fmt.Sprintf("p%03d", i), LoadAt: now, Load: route.Load{Waiting: 2}}
+	}
+	heavy := &peers[len(peers)-1]
+	heavy.Load = route.Load{Running: 10} // room, but the heaviest by load
+	heavy.Draining = false
+	peers[5].Draining = true
+	cfg := route.DefaultConfig()
+	d := route.DefaultChain(cfg, nil).Choose(route.Request{Keys: []blockkey.Key{1, 2}}, peers, now)
+	if d.Omitted == 0 || slices.ContainsFunc(d.Candidates, func(c route.Candidate) bool { return c.ID == heavy.ID }) {
+		t.Fatalf("omitted %d, %s listed: the test needs it left out", d.Omitted, heavy.ID)
+	}
+	qs := candidateQueues(cfg, d, peers, 100, now)
+	if len(qs) != len(peers)-1 {
+		t.Fatalf("%d queues; want every eligible peer's, %d", len(qs), len(peers)-1)
+	}
+	var room int
+	for _, q := range qs {
+		if q.Waiting == 0 {
+			room++
+		}
+	}
+	if room != 1 {
+		t.Fatalf("%d queues with room; want the heavy peer's", room)
+	}
+	b := bounds{MaxRequests: 2}
+	if !admit(qs, b) {
+		t.Fatal("refused with a pod that has room")
+	}
+}
+
 // fullPair is holderPair with a queue bound of 2 and both pods' engines
 // reporting the given requests waiting.
 func fullPair(t *testing.T, waitA, waitB int) (a, b *node) {

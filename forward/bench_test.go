@@ -254,7 +254,7 @@ func BenchmarkRoutePath(b *testing.B) {
 			gc, _ := gin.CreateTestContext(httptest.NewRecorder())
 			b.ReportAllocs()
 			for b.Loop() {
-				d, peers := n.h.choose("", k)
+				d, peers := n.h.choose("", k, false)
 				if !n.h.admitted(gc, d, peers, k.tokens) {
 					b.Fatal("not admitted")
 				}

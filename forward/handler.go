@@ -460,7 +460,7 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			defer func() { k.after(parseIDs(st.promptIDs)) }()
 		}
 		var peers []route.PeerView
-		st.decision, peers = h.choose(p.Model, k)
+		st.decision, peers = h.choose(p.Model, k, false)
 		if !h.admitted(c, st.decision, peers, k.tokens) {
 			return
 		}
@@ -635,7 +635,7 @@ func (h *Handler) modelRoot(p prompt.Prompt) blockkey.Key {
 // own in-flight requests as the freshest load signal: the local pod's are
 // exact (every request it serves passes here), and for a peer those sent
 // after its last load report.
-func (h *Handler) choose(model string, k keyed) (route.Decision, []route.PeerView) {
+func (h *Handler) choose(model string, k keyed, explain bool) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
 	if h.peers != nil {
@@ -647,7 +647,8 @@ func (h *Handler) choose(model string, k keyed) (route.Decision, []route.PeerVie
 	if model == h.cfg.Model {
 		model = "" // the base model: every peer of this deployment serves it
 	}
-	req := route.Request{Model: model, Keys: k.keys, Batch: k.batch, TokensPerKey: h.cfg.Scheme.TokensPerKey(), PromptTokens: k.tokens}
+	req := route.Request{Model: model, Keys: k.keys, Batch: k.batch, TokensPerKey: h.cfg.Scheme.TokensPerKey(),
+		PromptTokens: k.tokens, Explain: explain}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.freshenLocked(peers, now)
@@ -681,28 +682,43 @@ func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 	var out []target
 	for _, id := range d.Attempts {
-		for i := range peers {
-			pv := &peers[i]
-			if pv.ID != id {
-				continue
-			}
-			switch {
-			case pv.Local:
-				// Pinned only within the count the pod advertises
-				// (route.PeerView.Ranks): a digest's rank marker can be a
-				// Bloom false positive, and vLLM answers 400 to a rank it
-				// does not run (ci-smoke caught it).
-				out = append(out, target{URL: h.cfg.VLLM, Rank: rankFor(d, id)})
-			case pv.Addr != "":
-				out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}, Rank: rankFor(d, id)})
-			}
-			break // IDs are unique
+		pv := peerOf(d, peers, id)
+		switch {
+		case pv == nil:
+		case pv.Local:
+			// Pinned only within the count the pod advertises
+			// (route.PeerView.Ranks): a digest's rank marker can be a
+			// Bloom false positive, and vLLM answers 400 to a rank it
+			// does not run (ci-smoke caught it).
+			out = append(out, target{URL: h.cfg.VLLM, Rank: rankFor(d, id)})
+		case pv.Addr != "":
+			out = append(out, target{Peer: id, URL: &url.URL{Scheme: "http", Host: pv.Addr}, Rank: rankFor(d, id)})
 		}
 	}
 	if len(out) == 0 { // no candidates at all (an empty peer table)
 		out = append(out, target{URL: h.cfg.VLLM})
 	}
 	return out
+}
+
+// peerOf returns the peer of id among the peers d was made on, by its
+// candidate's index (a thousand peers are not searched for each attempt),
+// or nil.
+func peerOf(d route.Decision, peers []route.PeerView, id string) *route.PeerView {
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; c.ID == id {
+			if c.Index < len(peers) && peers[c.Index].ID == id {
+				return &peers[c.Index]
+			}
+			break
+		}
+	}
+	for i := range peers { // a Decision not made on peers (tests)
+		if peers[i].ID == id {
+			return &peers[i]
+		}
+	}
+	return nil
 }
 
 // refuse answers a forwarded request this node cannot serve, so that its
@@ -1086,7 +1102,7 @@ func (h *Handler) Explain(ctx context.Context, body []byte, api prompt.API) (rou
 		return h.explainStored(ctx, p.PreviousResponseID), 0, nil
 	}
 	k := h.routeKeys(ctx, p, perr)
-	d, _ := h.choose(p.Model, k)
+	d, _ := h.choose(p.Model, k, true) // every peer's row, however many
 	n := len(k.keys)
 	for _, b := range k.batch {
 		n += len(b)

@@ -30,63 +30,63 @@ type Affinity struct {
 
 // Choose implements Policy.
 func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision {
-	a := assess(p.Config, req, peers, now)
-	if a.d.Eligible == 0 {
-		return a.decline("no eligible peer")
-	}
+	return decide(p, &req, peers, now)
+}
+
+func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+	cfg := &p.Config
 	tpk := req.TokensPerKey
 	if tpk < 1 {
 		tpk = DefaultTokensPerKey
 	}
-	cs := a.d.Candidates
-	held := -1 // a scored peer with the longest match
-	mr := newMatcher(&p.Config, &req, tpk, now, p.Recent)
-	dup := dupWeight(&p.Config, a.waiting)
+	mr := newMatcher(cfg, req, tpk, now, p.Recent)
 	if len(req.Batch) == 0 {
 		mr.group = groupFor(peers, req.Keys)
 	}
-	for i := range peers {
-		c := &cs[i]
-		if !c.Eligible {
+	a := assess(cfg, req, peers, now, rows, func(pv *PeerView, r *row) {
+		m, f := mr.match(pv)
+		r.flags |= f
+		r.setMatch(&m, tpk, req.PromptTokens)
+	})
+	if a.d.Eligible == 0 {
+		return a.decline("no eligible peer")
+	}
+	dup := dupWeight(cfg, a.waiting)
+	rk, _ := rendezvousKey(*cfg, req.Keys)
+	held, best := -1, -1 // a scored peer with the longest match; the best score
+	for i := range rows {
+		if !a.inBound(i) {
 			continue
 		}
-		m, tag := mr.match(&peers[i])
-		c.Note = addTag(c.Note, tag)
-		c.setMatch(m, tpk, req.PromptTokens)
-		if a.inBound(i) {
-			c.Scored = true
-			c.Score = dup*p.Config.savedBy(c) - wait(&p.Config, c, p.Config.LoadTokens)
-			if held < 0 || c.MatchedKeys > cs[held].MatchedKeys {
-				held = i
-			}
+		r := &rows[i]
+		r.flags |= rowScored
+		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, cfg.LoadTokens)
+		if held < 0 || r.keys > rows[held].keys {
+			held = i
 		}
-	}
-	rk, _ := rendezvousKey(p.Config, req.Keys)
-	best := -1
-	for i := range cs {
-		if cs[i].Scored && (best < 0 || better(cs, rk, i, best)) {
+		if best < 0 || a.better(rk, i, best) {
 			best = i
 		}
 	}
 	if best < 0 {
 		return a.decline("affinity: no peer within the bound")
 	}
-	if need := max(p.Config.MinMatchKeys, 1); cs[held].MatchedKeys < need {
+	hr, hid := &rows[held], peers[held].ID
+	if need := max(cfg.MinMatchKeys, 1); hr.keys < need {
 		return a.decline(fmt.Sprintf("affinity: longest match %s at %s < %d",
-			plural(cs[held].MatchedKeys, "key"), cs[held].ID, need))
+			plural(hr.keys, "key"), hid, need))
 	}
-	if f := p.Config.MinMatchFraction; req.PromptTokens > 0 && float64(cs[held].MatchedTokens) < f*float64(req.PromptTokens) {
+	if f := cfg.MinMatchFraction; req.PromptTokens > 0 && float64(hr.gpu+hr.cpu+hr.disk) < f*float64(req.PromptTokens) {
 		return a.decline(fmt.Sprintf("affinity: longest match %d of %d tokens at %s < %.0f%%",
-			cs[held].MatchedTokens, req.PromptTokens, cs[held].ID, 100*f))
+			hr.gpu+hr.cpu+hr.disk, req.PromptTokens, hid, 100*f))
 	}
-	d := a.choose(best, ReasonAffinity)
 	if dup > 1 {
-		d.Note = addNote(d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")
+		a.d.Note = addNote(a.d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")
 	}
-	if best != held && cs[best].MatchedKeys < cs[held].MatchedKeys {
-		d.Note = addNote(d.Note, fmt.Sprintf("load over affinity: %s holds more", cs[held].ID))
+	if best != held && rows[best].keys < hr.keys {
+		a.d.Note = addNote(a.d.Note, fmt.Sprintf("load over affinity: %s holds more", hid))
 	}
-	return d
+	return a.choose(best, ReasonAffinity)
 }
 
 // dupWeight is what a saved token is worth in Affinity's score, against
@@ -123,6 +123,9 @@ type matcher struct {
 	// group, if set, holds the prefixes of the request's keys (a single
 	// prompt) in the digests a Group holds.
 	group *grouped
+	// digestCut is now less Config.DigestTTL: a digest received before
+	// it is stale (computed once, not per peer).
+	digestCut time.Time
 }
 
 func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *matcher {
@@ -131,57 +134,66 @@ func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *m
 		prompts = append(prompts, req.Batch...)
 	}
 	return &matcher{cfg: cfg, prompts: prompts, tpk: tpk, now: now, r: r,
-		per: make([]match, len(prompts)), cur: make([]match, len(prompts))}
+		per: make([]match, len(prompts)), cur: make([]match, len(prompts)),
+		digestCut: now.Add(-cfg.DigestTTL)}
+}
+
+// extends reports whether this sidecar's own forwards (Recent) or claims
+// may reach further at pv than its digest.
+func (mr *matcher) extends(pv *PeerView) bool {
+	return mr.r.knows(pv.ID) || (mr.cfg.ClaimTTL > 0 && len(pv.Claims) > 0)
 }
 
 // match returns what pv holds of the request (its keys, and a batch's
 // further prompts, summed): by its digest, per tier and rank
 // (digestMatch), or on a GPU by r's recent forwards or by its claims where
-// those reach further, prompt by prompt; and a note on where the answer
-// came from.
-func (mr *matcher) match(pv *PeerView) (match, string) {
+// those reach further, prompt by prompt; and flags for where the answer
+// came from (the note's).
+func (mr *matcher) match(pv *PeerView) (match, flags) {
 	cfg, now := mr.cfg, mr.now
 	sum := match{placed: placed{rank: NoRank}}
 	if pv.KeyScheme != blockkey.Version {
-		return sum, fmt.Sprintf("scheme %d", pv.KeyScheme)
+		return sum, rowOtherScheme
 	}
 	per := mr.per
 	clear(per)
-	var tag string
+	var f flags
 	switch {
 	case pv.Digest == nil:
-		tag = "no digest"
-	case cfg.DigestTTL > 0 && now.Sub(pv.DigestAt) > cfg.DigestTTL:
-		tag = "stale digest"
+		f = rowNoDigest
+	case cfg.DigestTTL > 0 && pv.DigestAt.Before(mr.digestCut):
+		f = rowStaleDigest
 	default:
 		if n, ok := mr.group.prefix(pv); ok && pv.Ranks <= 1 && len(mr.prompts) == 1 {
 			// digestMatch's answer for a plain digest, without its probes.
-			per[0].gpu = n
-			sum.placed = placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}
+			sum.gpu, sum.placed = n, placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}
+			if !mr.extends(pv) {
+				return sum, f // most peers of a large mesh: the group's answer is all
+			}
+			sum.gpu, per[0].gpu = 0, n
 			break
 		}
 		sum.placed = digestMatch(cfg, pv, mr.prompts, mr.tpk, per, mr.cur)
 	}
 	// This sidecar's own forwards know no tier: the prefix they sent is
 	// on a GPU once it is served (on the rank they pinned, if any).
-	var recent, claimed bool
 	for i, keys := range mr.prompts {
 		m := per[i]
 		if n := mr.r.prefixLen(pv.ID, keys, now, pv.Since); n > m.gpu {
-			m, recent = m.extend(n), recent || i == 0
+			m = m.extend(n)
+			if i == 0 {
+				f |= rowRecent
+			}
 		}
 		if cfg.ClaimTTL > 0 && len(pv.Claims) > 0 {
 			if n := claimedLen(pv.Claims, keys, now, cfg.ClaimTTL); n > m.gpu {
-				m, claimed = m.extend(n), claimed || i == 0
+				m = m.extend(n)
+				if i == 0 {
+					f |= rowClaimed
+				}
 			}
 		}
 		sum = sum.add(m)
 	}
-	if recent {
-		tag = addTag(tag, "recent")
-	}
-	if claimed {
-		tag = addTag(tag, "claim")
-	}
-	return sum, tag
+	return sum, f
 }

@@ -52,11 +52,11 @@ func Attempts(d Decision, max int) []string {
 		if c.Over && localOK && !d.Local {
 			continue // the local engine serves: no need to load a full peer
 		}
-		if len(out)+len(next) >= room && (len(next) == 0 || !before(c, next[len(next)-1])) {
+		if len(out)+len(next) >= room && (len(next) == 0 || !candidateBefore(c, next[len(next)-1])) {
 			continue
 		}
 		j := len(next)
-		for j > 0 && before(c, next[j-1]) {
+		for j > 0 && candidateBefore(c, next[j-1]) {
 			j--
 		}
 		next = slices.Insert(next, j, c)
@@ -74,10 +74,13 @@ func Attempts(d Decision, max int) []string {
 }
 
 // before orders failover candidates: within the load bound before over
-// it, lighter first, ties by ID.
-func before(a, b *Candidate) bool {
-	if a.Over != b.Over {
-		return !a.Over
+// it, lighter first, ties by ID. Attempts orders Candidates by it, and a
+// Decision among many peers lists its rows by it (listed).
+func before(overA, overB bool, loadA, loadB float64, idA, idB string) bool {
+	if overA != overB {
+		return !overA
 	}
-	return cmp.Or(cmp.Compare(a.Load, b.Load), cmp.Compare(a.ID, b.ID)) < 0
+	return cmp.Or(cmp.Compare(loadA, loadB), cmp.Compare(idA, idB)) < 0
 }
+
+func candidateBefore(a, b *Candidate) bool { return before(a.Over, b.Over, a.Load, b.Load, a.ID, b.ID) }

@@ -20,14 +20,33 @@ func DefaultChain(cfg Config, r *Recent) Chain {
 	return Chain{Affinity{Config: cfg, Recent: r}, Rendezvous{Config: cfg}, LeastLoad{Config: cfg}}
 }
 
-// Choose implements Policy. An empty Chain chooses nothing.
+// Choose implements Policy. An empty Chain chooses nothing. A policy of
+// another package is asked its Choose, and a Decision of its is returned
+// as it comes (the Chain's note added): no match columns are carried into
+// it.
 func (ch Chain) Choose(req Request, peers []PeerView, now time.Time) Decision {
-	var first, d Decision
+	s := spaces.Get().(*space)
+	defer spaces.Put(s)
+	var first, a assessment
+	var foreign *Decision
 	var note string
+	decided := -1 // the policy whose choice or decline is returned
 	for i, p := range ch {
-		d = p.Choose(req, peers, now)
-		if i == 0 {
-			first = d
+		decided = i
+		var d *Decision
+		if w, ok := p.(weigher); ok {
+			buf := &s.later // only the first's rows and the last's are read
+			if i == 0 {
+				buf = &s.first
+			}
+			a, foreign = w.weigh(&req, peers, now, take(buf, len(peers))), nil
+			if i == 0 {
+				first = a
+			}
+			d = &a.d
+		} else {
+			fd := p.Choose(req, peers, now)
+			foreign, d = &fd, &fd
 		}
 		if d.Target != "" {
 			break
@@ -37,34 +56,23 @@ func (ch Chain) Choose(req Request, peers []PeerView, now time.Time) Decision {
 			break // every later policy sees the same empty field
 		}
 	}
+	var d Decision
+	switch {
+	case decided < 0:
+		return Decision{Reason: ReasonNone, Note: "empty chain"}
+	case foreign != nil:
+		d = *foreign
+	case decided == 0 || first.rows == nil:
+		d = a.decision(nil)
+	default:
+		d = a.decision(&first)
+	}
 	if d.Target == "" {
-		d.Reason = ReasonNone
-		d.Note = note
-		if len(ch) == 0 {
-			d.Note = "empty chain"
-		}
+		d.Reason, d.Note = ReasonNone, note
 	} else {
 		d.Note = merge(note, d.Note, "; ")
 	}
-	keepMatches(d.Candidates, first.Candidates)
 	return d
-}
-
-// keepMatches copies match columns from an earlier Decision's candidates
-// of the same peers, where the later policy did not compute them.
-func keepMatches(dst, src []Candidate) {
-	if len(dst) != len(src) || len(dst) == 0 || &dst[0] == &src[0] {
-		return // none to copy, or the same policy's own
-	}
-	for i := range dst {
-		if dst[i].ID != src[i].ID || dst[i].MatchedKeys != 0 {
-			continue
-		}
-		dst[i].MatchedKeys, dst[i].MatchedTokens = src[i].MatchedKeys, src[i].MatchedTokens
-		dst[i].GPUTokens, dst[i].CPUTokens, dst[i].DiskTokens = src[i].GPUTokens, src[i].CPUTokens, src[i].DiskTokens
-		dst[i].Rank, dst[i].Ranks, dst[i].Pinned = src[i].Rank, src[i].Ranks, src[i].Pinned
-		dst[i].Note = merge(src[i].Note, dst[i].Note, ", ")
-	}
 }
 
 // merge appends the sep-separated parts of b that a lacks.

@@ -9,58 +9,106 @@ import (
 	"github.com/kvroute/kvroute/blockkey"
 )
 
-// assessment is the part of a Decision every policy shares: who is
-// eligible, each peer's load, and the load bound.
+// assessment is one policy's choice in the making, a row per peer: who
+// is eligible, each peer's load and the load bound (assess), then what
+// the policy weighs. The Decision's Candidates are built from it last
+// (decision, list.go), for every peer or only those the caller uses.
 type assessment struct {
-	d       Decision
-	allOver bool // every eligible peer is over the bound, so none is passed over
-	cfg     Config
-	prompt  int     // Request.PromptTokens
-	waiting float64 // the eligible peers' mean Ahead
+	cfg     *Config
+	req     *Request
+	peers   []PeerView
+	now     time.Time
+	rows    []row
+	d       Decision // all but its Candidates
+	chosen  int      // the row chosen, or -1
+	allOver bool     // every eligible peer is over the bound, so none is passed over
+	waiting float64  // the eligible peers' mean Ahead
 }
 
+// row is one peer as a policy weighs it: Candidate's numbers without its
+// strings, so that a choice among a thousand peers reads each PeerView
+// once and goes over rows that stay in cache.
+type row struct {
+	load, score   float64
+	queued, ahead int
+	// The match, in routing keys and in tokens per tier (capped at the
+	// prompt; setMatch), on rank of ranks looked at.
+	keys, gpu, cpu, disk int
+	rank, ranks          int
+	flags                flags
+}
+
+// flags are a row's facts: its state in the choice, then what its note
+// says (note).
+type flags uint16
+
+const (
+	rowEligible flags = 1 << iota
+	rowOver
+	rowScored
+	rowPinned
+	rowUnlisted // the model is not in its list, but its digest holds it
+	rowStaleLoad
+	rowOtherScheme // matching is skipped; the note names the scheme
+	rowNoDigest
+	rowStaleDigest
+	rowRecent  // the match reaches further by this sidecar's forwards
+	rowClaimed // or by claims
+	rowBusier  // Rendezvous passed it over
+
+	// rowMatch are the flags a match sets: a Chain's later policy, which
+	// does not match, shows its first policy's (decision).
+	rowMatch = rowPinned | rowOtherScheme | rowNoDigest | rowStaleDigest | rowRecent | rowClaimed
+)
+
+func (r *row) is(f flags) bool { return r.flags&f != 0 }
+
 // assess checks eligibility and computes load and the bound for every
-// peer. It does not match keys: only Affinity pays for that.
-func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment {
-	cs := make([]Candidate, len(peers))
+// peer, in rows (one per peer, overwritten), and calls each, if set, for
+// every eligible peer once its load is in its row: the one pass over the
+// peers. It does not match keys: only Affinity pays for that.
+func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row, each func(*PeerView, *row)) assessment {
+	a := assessment{cfg: cfg, req: req, peers: peers, now: now, rows: rows, chosen: -1}
 	var sum float64
-	eligible, ahead := 0, 0
+	ahead := 0
 	for i := range peers {
-		p := &peers[i]
-		c := &cs[i]
-		c.ID, c.Local, c.Rank = p.ID, p.Local, NoRank
-		c.Excluded = excluded(&cfg, p, &req, now)
-		if c.Excluded != "" {
+		p, r := &peers[i], &rows[i]
+		*r = row{rank: NoRank}
+		if excluded(cfg, p, req, now) != "" {
 			continue
 		}
-		c.Eligible = true
-		eligible++
+		r.flags = rowEligible
+		a.d.Eligible++
 		if req.Model != "" && p.ModelsTruncated && !slices.Contains(p.Models, req.Model) {
-			c.Note = addTag(c.Note, "model unlisted, in digest")
+			r.flags |= rowUnlisted
 		}
 		var stale bool
-		c.Load, c.Queued, c.Ahead, stale = load(&cfg, p, now)
+		r.load, r.queued, r.ahead, stale = load(cfg, p, now)
 		if stale {
-			c.Note = addTag(c.Note, "stale load")
+			r.flags |= rowStaleLoad
 		}
-		sum += c.Load
-		ahead += c.Ahead
+		sum += r.load
+		ahead += r.ahead
+		if each != nil {
+			each(p, r)
+		}
 	}
-	a := assessment{d: Decision{Candidates: cs, Eligible: eligible}, cfg: cfg, prompt: req.PromptTokens}
 	if a.d.Eligible == 0 {
 		return a
 	}
-	a.waiting = float64(ahead) / float64(eligible)
+	a.waiting = float64(ahead) / float64(a.d.Eligible)
 	m := (sum + 1) / float64(a.d.Eligible)
 	a.d.Mean = m
 	a.d.Bound = max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
 	a.allOver = true
-	for i := range cs {
-		if !cs[i].Eligible {
+	for i := range rows {
+		r := &rows[i]
+		if !r.is(rowEligible) {
 			continue
 		}
-		cs[i].Over = cs[i].Load+1 > a.d.Bound
-		if !cs[i].Over {
+		if r.load+1 > a.d.Bound {
+			r.flags |= rowOver
+		} else {
 			a.allOver = false
 		}
 	}
@@ -70,10 +118,10 @@ func assess(cfg Config, req Request, peers []PeerView, now time.Time) assessment
 	return a
 }
 
-// inBound reports whether a policy that respects the bound may pick c.
+// inBound reports whether a policy that respects the bound may pick row i.
 func (a *assessment) inBound(i int) bool {
-	c := &a.d.Candidates[i]
-	return c.Eligible && (!c.Over || a.allOver)
+	r := &a.rows[i]
+	return r.is(rowEligible) && (!r.is(rowOver) || a.allOver)
 }
 
 // Excluded returns why p may serve no request at all now (its engine down,
@@ -164,12 +212,12 @@ func load(cfg *Config, p *PeerView, now time.Time) (x float64, queued, ahead int
 	return x, queued + max(l.QueuedPrefillTokens, 0), ahead + max(l.Prefilling, 0), false
 }
 
-// wait is what a request waits for at candidate c before its own prefill,
-// in prefill tokens: the work queued there (at QueuedWeight) and price
-// tokens for each request of load. It is the one cost that Affinity (at LoadTokens),
-// Rendezvous and LeastLoad (at Config.price) rank by.
-func wait(cfg *Config, c *Candidate, price float64) float64 {
-	return max(cfg.QueuedWeight, 0)*float64(c.Queued) + price*c.Load
+// wait is what a request waits for at a peer before its own prefill, in
+// prefill tokens: the work queued there (at QueuedWeight) and price
+// tokens for each request of load. It is the one cost that Affinity (at
+// LoadTokens), Rendezvous and LeastLoad (at Config.price) rank by.
+func wait(cfg *Config, queued int, load, price float64) float64 {
+	return max(cfg.QueuedWeight, 0)*float64(queued) + price*load
 }
 
 // price is LoadTokens for ranking by load alone: at least 1 token.
@@ -219,35 +267,32 @@ func mix(x uint64) uint64 {
 // unit maps a weight to [0, 1) for display.
 func unit(w uint64) float64 { return float64(w>>11) / (1 << 53) }
 
-// better reports whether candidate i outranks j: higher score, then higher
+// better reports whether row i outranks j: higher score, then higher
 // rendezvous weight for key k, then the smaller ID. The order of peers
 // never matters.
-func better(cs []Candidate, k blockkey.Key, i, j int) bool {
-	if cs[i].Score != cs[j].Score {
-		return cs[i].Score > cs[j].Score
+func (a *assessment) better(k blockkey.Key, i, j int) bool {
+	if si, sj := a.rows[i].score, a.rows[j].score; si != sj {
+		return si > sj
 	}
-	if wi, wj := weight(cs[i].ID, k), weight(cs[j].ID, k); wi != wj {
+	idi, idj := a.peers[i].ID, a.peers[j].ID
+	if wi, wj := weight(idi, k), weight(idj, k); wi != wj {
 		return wi > wj
 	}
-	return cs[i].ID < cs[j].ID
+	return idi < idj
 }
 
-// choose marks candidate i chosen and fills the Decision's target.
-func (a *assessment) choose(i int, reason string) Decision {
-	a.estimate()
-	d := a.d
-	d.Candidates[i].Chosen = true
-	d.Target, d.Local, d.Reason = d.Candidates[i].ID, d.Candidates[i].Local, reason
-	return d
+// choose marks row i chosen and fills the Decision's target.
+func (a *assessment) choose(i int, reason string) assessment {
+	a.chosen = i
+	a.d.Target, a.d.Local, a.d.Reason = a.peers[i].ID, a.peers[i].Local, reason
+	return *a
 }
 
-// decline returns the Decision with no target and why.
-func (a *assessment) decline(why string) Decision {
-	a.estimate()
-	d := a.d
-	d.Reason = ReasonNone
-	d.Note = addNote(d.Note, why)
-	return d
+// decline leaves the Decision with no target and says why.
+func (a *assessment) decline(why string) assessment {
+	a.d.Reason = ReasonNone
+	a.d.Note = addNote(a.d.Note, why)
+	return *a
 }
 
 func addNote(note, s string) string {
@@ -274,23 +319,18 @@ func addTag(note, s string) string {
 	return note + ", " + s
 }
 
-// estimate fills each eligible candidate's expected time to first token:
-// its wait and the prompt's tokens it does not hold, at the engine's
-// prefill rate, and the loads of those it holds on a lower tier at theirs
-// (Config.saved). Only Affinity knows the matches; the other policies'
-// candidates are priced as if they held nothing, which for a prefix
-// nobody holds is the truth.
-func (a *assessment) estimate() {
-	rate := a.cfg.PrefillTokensPerSecond
-	if rate <= 0 || a.prompt <= 0 {
-		return
+// ttft is row r's expected time to first token: its wait and the
+// prompt's tokens it does not hold, at the engine's prefill rate, and the
+// loads of those it holds on a lower tier at theirs (Config.saved). Only
+// Affinity knows the matches; the other policies' rows are priced as if
+// they held nothing, which for a prefix nobody holds is the truth. 0 when
+// the rate or the prompt is not known.
+func (a *assessment) ttft(r *row) float64 {
+	rate, prompt := a.cfg.PrefillTokensPerSecond, a.req.PromptTokens
+	if rate <= 0 || prompt <= 0 {
+		return 0
 	}
-	for i := range a.d.Candidates {
-		c := &a.d.Candidates[i]
-		if c.Eligible {
-			work := a.cfg.Work(c, a.prompt)
-			// The queue at its real cost, whatever QueuedWeight ranks by.
-			c.TTFT = (float64(c.Queued) + max(a.cfg.LoadTokens, 0)*c.Load + work) / rate
-		}
-	}
+	work := max(float64(prompt)-a.cfg.saved(r.gpu, r.cpu, r.disk), 0)
+	// The queue at its real cost, whatever QueuedWeight ranks by.
+	return (float64(r.queued) + max(a.cfg.LoadTokens, 0)*r.load + work) / rate
 }

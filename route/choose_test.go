@@ -202,11 +202,11 @@ func TestBound(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Slack = 0.25 // KubeAI's, so the slack case is easy to check by hand
 			cfg.MinHeadroom = 4
-			a := assess(cfg, Request{}, peers, t0)
+			a := assess(&cfg, &Request{}, peers, t0, make([]row, len(peers)), nil)
 			if a.d.Mean != tt.wantMean || a.d.Bound != tt.wantBound {
 				t.Errorf("mean, bound = %v, %v; want %v, %v", a.d.Mean, a.d.Bound, tt.wantMean, tt.wantBound)
 			}
-			for i, c := range a.d.Candidates {
+			for i, c := range a.decision(nil).Candidates {
 				if c.Over != tt.wantOver[i] {
 					t.Errorf("peer %s load %v: Over = %v; want %v", c.ID, c.Load, c.Over, tt.wantOver[i])
 				}
@@ -220,7 +220,7 @@ func TestBound(t *testing.T) {
 func TestIneligibleExcludedFromMean(t *testing.T) {
 	draining := fresh("z", Load{Running: 1000})
 	draining.Draining = true
-	a := assess(DefaultConfig(), Request{}, []PeerView{fresh("a", Load{}), draining}, t0)
+	a := assess(new(DefaultConfig()), &Request{}, []PeerView{fresh("a", Load{}), draining}, t0, make([]row, 2), nil)
 	if a.d.Eligible != 1 || a.d.Mean != 1 {
 		t.Errorf("Eligible, Mean = %d, %v; want 1, 1", a.d.Eligible, a.d.Mean)
 	}

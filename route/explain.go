@@ -18,7 +18,10 @@ func (d Decision) Table() string {
 	}
 	fmt.Fprintf(&b, "target %s  reason %s  local %t\n", target, d.Reason, d.Local)
 	fmt.Fprintf(&b, "eligible %d/%d  mean %s  bound %s\n",
-		d.Eligible, len(d.Candidates), num(d.Mean, 2), num(d.Bound, 2))
+		d.Eligible, len(d.Candidates)+d.Omitted, num(d.Mean, 2), num(d.Bound, 2))
+	if d.Omitted > 0 {
+		fmt.Fprintf(&b, "listed %d, omitted %d (route.ListPeers)\n", len(d.Candidates), d.Omitted)
+	}
 	if d.Note != "" {
 		fmt.Fprintf(&b, "note %s\n", d.Note)
 	}

@@ -13,20 +13,26 @@ type LeastLoad struct {
 
 // Choose implements Policy. A candidate's Score is minus its wait, in tokens.
 func (p LeastLoad) Choose(req Request, peers []PeerView, now time.Time) Decision {
-	a := assess(p.Config, req, peers, now)
+	return decide(p, &req, peers, now)
+}
+
+func (p LeastLoad) weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+	cfg := &p.Config
+	a := assess(cfg, req, peers, now, rows, nil)
 	if a.d.Eligible == 0 {
 		return a.decline("no eligible peer")
 	}
-	rk, _ := rendezvousKey(p.Config, req.Keys)
-	cs := a.d.Candidates
-	price := p.Config.price()
+	rk, _ := rendezvousKey(*cfg, req.Keys)
+	price := cfg.price()
 	best := -1
-	for i := range cs {
-		if !cs[i].Eligible {
+	for i := range rows {
+		r := &rows[i]
+		if !r.is(rowEligible) {
 			continue
 		}
-		cs[i].Scored, cs[i].Score = true, -wait(&p.Config, &cs[i], price)
-		if best < 0 || better(cs, rk, i, best) {
+		r.flags |= rowScored
+		r.score = -wait(cfg, r.queued, r.load, price)
+		if best < 0 || a.better(rk, i, best) {
 			best = i
 		}
 	}

@@ -28,8 +28,7 @@ func (cfg Config) PickRank(ranks []RankLoad, pinned, work, prompt int) int {
 		if pinned != NoRank && r != pinned {
 			own = max(prompt, work)
 		}
-		c := Candidate{Queued: max(l.Queued, 0), Load: float64(max(l.Serving, 0))}
-		cost := wait(&cfg, &c, cfg.LoadTokens) + float64(own)
+		cost := wait(&cfg, max(l.Queued, 0), float64(max(l.Serving, 0)), cfg.LoadTokens) + float64(own)
 		if best < 0 || cost < bestCost || (cost == bestCost && r == pinned) {
 			best, bestCost = r, cost
 		}

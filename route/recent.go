@@ -119,6 +119,12 @@ func (r *Recent) PrefixLen(peer string, keys []blockkey.Key, now time.Time) int 
 	return r.prefixLen(peer, keys, now, time.Time{})
 }
 
+// knows reports whether r holds entries for peer (live or not yet
+// expired): a peer it does not know matches nothing by r.
+func (r *Recent) knows(peer string) bool {
+	return r != nil && r.peers[peer] != nil
+}
+
 // prefixLen is PrefixLen counting only entries recorded after since.
 func (r *Recent) prefixLen(peer string, keys []blockkey.Key, now, since time.Time) int {
 	if r == nil || len(keys) == 0 {

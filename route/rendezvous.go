@@ -20,33 +20,39 @@ type Rendezvous struct {
 
 // Choose implements Policy. A candidate's Score is its weight in [0, 1).
 func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decision {
-	a := assess(p.Config, req, peers, now)
+	return decide(p, &req, peers, now)
+}
+
+func (p Rendezvous) weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+	cfg := &p.Config
+	a := assess(cfg, req, peers, now, rows, nil)
 	if a.d.Eligible == 0 {
 		return a.decline("no eligible peer")
 	}
-	rk, ok := rendezvousKey(p.Config, req.Keys)
+	rk, ok := rendezvousKey(*cfg, req.Keys)
 	if !ok {
 		return a.decline("rendezvous: no keys")
 	}
-	cs := a.d.Candidates
-	price := p.Config.price()
+	price := cfg.price()
 	least := math.Inf(1)
-	for i := range cs {
+	for i := range rows {
 		if a.inBound(i) {
-			least = min(least, wait(&p.Config, &cs[i], price))
+			least = min(least, wait(cfg, rows[i].queued, rows[i].load, price))
 		}
 	}
 	best := -1
-	for i := range cs {
+	for i := range rows {
 		if !a.inBound(i) {
 			continue
 		}
-		if wait(&p.Config, &cs[i], price) > least+price*max(p.Config.ColdHeadroom, 0) {
-			cs[i].Note = addTag(cs[i].Note, "busier")
+		r := &rows[i]
+		if wait(cfg, r.queued, r.load, price) > least+price*max(cfg.ColdHeadroom, 0) {
+			r.flags |= rowBusier
 			continue
 		}
-		cs[i].Scored, cs[i].Score = true, unit(weight(cs[i].ID, rk))
-		if best < 0 || better(cs, rk, i, best) {
+		r.flags |= rowScored
+		r.score = unit(weight(peers[i].ID, rk))
+		if best < 0 || a.better(rk, i, best) {
 			best = i
 		}
 	}

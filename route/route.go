@@ -89,45 +89,50 @@ func (e Engine) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
 // PeerView is one peer as the caller's peer table sees it at the moment of
 // the choice. Policies read it and never keep it.
 type PeerView struct {
-	ID   string
-	Addr string
-	// EngineAddr is where the peer's vLLM itself can be reached, as its
-	// sidecar advertises it; empty: not said. Never a routing target: the
-	// front asks it only about a stored response while the peer's sidecar
-	// is away.
-	EngineAddr string
-	Local      bool     // the pod this sidecar runs in
-	Models     []string // models served; empty means every model
-	// ModelsTruncated says Models is incomplete: the peer serves more than
-	// its node meta could list. See the package doc (Eligibility).
-	ModelsTruncated bool
-	KeyScheme       int     // the peer's blockkey.Version; others get no matches
-	Digest          Matcher // nil until the first digest arrives
-	// DigestAt is when Digest was last received or confirmed (a full filter
-	// or a delta). Config.DigestTTL ignores digests older than that.
-	DigestAt    time.Time
-	Load        Load
-	LoadAt      time.Time // when Load's reported fields were measured
-	LastFailure time.Time // last forward to the peer that failed; zero if none
-	Draining    bool
+	// The fields a choice reads for every peer come first, in the order
+	// it reads them: at a thousand peers a choice is bound by the cache
+	// lines it touches (route.ListPeers), and these span four of a
+	// PeerView's five.
+	ID    string
+	Local bool // the pod this sidecar runs in
+	// Draining: the peer's sidecar is leaving; it takes no new request.
+	Draining bool
 	// Engine is the peer's vLLM as its sidecar last advertised it; a peer
 	// whose engine is not serving is never chosen.
 	Engine Engine
+	// ModelsTruncated says Models is incomplete: the peer serves more than
+	// its node meta could list. See the package doc (Eligibility).
+	ModelsTruncated bool
+	KeyScheme       int // the peer's blockkey.Version; others get no matches
 	// Ranks is how many data-parallel ranks the peer's engine runs, as its
 	// sidecar advertises it (the node meta): exact, where the digest's rank
 	// markers (TierMatcher.Ranks) can be extended by a Bloom false
 	// positive, and vLLM refuses a request pinned to a rank it does not
 	// run. A request is pinned to a rank only within this count; 0 (a
 	// sidecar that does not advertise it) pins none.
-	Ranks int
+	Ranks       int
+	Load        Load
+	LoadAt      time.Time // when Load's reported fields were measured
+	LastFailure time.Time // last forward to the peer that failed; zero if none
+	Digest      Matcher   // nil until the first digest arrives
+	// DigestAt is when Digest was last received or confirmed (a full filter
+	// or a delta). Config.DigestTTL ignores digests older than that.
+	DigestAt time.Time
+	// Claims are prefixes sidecars just sent to the peer (Claim). The
+	// slice is shared with the peer table: read it, never modify it.
+	Claims []Claim
+	Models []string // models served; empty means every model
 	// Since is when the peer's current cache began, as the caller's table
 	// saw it: its engine came back or its digest epoch changed. Recent
 	// entries from before are about a cache that is gone and never match.
 	// Zero: no such change seen.
 	Since time.Time
-	// Claims are prefixes sidecars just sent to the peer (Claim). The
-	// slice is shared with the peer table: read it, never modify it.
-	Claims []Claim
+	Addr  string
+	// EngineAddr is where the peer's vLLM itself can be reached, as its
+	// sidecar advertises it; empty: not said. Never a routing target: the
+	// front asks it only about a stored response while the peer's sidecar
+	// is away.
+	EngineAddr string
 }
 
 // Request is what a policy needs to know about one request.
@@ -147,6 +152,10 @@ type Request struct {
 	// request per prompt, so a peer's match is the sum of its matches of
 	// every prompt (llm-d's precise scorer sums them too).
 	Batch [][]blockkey.Key
+	// Explain lists every peer in the Decision's Candidates however many
+	// there are (/debug/route). Otherwise a choice among more than
+	// ListPeers peers lists only those its caller uses (Decision.Omitted).
+	Explain bool
 }
 
 // DefaultTokensPerKey is vLLM's default block size, used when a Request
@@ -162,11 +171,13 @@ const (
 )
 
 // Candidate explains how one peer fared in a Decision. Candidates appear
-// in the order of the peers passed to Choose.
+// in the order of the peers passed to Choose (Index).
 type Candidate struct {
-	ID       string `json:"id"`
-	Local    bool   `json:"local"`
-	Eligible bool   `json:"eligible"`
+	ID string `json:"id"`
+	// Index is the peer's place in the peers the Decision was made on.
+	Index    int  `json:"-"`
+	Local    bool `json:"local"`
+	Eligible bool `json:"eligible"`
 	// Excluded says why the peer is not eligible: "draining",
 	// "failed 3s ago", "model". Empty when Eligible.
 	Excluded string `json:"excluded,omitempty"`
@@ -226,10 +237,14 @@ type Decision struct {
 	// Bound is the load bound: a peer with Load+1 > Bound is over it.
 	Bound float64 `json:"bound"`
 	// Mean is the eligible peers' mean load counting this request.
-	Mean       float64     `json:"mean"`
-	Eligible   int         `json:"eligible"`       // eligible peers
-	Note       string      `json:"note,omitempty"` // why earlier policies of a Chain declined
+	Mean     float64 `json:"mean"`
+	Eligible int     `json:"eligible"`       // eligible peers
+	Note     string  `json:"note,omitempty"` // why earlier policies of a Chain declined
+	// Candidates are the peers, in the order they were passed; among more
+	// than ListPeers peers, only those the caller uses (list), unless the
+	// Request said Explain. Omitted counts the peers left out.
 	Candidates []Candidate `json:"candidates"`
+	Omitted    int         `json:"omitted,omitempty"`
 	// Attempts is the failover order, filled by the caller with Attempts
 	// (the policies leave it empty): candidate IDs, first to last.
 	Attempts []string `json:"attempts,omitempty"`

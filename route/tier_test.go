@@ -286,7 +286,7 @@ func TestRecentExtendsTieredMatch(t *testing.T) {
 	r := NewRecent(DefaultRecentConfig())
 	r.Record("p", keys[:16], t0)
 	m, tag := newMatcher(new(DefaultConfig()), &Request{Keys: keys}, 16, t0, r).match(&p)
-	if m.gpu != 16 || m.cpu != 16 || m.rank != 1 || tag != "recent" {
-		t.Errorf("matchPeer = %+v %q; want 16 on GPU, 16 on CPU, rank 1, recent", m, tag)
+	if m.gpu != 16 || m.cpu != 16 || m.rank != 1 || note(tag, 0) != "recent" {
+		t.Errorf("matchPeer = %+v %q; want 16 on GPU, 16 on CPU, rank 1, recent", m, note(tag, 0))
 	}
 }
