@@ -44,6 +44,10 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, rows []ro
 		mr.group = groupFor(peers, req.Keys)
 	}
 	a := assess(cfg, req, peers, now, rows, func(pv *PeerView, r *row) {
+		if n, ok := mr.plain(pv); ok {
+			r.setMatch(&match{gpu: n, placed: placed{rank: NoRank, ranks: 1}}, tpk, req.PromptTokens)
+			return
+		}
 		m, f := mr.match(pv)
 		r.flags |= f
 		r.setMatch(&m, tpk, req.PromptTokens)
@@ -138,6 +142,18 @@ func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *m
 		digestCut: now.Add(-cfg.DigestTTL)}
 }
 
+// plain returns pv's match when its group's answer is all of it: a plain
+// fresh digest of one rank, a single prompt, and nothing of this
+// sidecar's own (Recent, claims) reaching further. It is match's answer
+// for most peers of a large mesh, without match's generality.
+func (mr *matcher) plain(pv *PeerView) (int, bool) {
+	if mr.group == nil || pv.KeyScheme != blockkey.Version || pv.Ranks > 1 || pv.Digest == nil ||
+		(mr.cfg.DigestTTL > 0 && pv.DigestAt.Before(mr.digestCut)) || mr.extends(pv) {
+		return 0, false
+	}
+	return mr.group.prefix(pv)
+}
+
 // extends reports whether this sidecar's own forwards (Recent) or claims
 // may reach further at pv than its digest.
 func (mr *matcher) extends(pv *PeerView) bool {
@@ -166,11 +182,8 @@ func (mr *matcher) match(pv *PeerView) (match, flags) {
 	default:
 		if n, ok := mr.group.prefix(pv); ok && pv.Ranks <= 1 && len(mr.prompts) == 1 {
 			// digestMatch's answer for a plain digest, without its probes.
-			sum.gpu, sum.placed = n, placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}
-			if !mr.extends(pv) {
-				return sum, f // most peers of a large mesh: the group's answer is all
-			}
-			sum.gpu, per[0].gpu = 0, n
+			per[0].gpu = n
+			sum.placed = placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}
 			break
 		}
 		sum.placed = digestMatch(cfg, pv, mr.prompts, mr.tpk, per, mr.cur)

@@ -55,6 +55,7 @@ const (
 	rowRecent  // the match reaches further by this sidecar's forwards
 	rowClaimed // or by claims
 	rowBusier  // Rendezvous passed it over
+	rowLocal   // PeerView.Local, kept here for the passes over rows
 
 	// rowMatch are the flags a match sets: a Chain's later policy, which
 	// does not match, shows its first policy's (decision).
@@ -74,10 +75,13 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 	for i := range peers {
 		p, r := &peers[i], &rows[i]
 		*r = row{rank: NoRank}
+		if p.Local {
+			r.flags = rowLocal
+		}
 		if excluded(cfg, p, req, now) != "" {
 			continue
 		}
-		r.flags = rowEligible
+		r.flags |= rowEligible
 		a.d.Eligible++
 		if req.Model != "" && p.ModelsTruncated && !slices.Contains(p.Models, req.Model) {
 			r.flags |= rowUnlisted

@@ -108,14 +108,19 @@ func (a *assessment) listed(first *assessment) []int {
 	nf, ns, held, heldKeys := 0, 0, -1, -1
 	keep := make([]int, 0, listFailover+listScored+3)
 	for i := range a.rows {
-		r, p := &a.rows[i], &a.peers[i]
-		if i == a.chosen || p.Local {
+		r := &a.rows[i]
+		local := r.is(rowLocal)
+		if i == a.chosen || local {
 			keep = append(keep, i)
 		}
 		if !r.is(rowEligible) {
 			continue
 		}
-		if k := a.matchOf(i, first).keys; k > heldKeys {
+		k := r.keys
+		if first != nil && k == 0 {
+			k = first.rows[i].keys // matchOf's
+		}
+		if k > heldKeys {
 			held, heldKeys = i, k
 		}
 		if r.is(rowScored) && (ns < listScored || r.score > a.rows[scored[ns-1]].score) {
@@ -125,7 +130,7 @@ func (a *assessment) listed(first *assessment) []int {
 			}
 			scored[j], ns = i, min(ns+1, listScored)
 		}
-		if !p.Local && i != a.chosen && (nf < listFailover || a.before(i, fail[nf-1])) {
+		if !local && i != a.chosen && (nf < listFailover || a.before(i, fail[nf-1])) {
 			j := min(nf, listFailover-1)
 			for ; j > 0 && a.before(i, fail[j-1]); j-- {
 				fail[j] = fail[j-1]
