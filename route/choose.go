@@ -72,13 +72,14 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 	a := assessment{cfg: cfg, req: req, peers: peers, now: now, rows: rows, chosen: -1}
 	var sum float64
 	ahead := 0
+	at := momentOf(cfg, now)
 	for i := range peers {
 		p, r := &peers[i], &rows[i]
 		*r = row{rank: NoRank}
 		if p.Local {
 			r.flags = rowLocal
 		}
-		if excluded(cfg, p, req, now) != "" {
+		if excluded(cfg, p, req, at) != "" {
 			continue
 		}
 		r.flags |= rowEligible
@@ -87,7 +88,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 			r.flags |= rowUnlisted
 		}
 		var stale bool
-		r.load, r.queued, r.ahead, stale = load(cfg, p, now)
+		r.load, r.queued, r.ahead, stale = load(cfg, p, &at)
 		if stale {
 			r.flags |= rowStaleLoad
 		}
@@ -131,11 +132,26 @@ func (a *assessment) inBound(i int) bool {
 // Excluded returns why p may serve no request at all now (its engine down,
 // draining, silent, a failed forward), or "": what /debug/peers shows.
 func Excluded(cfg Config, p PeerView, now time.Time) string {
-	return excluded(&cfg, &p, &Request{}, now)
+	return excluded(&cfg, &p, &Request{}, momentOf(&cfg, now))
+}
+
+// moment is now and what a choice compares every peer's times with,
+// computed once a choice: a comparison per peer where a time.Sub was
+// (for times without a monotonic reading, a dozen nanoseconds each).
+type moment struct {
+	now time.Time
+	// A report from before stale is stale (LoadTTL), one from before
+	// silent silent (SilentFor), and a failure after failed recent
+	// (FailFor).
+	stale, silent, failed time.Time
+}
+
+func momentOf(cfg *Config, now time.Time) moment {
+	return moment{now: now, stale: now.Add(-cfg.LoadTTL), silent: now.Add(-cfg.SilentFor), failed: now.Add(-cfg.FailFor)}
 }
 
 // excluded returns why p may not serve req, or "".
-func excluded(cfg *Config, p *PeerView, req *Request, now time.Time) string {
+func excluded(cfg *Config, p *PeerView, req *Request, at moment) string {
 	switch {
 	case p.Engine != EngineServing:
 		return "engine " + p.Engine.String()
@@ -143,12 +159,12 @@ func excluded(cfg *Config, p *PeerView, req *Request, now time.Time) string {
 		return "draining"
 	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && p.LoadAt.IsZero():
 		return "silent: no push yet"
-	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && now.Sub(p.LoadAt) > cfg.SilentFor:
-		return fmt.Sprintf("silent %s", now.Sub(p.LoadAt).Round(time.Millisecond))
-	case !p.LastFailure.IsZero() && now.Sub(p.LastFailure) < cfg.FailFor:
-		return fmt.Sprintf("failed %s ago", now.Sub(p.LastFailure).Round(time.Millisecond))
+	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && p.LoadAt.Before(at.silent):
+		return fmt.Sprintf("silent %s", at.now.Sub(p.LoadAt).Round(time.Millisecond))
+	case !p.LastFailure.IsZero() && p.LastFailure.After(at.failed):
+		return fmt.Sprintf("failed %s ago", at.now.Sub(p.LastFailure).Round(time.Millisecond))
 	case req.Model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, req.Model):
-		if p.ModelsTruncated && holdsModel(cfg, p, req.Keys, now) {
+		if p.ModelsTruncated && holdsModel(cfg, p, req.Keys, at.now) {
 			return ""
 		}
 		return "model"
@@ -195,11 +211,11 @@ func holdsModel(cfg *Config, p *PeerView, keys []blockkey.Key, now time.Time) bo
 // Serving), and kv rises from 0 at KVKnee usage to KVWeight when full;
 // or only what this sidecar has in flight there when the report is older
 // than LoadTTL (or never came).
-func load(cfg *Config, p *PeerView, now time.Time) (x float64, queued, ahead int, stale bool) {
-	l := p.Load
+func load(cfg *Config, p *PeerView, at *moment) (x float64, queued, ahead int, stale bool) {
+	l := &p.Load
 	inflight := float64(max(l.InFlight, 0))
 	queued, ahead = max(l.InFlightPrefillTokens, 0), max(l.InFlightPrefilling, 0)
-	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && now.Sub(p.LoadAt) > cfg.LoadTTL) {
+	if p.LoadAt.IsZero() || (cfg.LoadTTL > 0 && p.LoadAt.Before(at.stale)) {
 		return inflight, queued, ahead, true
 	}
 	// InFlight is what the report cannot count yet: each send raises the

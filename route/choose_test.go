@@ -64,12 +64,12 @@ func TestExcluded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(&cfg, &tt.p, &Request{Model: tt.model}, t0); got != tt.want {
+			if got := excluded(&cfg, &tt.p, &Request{Model: tt.model}, momentOf(&cfg, t0)); got != tt.want {
 				t.Errorf("excluded(%+v, %q) = %q; want %q", tt.p, tt.model, got, tt.want)
 			}
 		})
 	}
-	if got := excluded(&Config{}, &PeerView{LastFailure: t0}, &Request{}, t0); got != "" {
+	if got := excluded(&Config{}, &PeerView{LastFailure: t0}, &Request{}, momentOf(&Config{}, t0)); got != "" {
 		t.Errorf("FailFor 0: excluded = %q; want eligible", got)
 	}
 }
@@ -101,7 +101,7 @@ func TestExcludedTruncatedModels(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(&cfg, &tt.p, &Request{Model: "alice", Keys: tt.keys}, t0); got != tt.want {
+			if got := excluded(&cfg, &tt.p, &Request{Model: "alice", Keys: tt.keys}, momentOf(&cfg, t0)); got != tt.want {
 				t.Errorf("excluded = %q; want %q", got, tt.want)
 			}
 		})
@@ -116,7 +116,7 @@ func TestExcludedTruncatedModels(t *testing.T) {
 	ttl := cfg
 	ttl.DigestTTL = time.Minute
 	old := trunc(holds(keys), t0.Add(-time.Hour))
-	if got := excluded(&ttl, &old, &Request{Model: "alice", Keys: keys}, t0); got != "model" {
+	if got := excluded(&ttl, &old, &Request{Model: "alice", Keys: keys}, momentOf(&ttl, t0)); got != "model" {
 		t.Errorf("digest older than DigestTTL: excluded = %q; want model", got)
 	}
 }
@@ -151,7 +151,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, queued, _, stale := load(&cfg, &PeerView{Load: tt.l, LoadAt: tt.at}, t0)
+			got, queued, _, stale := load(&cfg, &PeerView{Load: tt.l, LoadAt: tt.at}, new(momentOf(&cfg, t0)))
 			if got != tt.want || queued != tt.wantQueued || stale != tt.wantStale {
 				t.Errorf("load(%+v) = %v, %d, %v; want %v, %d, %v", tt.l, got, queued, stale, tt.want, tt.wantQueued, tt.wantStale)
 			}
@@ -168,12 +168,12 @@ func TestLoadAhead(t *testing.T) {
 		at   time.Time
 		want int
 	}{{t0, 4}, {t0.Add(-6 * time.Second), 1}, {time.Time{}, 1}} {
-		if _, _, got, _ := load(&cfg, &PeerView{Load: l, LoadAt: tt.at}, t0); got != tt.want {
+		if _, _, got, _ := load(&cfg, &PeerView{Load: l, LoadAt: tt.at}, new(momentOf(&cfg, t0))); got != tt.want {
 			t.Errorf("report at %v: ahead %d; want %d", tt.at, got, tt.want)
 		}
 	}
 	l.Prefilling, l.InFlightPrefilling = -3, -1
-	if _, _, got, _ := load(&cfg, &PeerView{Load: l, LoadAt: t0}, t0); got != 0 {
+	if _, _, got, _ := load(&cfg, &PeerView{Load: l, LoadAt: t0}, new(momentOf(&cfg, t0))); got != 0 {
 		t.Errorf("negative counts: ahead %d; want 0", got)
 	}
 }

@@ -161,7 +161,7 @@ func (a *assessment) explain(i int, first *assessment) Candidate {
 	p, r := &a.peers[i], &a.rows[i]
 	c := Candidate{ID: p.ID, Index: i, Local: p.Local, Chosen: i == a.chosen, Rank: NoRank}
 	if !r.is(rowEligible) {
-		c.Excluded = excluded(a.cfg, p, a.req, a.now)
+		c.Excluded = excluded(a.cfg, p, a.req, momentOf(a.cfg, a.now))
 		return c
 	}
 	m := a.matchOf(i, first)
