@@ -35,6 +35,7 @@ type row struct {
 	// prompt; setMatch), on rank of ranks looked at.
 	keys, gpu, cpu, disk int
 	rank, ranks          int
+	w                    uint64 // the rendezvous weight, once computed (assessment.weight)
 	flags                flags
 }
 
@@ -56,6 +57,7 @@ const (
 	rowClaimed // or by claims
 	rowBusier  // Rendezvous passed it over
 	rowLocal   // PeerView.Local, kept here for the passes over rows
+	rowWeighed // w is set
 
 	// rowMatch are the flags a match sets: a Chain's later policy, which
 	// does not match, shows its first policy's (decision).
@@ -294,11 +296,20 @@ func (a *assessment) better(k blockkey.Key, i, j int) bool {
 	if si, sj := a.rows[i].score, a.rows[j].score; si != sj {
 		return si > sj
 	}
-	idi, idj := a.peers[i].ID, a.peers[j].ID
-	if wi, wj := weight(idi, k), weight(idj, k); wi != wj {
+	if wi, wj := a.weight(i, k), a.weight(j, k); wi != wj {
 		return wi > wj
 	}
-	return idi < idj
+	return a.peers[i].ID < a.peers[j].ID
+}
+
+// weight is row i's rendezvous weight for key k, computed once a choice:
+// the best so far meets every peer that ties with it.
+func (a *assessment) weight(i int, k blockkey.Key) uint64 {
+	r := &a.rows[i]
+	if !r.is(rowWeighed) {
+		r.w, r.flags = weight(a.peers[i].ID, k), r.flags|rowWeighed
+	}
+	return r.w
 }
 
 // choose marks row i chosen and fills the Decision's target.

@@ -51,7 +51,7 @@ func (p Rendezvous) weigh(req *Request, peers []PeerView, now time.Time, rows []
 			continue
 		}
 		r.flags |= rowScored
-		r.score = unit(weight(peers[i].ID, rk))
+		r.score = unit(a.weight(i, rk))
 		if best < 0 || a.better(rk, i, best) {
 			best = i
 		}
