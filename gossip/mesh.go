@@ -167,18 +167,8 @@ func (m *Mesh) MarkFailed(peerID string, at time.Time) {
 func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 	self := m.self(now)
 	m.tableMu.Lock()
-	vs := m.table.views()
-	m.tableMu.Unlock()
-	i, _ := slices.BinarySearchFunc(vs, self.ID, func(v route.PeerView, id string) int {
-		switch {
-		case v.ID < id:
-			return -1
-		case v.ID > id:
-			return 1
-		}
-		return 0
-	})
-	return slices.Insert(vs, i, self)
+	defer m.tableMu.Unlock()
+	return m.table.viewsWith(&self)
 }
 
 // self is this node's own view. It holds the locks of the local state

@@ -329,14 +329,27 @@ func (t *table) repairs(now time.Time, reorderWait, lagAfter, interval time.Dura
 
 // views returns a PeerView of every peer whose meta we could read, sorted by
 // ID. A peer without a readable meta has no address to forward to.
-func (t *table) views() []route.PeerView {
-	vs := make([]route.PeerView, 0, len(t.sorted))
+func (t *table) views() []route.PeerView { return t.viewsWith(nil) }
+
+// viewsWith is views with self, if set, in its place: at a thousand peers
+// inserting it afterwards cost a second copy of every view.
+func (t *table) viewsWith(self *route.PeerView) []route.PeerView {
+	n := len(t.sorted)
+	if self != nil {
+		n++
+	}
+	vs := make([]route.PeerView, 0, n)
 	for _, e := range t.sorted {
 		id, p := e.id, e.p
+		if self != nil && id >= self.ID {
+			vs, self = append(vs, *self), nil
+		}
 		if !p.metaOK {
 			continue
 		}
-		v := route.PeerView{
+		vs = vs[:len(vs)+1] // filled in place: no 320-byte copy per peer
+		v := &vs[len(vs)-1]
+		*v = route.PeerView{
 			ID:   id,
 			Addr: p.meta.APIAddr,
 			// Kept by forward after the peer leaves (forward/direct.go).
@@ -369,7 +382,9 @@ func (t *table) views() []route.PeerView {
 			}
 			v.Digest, v.DigestAt = route.Strided(m, p.meta.Stride, t.stride), p.digestAt
 		}
-		vs = append(vs, v)
+	}
+	if self != nil {
+		vs = append(vs, *self)
 	}
 	return vs
 }

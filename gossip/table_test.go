@@ -458,3 +458,21 @@ func TestTableViewsSorted(t *testing.T) {
 		t.Errorf("sorted holds %d entries, peers %d", len(tb.sorted), len(tb.peers))
 	}
 }
+
+// The local pod's view goes where its ID sorts among the peers', also
+// before and after all of them.
+func TestViewsWithSelf(t *testing.T) {
+	tb := newTable(4)
+	for _, id := range []string{"b", "d", "f"} {
+		tb.upsert(id, metaAt(1, 1), true, t0)
+	}
+	for _, self := range []string{"a", "c", "e", "g"} {
+		var ids []string
+		for _, v := range tb.viewsWith(&route.PeerView{ID: self, Local: true}) {
+			ids = append(ids, v.ID)
+		}
+		if !slices.IsSorted(ids) || len(ids) != 4 || !slices.Contains(ids, self) {
+			t.Errorf("views with self %s: %v; want the four IDs sorted", self, ids)
+		}
+	}
+}
