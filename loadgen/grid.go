@@ -207,7 +207,8 @@ func failed(p PolicyResult) float64      { return float64(p.Requests) * (1 - p.S
 // median offered load, kvroute's TTFT p90 and hit rate, its ratios to
 // central-precise, lmetric and the request-count kvroute (medians of the
 // per-seed ratios), its max/mean requests per pod, its predicted over
-// actual cached tokens, and the failures of every policy. A column whose
+// actual cached tokens, and the failures of every policy, with how many
+// of them were refused with 429 (PolicyResult.Refused). A column whose
 // policy did not run is "–".
 func GridMarkdown(cells []Cell) string {
 	var b strings.Builder
@@ -230,15 +231,21 @@ func GridMarkdown(cells []Cell) string {
 		vsRC, okRC := c.ratio("kvroute", "kvroute-requests", ttftP90)
 		hitCP, okHC := c.ratio("kvroute", "central-precise", hitRate)
 		var fails float64
+		refused := 0
 		for _, r := range c.Runs {
 			for _, p := range r.Policies {
 				fails += failed(p)
+				refused += p.Refused
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |\n",
+		failures := fmt.Sprintf("%.0f", fails)
+		if refused > 0 {
+			failures += fmt.Sprintf(" (%d refused)", refused)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			c.name(), c.Pods, c.Load, len(c.Runs), num(p90, okP, "%.3f"), num(vsCP, okCP, "%.2f"), num(vsLM, okLM, "%.2f"),
 			num(vsRC, okRC, "%.2f"), num(100*hit, okH, "%.1f%%"), num(hitCP, okHC, "%.3f"), num(mm, okM, "%.2f"),
-			num(pred, okPr, "%.3f"), fails)
+			num(pred, okPr, "%.3f"), failures)
 	}
 	return b.String()
 }

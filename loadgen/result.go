@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +19,11 @@ type PolicyResult struct {
 	Name        string  `json:"name"`
 	Requests    int     `json:"requests"`
 	SuccessRate float64 `json:"success_rate"`
+	// Refused counts the failed requests that were answered 429: a
+	// router's admission refusing under overload, with Retry-After, which
+	// an SDK client retries (loadgen.SDKRetry), where a central router
+	// queues them instead. They are among the failures (1 − SuccessRate).
+	Refused int `json:"refused,omitempty"`
 	// HitRate is token-weighted: Σ cached_tokens / Σ prompt_tokens over
 	// successful requests.
 	HitRate     float64 `json:"hit_rate"`
@@ -163,6 +169,9 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 	for _, s := range samples {
 		first = min(first, s.Sent)
 		if !s.OK() {
+			if s.Status == http.StatusTooManyRequests {
+				res.Refused++
+			}
 			continue
 		}
 		last = max(last, s.Sent+s.WallE2E)

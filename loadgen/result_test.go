@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -253,5 +254,19 @@ func TestRepeatTTFT(t *testing.T) {
 	}
 	if got := repeatTTFTs(samples); !slices.Equal(got, []float64{0.1, 0.2}) {
 		t.Errorf("repeatTTFTs = %v; want [0.1 0.2]", got)
+	}
+}
+
+// A 429 is a failure and counts as refused; another error status does not.
+func TestSummarizeRefused(t *testing.T) {
+	samples := []Sample{
+		{Pod: "p0", PromptTokens: 10, TTFT: 0.1, E2E: 0.2, Sim: true},
+		{Err: "status 429", Status: http.StatusTooManyRequests},
+		{Err: "status 429", Status: http.StatusTooManyRequests},
+		{Err: "status 502", Status: http.StatusBadGateway},
+	}
+	got := Summarize("kvroute", samples, []string{"p0"}, 1)
+	if got.Refused != 2 || got.SuccessRate != 0.25 {
+		t.Errorf("refused %d, success rate %v; want 2 and 0.25", got.Refused, got.SuccessRate)
 	}
 }
