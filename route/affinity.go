@@ -33,7 +33,8 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	return decide(p, &req, peers, now)
 }
 
-func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment {
+	rows := sp.take(len(peers))
 	cfg := &p.Config
 	tpk := req.TokensPerKey
 	if tpk < 1 {
@@ -41,7 +42,7 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, rows []ro
 	}
 	mr := newMatcher(cfg, req, tpk, now, p.Recent)
 	if len(req.Batch) == 0 {
-		mr.group = groupFor(peers, req.Keys)
+		mr.group = groupFor(peers, req.Keys, &sp.group)
 	}
 	a := assess(cfg, req, peers, now, rows, func(pv *PeerView, r *row) {
 		if n, ok := mr.plain(pv); ok {

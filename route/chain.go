@@ -35,11 +35,11 @@ func (ch Chain) Choose(req Request, peers []PeerView, now time.Time) Decision {
 		decided = i
 		var d *Decision
 		if w, ok := p.(weigher); ok {
-			buf := &s.later // only the first's rows and the last's are read
+			sp := &s.later // only the first's rows and the last's are read
 			if i == 0 {
-				buf = &s.first
+				sp = &s.first
 			}
-			a, foreign = w.weigh(&req, peers, now, take(buf, len(peers))), nil
+			a, foreign = w.weigh(&req, peers, now, sp), nil
 			if i == 0 {
 				first = a
 			}

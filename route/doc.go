@@ -117,7 +117,16 @@
 //
 // # Explanation
 //
-// Every Decision lists each peer's eligibility, matched keys and tokens,
-// load and score; Decision.Table renders it for /debug/route. The golden
+// A Decision lists each peer's eligibility, matched keys and tokens, load
+// and score; Decision.Table renders it for /debug/route. The golden
 // scenarios in testdata show the table for each rule.
+//
+// Policies weigh a compact row per peer and build a Candidate, with its
+// strings, only for the peers the Decision lists. Among at most ListPeers
+// peers, or when the Request says Explain (/debug/route), that is every
+// peer; among more, the chosen and local ones, the failover order's next
+// (Attempts reads no other), the best scores and the longest match, and
+// Decision.Omitted counts the rest. At a thousand peers a choice is bound
+// by the memory it touches per peer: building every Candidate was most of
+// it.
 package route

@@ -45,8 +45,9 @@ type grouped struct {
 }
 
 // groupFor asks the Group of the first peer whose digest has one for every
-// member's prefix of keys; nil when no peer's digest has a group.
-func groupFor(peers []PeerView, keys []blockkey.Key) *grouped {
+// member's prefix of keys, into r (its slices reused); nil when no peer's
+// digest has a group.
+func groupFor(peers []PeerView, keys []blockkey.Key, r *grouped) *grouped {
 	for i := range peers {
 		gd, ok := peers[i].Digest.(Grouped)
 		if !ok {
@@ -54,7 +55,10 @@ func groupFor(peers []PeerView, keys []blockkey.Key) *grouped {
 		}
 		g, _, _ := gd.Group()
 		n := g.Slots()
-		r := &grouped{g: g, out: make([]int, n), stamps: make([]uint64, n)}
+		if cap(r.out) < n {
+			r.out, r.stamps = make([]int, n), make([]uint64, n)
+		}
+		r.g, r.out, r.stamps = g, r.out[:n], r.stamps[:n]
 		g.PrefixLens(keys, r.out, r.stamps)
 		return r
 	}

@@ -16,7 +16,8 @@ func (p LeastLoad) Choose(req Request, peers []PeerView, now time.Time) Decision
 	return decide(p, &req, peers, now)
 }
 
-func (p LeastLoad) weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+func (p LeastLoad) weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment {
+	rows := sp.take(len(peers))
 	cfg := &p.Config
 	a := assess(cfg, req, peers, now, rows, nil)
 	if a.d.Eligible == 0 {

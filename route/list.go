@@ -27,33 +27,41 @@ const (
 	listScored = 4
 )
 
-// weigher is a policy of this package: it weighs the peers in rows, and
-// its Decision is built from them last (decision), once for a Chain.
+// weigher is a policy of this package: it weighs the peers in rows of
+// its scratch, and its Decision is built from them last (decision), once
+// for a Chain.
 type weigher interface {
-	weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment
+	weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment
 }
 
-// space is one choice's scratch: the first policy's rows, which a Chain
+// scratch is the memory one policy's weighing reuses from choice to
+// choice: a row per peer, and the group's answer (Affinity).
+type scratch struct {
+	rows  []row
+	group grouped
+}
+
+// take returns n rows, grown if need be. assess overwrites them.
+func (sp *scratch) take(n int) []row {
+	if cap(sp.rows) < n {
+		sp.rows = make([]row, n)
+	}
+	return sp.rows[:n]
+}
+
+// space is one choice's scratch: the first policy's, whose rows a Chain
 // keeps for their match columns, and a later one's.
-type space struct{ first, later []row }
+type space struct{ first, later scratch }
 
 // spaces recycles choices' scratch among the requests of a sidecar's
 // fronts: no state, only memory (as fmt's printers).
 var spaces = sync.Pool{New: func() any { return new(space) }}
 
-// take returns n rows of *buf, grown if need be. assess overwrites them.
-func take(buf *[]row, n int) []row {
-	if cap(*buf) < n {
-		*buf = make([]row, n)
-	}
-	return (*buf)[:n]
-}
-
 // decide is a policy's Choose.
 func decide(w weigher, req *Request, peers []PeerView, now time.Time) Decision {
 	s := spaces.Get().(*space)
 	defer spaces.Put(s)
-	a := w.weigh(req, peers, now, take(&s.first, len(peers)))
+	a := w.weigh(req, peers, now, &s.first)
 	return a.decision(nil)
 }
 

@@ -23,7 +23,8 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 	return decide(p, &req, peers, now)
 }
 
-func (p Rendezvous) weigh(req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+func (p Rendezvous) weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment {
+	rows := sp.take(len(peers))
 	cfg := &p.Config
 	a := assess(cfg, req, peers, now, rows, nil)
 	if a.d.Eligible == 0 {
