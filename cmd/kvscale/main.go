@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,6 +60,9 @@ type options struct {
 	Plot               bool
 	// From re-renders an earlier results.json instead of running.
 	From string
+	// CPUProfile, if set, is where the whole run's CPU profile goes: what
+	// the mesh's upkeep costs where the machine runs out of cores.
+	CPUProfile string
 }
 
 // envName is a flag's environment twin: KVSCALE_<NAME>.
@@ -106,6 +110,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&o.BasePort, "base-port", 17000, "node i's memberlist listens on this plus i (its API address on +10000); runs rotate it by 1000")
 	fs.StringVar(&o.Out, "out", "out/scale", "directory for results.json, results.md and traffic.png")
 	fs.BoolVar(&o.Plot, "plot", true, "write traffic.png")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write the run's CPU profile (go tool pprof) to this file")
 	fs.StringVar(&o.From, "from", "", "run nothing: read this earlier results.json and write its tables, model and plot (with this version's model) to --out")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return o, err
@@ -214,6 +219,17 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		rep.Model = model(rep.Results, rep.Options.BlocksPerSecond)
 		rep.Options.Out, rep.Options.Plot, rep.Options.From = o.Out, o.Plot, o.From
 		return writeReport(rep, out, log)
+	}
+	if o.CPUProfile != "" {
+		f, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	trace := scale.Synthetic(o.Requests, o.Seed)
 	fmt.Fprintf(log, "kvscale: sizes %v, %d trace requests, warmup %s, window %s\n", o.Sizes, o.Requests, o.Warmup, o.Window)
