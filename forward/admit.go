@@ -187,7 +187,7 @@ func eachQueue(cfg route.Config, d route.Decision, peers []route.PeerView, promp
 		if !c.Eligible {
 			continue
 		}
-		p := peerOf(d, peers, c.ID)
+		p := peerAt(d, peers, c)
 		if p == nil {
 			continue
 		}

@@ -75,14 +75,14 @@ func (a *assessment) decision(first *assessment) Decision {
 	if a.req.Explain || len(a.rows) <= ListPeers {
 		d.Candidates = make([]Candidate, len(a.rows))
 		for i := range a.rows {
-			d.Candidates[i] = a.explain(i, first)
+			a.explain(&d.Candidates[i], i, first)
 		}
 		return d
 	}
 	keep := a.listed(first)
 	d.Candidates = make([]Candidate, len(keep))
 	for j, i := range keep {
-		d.Candidates[j] = a.explain(i, first)
+		a.explain(&d.Candidates[j], i, first)
 	}
 	d.Omitted = len(a.rows) - len(keep)
 	return d
@@ -164,13 +164,14 @@ func (a *assessment) before(i, j int) bool {
 	return a.peers[i].ID < a.peers[j].ID
 }
 
-// explain is row i as a Candidate.
-func (a *assessment) explain(i int, first *assessment) Candidate {
+// explain sets c, zero, to row i as a Candidate (in place: a Candidate
+// returned by value was copied through the stack).
+func (a *assessment) explain(c *Candidate, i int, first *assessment) {
 	p, r := &a.peers[i], &a.rows[i]
-	c := Candidate{ID: p.ID, Index: i, Local: p.Local, Chosen: i == a.chosen, Rank: NoRank}
+	c.ID, c.Index, c.Local, c.Chosen, c.Rank = p.ID, i, p.Local, i == a.chosen, NoRank
 	if !r.is(rowEligible) {
 		c.Excluded = excluded(a.cfg, p, a.req, momentOf(a.cfg, a.now))
-		return c
+		return
 	}
 	m := a.matchOf(i, first)
 	f := r.flags | m.flags&rowMatch
@@ -181,11 +182,13 @@ func (a *assessment) explain(i int, first *assessment) Candidate {
 	c.Rank, c.Ranks, c.Pinned = m.rank, m.ranks, m.is(rowPinned)
 	c.TTFT = a.ttft(r) // the deciding policy's own price
 	c.Note = note(f, p.KeyScheme)
-	return c
 }
 
 // note is a candidate's Note for its row's flags.
 func note(f flags, scheme int) string {
+	if f&(rowMatch|rowUnlisted|rowStaleLoad|rowBusier)&^rowPinned == 0 {
+		return "" // most rows: nothing to say
+	}
 	var n string
 	for _, t := range [...]struct {
 		f   flags
