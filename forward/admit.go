@@ -307,12 +307,13 @@ func (h *Handler) noEngine(c *gin.Context) bool {
 }
 
 // queueSource is the pods admission reads the queues of: a decision's
-// eligible candidates (d set), or before any choice every peer that
-// route.Excluded does not rule out at at.
+// eligible candidates (d set), or before any choice every peer walk
+// visits that route.Excluded does not rule out at at.
 type queueSource struct {
 	d      *route.Decision
-	peers  []route.PeerView
+	peers  []route.PeerView // d's
 	prompt int
+	walk   func(f func(*route.PeerView) bool)
 	at     time.Time
 }
 
@@ -322,24 +323,18 @@ func (s *queueSource) each(cfg route.Config, now time.Time, f func(podQueue) boo
 		eachQueue(cfg, *s.d, s.peers, s.prompt, now, f)
 		return
 	}
-	for i := range s.peers {
-		if s.eligible(cfg, i) && !f(queueAt(cfg, &s.peers[i], now)) {
-			return
-		}
-	}
-}
-
-func (s *queueSource) eligible(cfg route.Config, i int) bool {
-	return route.Excluded(cfg, s.peers[i], s.at) == ""
+	s.walk(func(p *route.PeerView) bool {
+		return route.Excluded(cfg, *p, s.at) != "" || f(queueAt(cfg, p, now))
+	})
 }
 
 func (s *queueSource) anyEligible(cfg route.Config) bool {
-	for i := range s.peers {
-		if s.eligible(cfg, i) {
-			return true
-		}
-	}
-	return false
+	found := false
+	s.walk(func(p *route.PeerView) bool {
+		found = route.Excluded(cfg, *p, s.at) == ""
+		return !found
+	})
+	return found
 }
 
 // admittedFrom is admitted's queue bounds on the pods of s.
@@ -381,20 +376,29 @@ func (h *Handler) admittedFrom(c *gin.Context, s queueSource) bool {
 // refused as admitted would, without the /tokenize call and the choice an
 // overload would otherwise pay for every refused request. Otherwise the
 // choice decides, and admitted checks its candidates. It reads the peers
-// only up to the first with room: no candidate list is built for it.
+// only up to the first with room (Peers.EachPeer): no view of the others
+// and no candidate list is built for it.
 func (h *Handler) admittedAny(c *gin.Context) bool {
 	if h.peers == nil {
 		return true
 	}
 	now := h.now()
-	peers := h.peers.Snapshot(now)
-	h.mu.Lock()
-	h.freshenLocked(peers, now)
-	h.mu.Unlock()
-	if len(peers) == 0 {
+	// Each peer freshened as it is read: the walk stops at the first pod
+	// with room, usually the first, where a snapshot built every view.
+	walk := func(f func(*route.PeerView) bool) {
+		h.peers.EachPeer(now, func(p *route.PeerView) bool {
+			h.mu.Lock()
+			h.freshenOneLocked(p, now)
+			h.mu.Unlock()
+			return f(p)
+		})
+	}
+	none := true
+	walk(func(*route.PeerView) bool { none = false; return false })
+	if none {
 		return true // no table yet: the local engine's own answer
 	}
-	s := queueSource{peers: peers, at: now}
+	s := queueSource{walk: walk, at: now}
 	if !h.localReady.Load() && !s.anyEligible(h.cfg.Route) {
 		return h.noEngine(c)
 	}

@@ -40,6 +40,10 @@ var errModelNotServed = errors.New("the local vLLM does not serve the model")
 type Peers interface {
 	// Snapshot returns every live peer, the local pod included (Local set).
 	Snapshot(now time.Time) []route.PeerView
+	// EachPeer calls f with each of Snapshot's peers until f returns
+	// false, building their views as it goes: admission before the choice
+	// reads them only up to the first pod with room. f keeps nothing.
+	EachPeer(now time.Time, f func(*route.PeerView) bool)
 	// MarkFailed records that a forward to peer failed at the given time.
 	MarkFailed(peer string, at time.Time)
 	// SetServing reports how many requests the front has at the local vLLM,
@@ -662,19 +666,23 @@ func (h *Handler) choose(model string, k keyed, explain bool) (route.Decision, [
 // report. Called with mu held.
 func (h *Handler) freshenLocked(peers []route.PeerView, now time.Time) {
 	for i := range peers {
-		p := &peers[i]
-		if p.Local {
-			p.Load.Serving, p.Load.Prefilling, p.Load.QueuedPrefillTokens = h.flights.since("", time.Time{}, now)
-			p.Load.PrefillShare = h.share.at(now)
-			p.Load.InFlight, p.Load.InFlightPrefilling, p.Load.InFlightPrefillTokens, p.Load.Fronted = 0, 0, 0, true
-			p.LoadAt = now // Serving and the queue are exact
-			if !h.localReady.Load() {
-				p.Engine = route.EngineDown
-			}
-			continue
-		}
-		p.Load.InFlight, p.Load.InFlightPrefilling, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
+		h.freshenOneLocked(&peers[i], now)
 	}
+}
+
+// freshenOneLocked is freshenLocked for one peer.
+func (h *Handler) freshenOneLocked(p *route.PeerView, now time.Time) {
+	if p.Local {
+		p.Load.Serving, p.Load.Prefilling, p.Load.QueuedPrefillTokens = h.flights.since("", time.Time{}, now)
+		p.Load.PrefillShare = h.share.at(now)
+		p.Load.InFlight, p.Load.InFlightPrefilling, p.Load.InFlightPrefillTokens, p.Load.Fronted = 0, 0, 0, true
+		p.LoadAt = now // Serving and the queue are exact
+		if !h.localReady.Load() {
+			p.Engine = route.EngineDown
+		}
+		return
+	}
+	p.Load.InFlight, p.Load.InFlightPrefilling, p.Load.InFlightPrefillTokens = h.flights.since(p.ID, p.LoadAt, now)
 }
 
 // targets turns the decision's attempts (route.Attempts: the failover

@@ -74,6 +74,21 @@ func (f *fakePeers) Snapshot(time.Time) []route.PeerView {
 	return append([]route.PeerView(nil), f.views...)
 }
 
+func (f *fakePeers) EachPeer(_ time.Time, fn func(*route.PeerView) bool) {
+	for i := 0; ; i++ {
+		f.mu.Lock()
+		if i >= len(f.views) {
+			f.mu.Unlock()
+			return
+		}
+		v := f.views[i]
+		f.mu.Unlock()
+		if !fn(&v) {
+			return
+		}
+	}
+}
+
 func (f *fakePeers) MarkFailed(p string, _ time.Time) {
 	f.mu.Lock()
 	f.failed = append(f.failed, p)

@@ -171,6 +171,34 @@ func (m *Mesh) Snapshot(now time.Time) []route.PeerView {
 	return m.table.viewsWith(&self)
 }
 
+// EachPeer calls f with the view of every live peer, this node's own
+// first, then the others in Snapshot's order, until f returns false. It
+// builds the views a few at a time as it goes, so a caller that stops
+// early (admission at the first pod with room) pays for the peers it
+// read, not for a thousand; the table may change between them. f may
+// keep nothing it is passed.
+func (m *Mesh) EachPeer(now time.Time, f func(*route.PeerView) bool) {
+	self := m.self(now)
+	if !f(&self) {
+		return
+	}
+	var buf [8]route.PeerView // on the heap (f may be anything): 2.5 KB a walk
+	for after, more := "", true; more; {
+		var vs []route.PeerView
+		m.tableMu.Lock()
+		vs, more = m.table.viewsAfter(after, buf[:0])
+		m.tableMu.Unlock()
+		for i := range vs {
+			if !f(&vs[i]) {
+				return
+			}
+		}
+		if len(vs) > 0 {
+			after = vs[len(vs)-1].ID
+		}
+	}
+}
+
 // self is this node's own view. It holds the locks of the local state
 // together, in order, so the view is of one moment: a withdrawn digest is
 // never seen with the claims it voided.

@@ -730,3 +730,38 @@ func TestMeshMixedStrides(t *testing.T) {
 		t.Errorf("n1's own view matches %d; want its 8", v.Digest.PrefixLen(k4))
 	}
 }
+
+// EachPeer visits this node's own view first, then every peer Snapshot
+// has, and stops when told.
+func TestEachPeer(t *testing.T) {
+	ms := cluster(t, 3, nil)
+	now := time.Now()
+	var got []route.PeerView
+	ms[1].EachPeer(now, func(v *route.PeerView) bool {
+		got = append(got, *v)
+		return true
+	})
+	if len(got) != 3 || got[0].ID != "n1" || !got[0].Local || got[1].ID != "n0" || got[2].ID != "n2" {
+		t.Fatalf("EachPeer visited %v; want n1 (local), n0, n2", ids(got))
+	}
+	snap := ms[1].Snapshot(now)
+	for _, v := range got[1:] {
+		i := slices.IndexFunc(snap, func(s route.PeerView) bool { return s.ID == v.ID })
+		if i < 0 || snap[i].Addr != v.Addr || snap[i].Load != v.Load || snap[i].Engine != v.Engine {
+			t.Errorf("EachPeer's view of %s differs from Snapshot's", v.ID)
+		}
+	}
+	n := 0
+	ms[1].EachPeer(now, func(*route.PeerView) bool { n++; return false })
+	if n != 1 {
+		t.Errorf("visited %d views after stopping at the first", n)
+	}
+}
+
+func ids(vs []route.PeerView) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.ID)
+	}
+	return out
+}

@@ -340,53 +340,83 @@ func (t *table) viewsWith(self *route.PeerView) []route.PeerView {
 	}
 	vs := make([]route.PeerView, 0, n)
 	for _, e := range t.sorted {
-		id, p := e.id, e.p
-		if self != nil && id >= self.ID {
+		if self != nil && e.id >= self.ID {
 			vs, self = append(vs, *self), nil
 		}
-		if !p.metaOK {
-			continue
-		}
 		vs = vs[:len(vs)+1] // filled in place: no 320-byte copy per peer
-		v := &vs[len(vs)-1]
-		*v = route.PeerView{
-			ID:   id,
-			Addr: p.meta.APIAddr,
-			// Kept by forward after the peer leaves (forward/direct.go).
-			EngineAddr: p.meta.EngineAddr,
-			// Shared: a meta is replaced whole, never modified.
-			Models: p.meta.Models,
-			// Models lists only what fits the meta; route knows what that means.
-			ModelsTruncated: p.meta.ModelsTruncated,
-			KeyScheme:       int(p.meta.KeyScheme),
-			Ranks:           p.meta.Ranks,
-			Load:            p.load(),
-			LoadAt:          p.loadAt,
-			// Every member pushes its load within a second of learning of
-			// us; one that has not is dead or not yet heard from, and
-			// route keeps a Fronted peer with no LoadAt out (SilentFor).
-			// Its meta's load is as old as the meta.
-			LastFailure: p.lastFailure,
-			Draining:    p.meta.Draining,
-			Engine:      p.engineState(),
-			Since:       p.since,
-			Claims:      p.claims, // copy-on-write (addClaim)
-		}
-		if p.loadSeq == 0 {
-			v.LoadAt = time.Time{}
-		}
-		if p.current() { // a nil *Digest in the interface would not be nil
-			var m route.Matcher = p.digest
-			if p.grouped != nil {
-				m = p.grouped
-			}
-			v.Digest, v.DigestAt = route.Strided(m, p.meta.Stride, t.stride), p.digestAt
+		if !t.view(&vs[len(vs)-1], e) {
+			vs = vs[:len(vs)-1]
 		}
 	}
 	if self != nil {
 		vs = append(vs, *self)
 	}
 	return vs
+}
+
+// viewsAfter fills buf (up to its capacity) with the views of the peers
+// after the ID after ("": from the first), in views' order, and says
+// whether peers remain: a walk over the table in chunks, its lock released
+// between them.
+func (t *table) viewsAfter(after string, buf []route.PeerView) ([]route.PeerView, bool) {
+	i := 0
+	if after != "" {
+		i, _ = slices.BinarySearchFunc(t.sorted, after, byID)
+		if i < len(t.sorted) && t.sorted[i].id == after {
+			i++
+		}
+	}
+	vs := buf[:0]
+	for ; i < len(t.sorted) && len(vs) < cap(vs); i++ {
+		vs = vs[:len(vs)+1]
+		if !t.view(&vs[len(vs)-1], t.sorted[i]) {
+			vs = vs[:len(vs)-1]
+		}
+	}
+	return vs, i < len(t.sorted)
+}
+
+// view sets v to e's view and reports whether e has one: a peer whose
+// meta we could not read has no address to forward to.
+func (t *table) view(v *route.PeerView, e named) bool {
+	id, p := e.id, e.p
+	if !p.metaOK {
+		return false
+	}
+	*v = route.PeerView{
+		ID:   id,
+		Addr: p.meta.APIAddr,
+		// Kept by forward after the peer leaves (forward/direct.go).
+		EngineAddr: p.meta.EngineAddr,
+		// Shared: a meta is replaced whole, never modified.
+		Models: p.meta.Models,
+		// Models lists only what fits the meta; route knows what that means.
+		ModelsTruncated: p.meta.ModelsTruncated,
+		KeyScheme:       int(p.meta.KeyScheme),
+		Ranks:           p.meta.Ranks,
+		Load:            p.load(),
+		LoadAt:          p.loadAt,
+		// Every member pushes its load within a second of learning of
+		// us; one that has not is dead or not yet heard from, and
+		// route keeps a Fronted peer with no LoadAt out (SilentFor).
+		// Its meta's load is as old as the meta.
+		LastFailure: p.lastFailure,
+		Draining:    p.meta.Draining,
+		Engine:      p.engineState(),
+		Since:       p.since,
+		Claims:      p.claims, // copy-on-write (addClaim)
+	}
+	if p.loadSeq == 0 {
+		v.LoadAt = time.Time{}
+	}
+	if p.current() { // a nil *Digest in the interface would not be nil
+		var m route.Matcher = p.digest
+		if p.grouped != nil {
+			m = p.grouped
+		}
+		v.Digest, v.DigestAt = route.Strided(m, p.meta.Stride, t.stride), p.digestAt
+	}
+	return true
 }
 
 // keepClaims bounds the claims kept per peer: enough for the bursts of a

@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -474,5 +475,34 @@ func TestViewsWithSelf(t *testing.T) {
 		if !slices.IsSorted(ids) || len(ids) != 4 || !slices.Contains(ids, self) {
 			t.Errorf("views with self %s: %v; want the four IDs sorted", self, ids)
 		}
+	}
+}
+
+// viewsAfter walks the table in chunks: every peer once, in order, also
+// when peers come and go between chunks.
+func TestViewsAfter(t *testing.T) {
+	tb := newTable(4)
+	for i := range 40 {
+		tb.upsert(fmt.Sprintf("p%02d", i), metaAt(1, 1), true, t0)
+	}
+	var ids []string
+	var buf [16]route.PeerView
+	for after, more := "", true; more; {
+		var vs []route.PeerView
+		vs, more = tb.viewsAfter(after, buf[:0])
+		for _, v := range vs {
+			ids = append(ids, v.ID)
+		}
+		if len(vs) > 0 {
+			after = vs[len(vs)-1].ID
+		}
+		if len(ids) == 16 {
+			tb.remove("p16")                          // the next chunk's first
+			tb.upsert("p15a", metaAt(1, 1), true, t0) // after the walk's place
+			tb.upsert("p00a", metaAt(1, 1), true, t0) // behind it: not seen
+		}
+	}
+	if !slices.IsSorted(ids) || len(ids) != 40 || slices.Contains(ids, "p16") || !slices.Contains(ids, "p15a") {
+		t.Errorf("walked %d views %v; want 40 in order, p16 gone and p15a seen", len(ids), ids)
 	}
 }
