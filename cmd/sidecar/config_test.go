@@ -58,6 +58,8 @@ func TestParseServeErrors(t *testing.T) {
 		{"--kv-events-dp-ranks", "257"},
 		{"--tier-stride", "3"},
 		{"--tier-stride", "0"},
+		{"--route-kv-weight", "-1"},
+		{"--route-kv-weight", "NaN"},
 		{"--nope"},
 		{"extra"},
 	} {

@@ -179,7 +179,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.MaxBodyBytes, fcfg.HopKey = cfg.MaxBodyBytes, keys.Hop
 	fcfg.LocalFailed, fcfg.ModelsChanged = watcher.Report, models.Kick
 	fcfg.Route.PrefillTokensPerSecond = cfg.PrefillRate
-	fcfg.Route.Slack, fcfg.Route.MinHeadroom = cfg.Slack, cfg.MinHeadroom
+	fcfg.Route.Slack, fcfg.Route.MinHeadroom, fcfg.Route.KVWeight = cfg.Slack, cfg.MinHeadroom, cfg.KVWeight
 	fcfg.Route.CPULoadTokensPerSecond, fcfg.Route.DiskLoadTokensPerSecond = cfg.CPULoadRate, cfg.DiskLoadRate
 	fcfg.MaxQueue, fcfg.MaxQueueWait, fcfg.MaxPrefillShare = cfg.MaxQueue, cfg.MaxQueueWait, cfg.MaxPrefillShare
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
