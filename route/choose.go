@@ -73,7 +73,7 @@ func (r *row) is(f flags) bool { return r.flags&f != 0 }
 func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row, each func(*PeerView, *row)) assessment {
 	a := assessment{cfg: cfg, req: req, peers: peers, now: now, rows: rows, chosen: -1}
 	var sum float64
-	ahead := 0
+	ahead, idle := 0, false // idle: an eligible peer with no load and nothing waiting
 	at := momentOf(cfg, now)
 	for i := range peers {
 		p, r := &peers[i], &rows[i]
@@ -96,6 +96,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 		}
 		sum += r.load
 		ahead += r.ahead
+		idle = idle || (r.load < 1 && r.ahead == 0)
 		if each != nil {
 			each(p, r)
 		}
@@ -108,16 +109,29 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 	a.d.Mean = m
 	a.d.Bound = max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
 	a.allOver = true
+	tight := math.Inf(1)
+	if idle && (cfg.IdleSlack > 0 || cfg.IdleHeadroom > 0) {
+		tight = max(m*(1+cfg.IdleSlack), m+cfg.IdleHeadroom)
+	}
+	tightened := 0
 	for i := range rows {
 		r := &rows[i]
 		if !r.is(rowEligible) {
 			continue
 		}
-		if r.load+1 > a.d.Bound {
+		switch {
+		case r.load+1 > a.d.Bound:
 			r.flags |= rowOver
-		} else {
+		case r.ahead > 0 && r.load+1 > tight:
+			r.flags |= rowOver
+			tightened++
+		default:
 			a.allOver = false
 		}
+	}
+	if tightened > 0 {
+		a.d.Note = addNote(a.d.Note, fmt.Sprintf("a peer idles: %s with requests waiting over %s",
+			plural(tightened, "peer"), num(tight, 2)))
 	}
 	if a.allOver {
 		a.d.Note = addNote(a.d.Note, "every peer over the bound")

@@ -270,3 +270,50 @@ func TestWeightPinned(t *testing.T) {
 		}
 	}
 }
+
+// With the idle bound on (IdleSlack 0.5, IdleHeadroom 2), while a peer
+// idles a peer with requests waiting is over the tighter bound, and the
+// holder's next request goes elsewhere; with nobody idle, nothing
+// waiting, or the rule off (the default), the loose bound alone decides.
+func TestIdleBound(t *testing.T) {
+	keys := keysN(1, 40)
+	holder := fresh("a", Load{Fronted: true, Serving: 5, Prefilling: 1, QueuedPrefillTokens: 50})
+	holder.Digest = holds(keys)
+	peers := func(idleLoad int) []PeerView {
+		return []PeerView{holder, fresh("b", Load{Fronted: true, Serving: idleLoad}), fresh("c", Load{Fronted: true, Serving: 4})}
+	}
+	req := Request{Keys: keys, PromptTokens: 640}
+	for _, tt := range []struct {
+		name       string
+		idleLoad   int
+		off        bool
+		wantTarget string
+		wantOver   bool
+	}{
+		{"a peer idles: the holder with requests waiting is over", 0, false, "b", true}, // least load
+		{"nobody idles: the loose bound keeps the holder", 3, false, "a", false},
+		{"the rule off", 0, true, "a", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			if !tt.off {
+				cfg.IdleSlack, cfg.IdleHeadroom = 0.5, 2
+			}
+			d := DefaultChain(cfg, nil).Choose(req, peers(tt.idleLoad), t0)
+			if d.Target != tt.wantTarget || d.Candidates[0].Over != tt.wantOver {
+				t.Errorf("target %s, holder over %v; want %s, %v\n%s", d.Target, d.Candidates[0].Over, tt.wantTarget, tt.wantOver, d.Table())
+			}
+			if tt.wantOver != strings.Contains(d.Note, "a peer idles") {
+				t.Errorf("note %q", d.Note)
+			}
+		})
+	}
+	// Nothing waiting at the holder: it keeps its prefix, idle peer or not.
+	calm := holder
+	calm.Load.Prefilling, calm.Load.QueuedPrefillTokens = 0, 0
+	on := DefaultConfig()
+	on.IdleSlack, on.IdleHeadroom = 0.5, 2
+	if d := DefaultChain(on, nil).Choose(req, []PeerView{calm, fresh("b", Load{Fronted: true})}, t0); d.Target != "a" {
+		t.Errorf("holder with nothing waiting: target %s; want a\n%s", d.Target, d.Table())
+	}
+}

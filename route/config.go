@@ -59,6 +59,23 @@ type Config struct {
 	// (docs/bench/2026-12-03/load-bound.md).
 	Slack       float64
 	MinHeadroom float64
+	// IdleSlack and IdleHeadroom tighten the bound while some eligible
+	// peer is idle (no load, no request waiting): a peer with requests
+	// waiting for their first token is then over at max(m*(1+IdleSlack),
+	// m+IdleHeadroom). Both 0 (the default) turn it off; 0.5 and 2 are
+	// what was measured. Why: the loose bound lets a third of the pods
+	// carry every request, and when a few pods hold the prefixes every new
+	// session starts from (agentic on 8 pods: three agent types' system
+	// prompts), they do, queueing and evicting while others idle (TTFT p90
+	// 0.56-1.31 s against lmetric's 0.20-0.38; with the rule 0.14-0.35).
+	// An idle pod computes a spilled prefix at no one's expense, and where
+	// every pod is busy the loose bound still decides. It is off because
+	// a burst of one prefix (agent fan-out's 8 calls of a task) also waits
+	// at its holder while other pods idle, and spreading it cost fan-out on
+	// 8 pods 3 points of hits at the knee
+	// (docs/bench/2026-12-06/agentic-8pods.md).
+	IdleSlack    float64
+	IdleHeadroom float64
 
 	// MinMatchKeys is the shortest match, in routing keys, that Affinity
 	// acts on. Below it, Affinity declines and the Chain moves on. Default

@@ -74,6 +74,11 @@
 // pressure no peer takes more than 1+Slack times its share, so a prefix
 // every request shares (the Mooncake conversation trace) cannot make a hot
 // spot; in a quiet cluster MinHeadroom lets a holder keep its prefix.
+// With IdleSlack or IdleHeadroom set (off by default), while some
+// eligible peer is idle a peer with requests waiting for their first token
+// is over a tighter bound, max(m*(1+IdleSlack), m+IdleHeadroom): the few
+// pods holding the prefixes every session starts from would otherwise
+// queue while others idle.
 // Affinity and Rendezvous pass over peers above the bound unless all are.
 //
 // # Score

@@ -216,7 +216,9 @@ type Candidate struct {
 	// peer, in seconds (Config.PrefillTokensPerSecond): its wait and its
 	// uncached tokens at the engine's prefill rate. 0 when unknown.
 	TTFT float64 `json:"ttft_s"`
-	// Over is set when Load+1 exceeds the Decision's Bound: affinity and
+	// Over is set when Load+1 exceeds the Decision's Bound, or, while an
+	// eligible peer is idle and this one has requests waiting, the tighter
+	// bound the Decision's note names (Config.IdleSlack): affinity and
 	// rendezvous pass the peer over unless every eligible peer is over.
 	Over bool `json:"over"`
 	// Scored is set when the policy that decided ranked this peer; Score is

@@ -60,6 +60,8 @@ func TestParseServeErrors(t *testing.T) {
 		{"--tier-stride", "0"},
 		{"--route-kv-weight", "-1"},
 		{"--route-kv-weight", "NaN"},
+		{"--route-idle-slack", "-0.5"},
+		{"--route-idle-headroom", "-1"},
 		{"--nope"},
 		{"extra"},
 	} {
