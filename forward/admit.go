@@ -187,7 +187,7 @@ func eachQueue(cfg route.Config, d route.Decision, peers []route.PeerView, promp
 		if !c.Eligible {
 			continue
 		}
-		p := peerAt(d, peers, c)
+		p := peerAt(peers, c)
 		if p == nil {
 			continue
 		}

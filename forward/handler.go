@@ -715,20 +715,24 @@ func (h *Handler) targets(d route.Decision, peers []route.PeerView) []target {
 func peerOf(d route.Decision, peers []route.PeerView, id string) *route.PeerView {
 	for i := range d.Candidates {
 		if c := &d.Candidates[i]; c.ID == id {
-			return peerAt(d, peers, c)
+			return peerAt(peers, c)
 		}
 	}
-	return peerAt(d, peers, &route.Candidate{ID: id, Index: -1})
+	return peerByID(peers, id)
 }
 
 // peerAt is candidate c's peer among peers: at its index, or where its ID
 // is for a Decision not made on peers (tests).
-func peerAt(d route.Decision, peers []route.PeerView, c *route.Candidate) *route.PeerView {
+func peerAt(peers []route.PeerView, c *route.Candidate) *route.PeerView {
 	if c.Index >= 0 && c.Index < len(peers) && peers[c.Index].ID == c.ID {
 		return &peers[c.Index]
 	}
+	return peerByID(peers, c.ID)
+}
+
+func peerByID(peers []route.PeerView, id string) *route.PeerView {
 	for i := range peers {
-		if peers[i].ID == c.ID {
+		if peers[i].ID == id {
 			return &peers[i]
 		}
 	}

@@ -46,7 +46,8 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 	}
 	a := assess(cfg, req, peers, now, rows, func(pv *PeerView, r *row) {
 		if n, ok := mr.plain(pv); ok {
-			r.setMatch(&match{gpu: n, placed: placed{rank: NoRank, ranks: 1}}, tpk, req.PromptTokens)
+			m := groupMatch(n, pv)
+			r.setMatch(&m, tpk, req.PromptTokens)
 			return
 		}
 		m, f := mr.match(pv)
@@ -143,16 +144,45 @@ func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *m
 		digestCut: now.Add(-cfg.DigestTTL)}
 }
 
-// plain returns pv's match when its group's answer is all of it: a plain
-// fresh digest of one rank, a single prompt, and nothing of this
-// sidecar's own (Recent, claims) reaching further. It is match's answer
-// for most peers of a large mesh, without match's generality.
+// plain returns pv's match when its group's answer is all of it: a
+// digest match asks (digestFlags), of one rank and a single prompt
+// (groupPrefix), with nothing of this sidecar's own (Recent, claims)
+// reaching further. It is match's answer for most peers of a large mesh,
+// without match's generality.
 func (mr *matcher) plain(pv *PeerView) (int, bool) {
-	if mr.group == nil || pv.KeyScheme != blockkey.Version || pv.Ranks > 1 || pv.Digest == nil ||
-		(mr.cfg.DigestTTL > 0 && pv.DigestAt.Before(mr.digestCut)) || mr.extends(pv) {
+	if mr.group == nil || mr.digestFlags(pv) != 0 || mr.extends(pv) {
+		return 0, false
+	}
+	return mr.groupPrefix(pv)
+}
+
+// digestFlags says why pv's digest is not asked: another key scheme,
+// none yet, or older than DigestTTL; 0 when it is.
+func (mr *matcher) digestFlags(pv *PeerView) flags {
+	switch {
+	case pv.KeyScheme != blockkey.Version:
+		return rowOtherScheme
+	case pv.Digest == nil:
+		return rowNoDigest
+	case mr.cfg.DigestTTL > 0 && pv.DigestAt.Before(mr.digestCut):
+		return rowStaleDigest
+	}
+	return 0
+}
+
+// groupPrefix is the group's answer for pv's digest, where the group
+// holds it and it is digestMatch's: one rank, a single prompt.
+func (mr *matcher) groupPrefix(pv *PeerView) (int, bool) {
+	if pv.Ranks > 1 || len(mr.prompts) != 1 {
 		return 0, false
 	}
 	return mr.group.prefix(pv)
+}
+
+// groupMatch is digestMatch's answer for a plain digest whose prefix is
+// n keys, without its probes.
+func groupMatch(n int, pv *PeerView) match {
+	return match{gpu: n, placed: placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}}
 }
 
 // extends reports whether this sidecar's own forwards (Recent) or claims
@@ -169,25 +199,19 @@ func (mr *matcher) extends(pv *PeerView) bool {
 func (mr *matcher) match(pv *PeerView) (match, flags) {
 	cfg, now := mr.cfg, mr.now
 	sum := match{placed: placed{rank: NoRank}}
-	if pv.KeyScheme != blockkey.Version {
-		return sum, rowOtherScheme
+	f := mr.digestFlags(pv)
+	if f == rowOtherScheme {
+		return sum, f
 	}
 	per := mr.per
 	clear(per)
-	var f flags
-	switch {
-	case pv.Digest == nil:
-		f = rowNoDigest
-	case cfg.DigestTTL > 0 && pv.DigestAt.Before(mr.digestCut):
-		f = rowStaleDigest
-	default:
-		if n, ok := mr.group.prefix(pv); ok && pv.Ranks <= 1 && len(mr.prompts) == 1 {
-			// digestMatch's answer for a plain digest, without its probes.
-			per[0].gpu = n
-			sum.placed = placed{rank: NoRank, ranks: 1, exact: pv.Ranks > 0}
-			break
+	if f == 0 {
+		if n, ok := mr.groupPrefix(pv); ok {
+			g := groupMatch(n, pv)
+			per[0].gpu, sum.placed = g.gpu, g.placed
+		} else {
+			sum.placed = digestMatch(cfg, pv, mr.prompts, mr.tpk, per, mr.cur)
 		}
-		sum.placed = digestMatch(cfg, pv, mr.prompts, mr.tpk, per, mr.cur)
 	}
 	// This sidecar's own forwards know no tier: the prefix they sent is
 	// on a GPU once it is served (on the rank they pinned, if any).

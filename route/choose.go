@@ -17,7 +17,7 @@ type assessment struct {
 	cfg     *Config
 	req     *Request
 	peers   []PeerView
-	now     time.Time
+	at      moment // now, and the cutoffs every peer's times meet
 	rows    []row
 	d       Decision // all but its Candidates
 	chosen  int      // the row chosen, or -1
@@ -71,17 +71,16 @@ func (r *row) is(f flags) bool { return r.flags&f != 0 }
 // every eligible peer once its load is in its row: the one pass over the
 // peers. It does not match keys: only Affinity pays for that.
 func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row, each func(*PeerView, *row)) assessment {
-	a := assessment{cfg: cfg, req: req, peers: peers, now: now, rows: rows, chosen: -1}
+	a := assessment{cfg: cfg, req: req, peers: peers, at: momentOf(cfg, now), rows: rows, chosen: -1}
 	var sum float64
 	ahead, idle := 0, false // idle: an eligible peer with no load and nothing waiting
-	at := momentOf(cfg, now)
 	for i := range peers {
 		p, r := &peers[i], &rows[i]
 		*r = row{rank: NoRank}
 		if p.Local {
 			r.flags = rowLocal
 		}
-		if excluded(cfg, p, req, at) != "" {
+		if excluded(cfg, p, req, a.at) != "" {
 			continue
 		}
 		r.flags |= rowEligible
@@ -90,7 +89,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 			r.flags |= rowUnlisted
 		}
 		var stale bool
-		r.load, r.queued, r.ahead, stale = load(cfg, p, &at)
+		r.load, r.queued, r.ahead, stale = load(cfg, p, &a.at)
 		if stale {
 			r.flags |= rowStaleLoad
 		}

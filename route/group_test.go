@@ -20,16 +20,7 @@ func TestGroupedChoiceIsTheSame(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	now := time.Unix(1_800_000_000, 0)
 	params := bloom.ParamsFor(3000, 0.01)
-	chains := make([][]blockkey.Key, 6)
-	for i := range chains {
-		chains[i] = make([]blockkey.Key, 60)
-		for j := range chains[i] {
-			chains[i][j] = blockkey.Key(rng.Uint64())
-		}
-		if i > 0 {
-			copy(chains[i][:8], chains[0][:8]) // a shared system prompt
-		}
-	}
+	chains := sharingChains(rng, 6, 60, 8)
 	policy := route.DefaultChain(route.DefaultConfig(), nil)
 	for n := range 300 {
 		g := bloom.NewTransposed()
@@ -79,4 +70,20 @@ func TestGroupedChoiceIsTheSame(t *testing.T) {
 			t.Fatalf("case %d: with a group the choice is\n%+v\nwithout\n%+v", n, got, want)
 		}
 	}
+}
+
+// sharingChains returns n random chains of length keys whose first shared
+// keys are the same: prompts behind one system prompt.
+func sharingChains(rng *rand.Rand, n, length, shared int) [][]blockkey.Key {
+	chains := make([][]blockkey.Key, n)
+	for i := range chains {
+		chains[i] = make([]blockkey.Key, length)
+		for j := range chains[i] {
+			chains[i][j] = blockkey.Key(rng.Uint64())
+		}
+		if i > 0 {
+			copy(chains[i][:shared], chains[0][:shared])
+		}
+	}
+	return chains
 }

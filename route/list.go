@@ -124,11 +124,7 @@ func (a *assessment) listed(first *assessment) []int {
 		if !r.is(rowEligible) {
 			continue
 		}
-		k := r.keys
-		if first != nil && k == 0 {
-			k = first.rows[i].keys // matchOf's
-		}
-		if k > heldKeys {
+		if k := a.matchOf(i, first).keys; k > heldKeys {
 			held, heldKeys = i, k
 		}
 		if r.is(rowScored) && (ns < listScored || r.score > a.rows[scored[ns-1]].score) {
@@ -170,7 +166,7 @@ func (a *assessment) explain(c *Candidate, i int, first *assessment) {
 	p, r := &a.peers[i], &a.rows[i]
 	c.ID, c.Index, c.Local, c.Chosen, c.Rank = p.ID, i, p.Local, i == a.chosen, NoRank
 	if !r.is(rowEligible) {
-		c.Excluded = excluded(a.cfg, p, a.req, momentOf(a.cfg, a.now))
+		c.Excluded = excluded(a.cfg, p, a.req, a.at)
 		return
 	}
 	m := a.matchOf(i, first)

@@ -23,16 +23,7 @@ func TestListedIsTheWholeDecision(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	now := time.Unix(1_800_000_000, 0)
 	params := bloom.ParamsFor(3000, 0.01)
-	chains := make([][]blockkey.Key, 5)
-	for i := range chains {
-		chains[i] = make([]blockkey.Key, 40)
-		for j := range chains[i] {
-			chains[i][j] = blockkey.Key(rng.Uint64())
-		}
-		if i > 0 {
-			copy(chains[i][:4], chains[0][:4]) // a shared system prompt
-		}
-	}
+	chains := sharingChains(rng, 5, 40, 4)
 	listedCases := 0
 	for n := range 200 {
 		recent := route.NewRecent(route.DefaultRecentConfig())
