@@ -1,6 +1,8 @@
 // Package route chooses the pod that serves a request and explains why
 // (docs/design.md D4, D6). It is pure: peers, the request and now come in, a
-// Decision comes out. There are no clocks, goroutines, locks or logs.
+// Decision comes out. There are no clocks, goroutines, locks or logs. The
+// one package-level value is a sync.Pool of scratch rows (list.go):
+// memory reused between choices, never state a choice can see.
 //
 // # The choice
 //
