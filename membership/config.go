@@ -45,6 +45,16 @@ type Config struct {
 	// with backoff until it reaches someone).
 	RejoinInterval time.Duration
 
+	// Settle is when, after its first successful join, this node joins the
+	// seeds again although they are live: at Settle and at 4×Settle (each
+	// jittered by ±20%). A join is a full exchange of member lists. Nodes
+	// that join a seed at the same moment as this one reach it only by
+	// memberlist's gossip, whose few retransmits (RetransmitMult) can miss
+	// a node that joined meanwhile; that node then learned of them only at
+	// the next periodic push/pull, up to 30 s later, and chose among fewer
+	// peers until then. Default 2 s; 0 disables.
+	Settle time.Duration
+
 	// Rand jitters the rejoin and backoff waits. It is used by one goroutine
 	// only. Nil means a generator seeded from NodeName: deterministic per node
 	// and different across nodes, which is all that jitter needs.
@@ -87,6 +97,7 @@ func DefaultConfig() Config {
 		BindAddr:       "0.0.0.0",
 		BindPort:       7946,
 		RejoinInterval: 30 * time.Second,
+		Settle:         2 * time.Second,
 		Log:            zerolog.Nop(),
 	}
 }
@@ -112,6 +123,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("node name is empty: %w", ErrConfig)
 	case len(c.NodeName) > 255:
 		return fmt.Errorf("node name of %d bytes: %w", len(c.NodeName), ErrConfig)
+	case c.Settle < 0:
+		return fmt.Errorf("settle %v is negative: %w", c.Settle, ErrConfig)
 	case c.SecretKey != nil && len(c.SecretKey) != 16 && len(c.SecretKey) != 24 && len(c.SecretKey) != 32:
 		return fmt.Errorf("secret key of %d bytes, want 16, 24 or 32: %w", len(c.SecretKey), ErrConfig)
 	case len(c.Label) > memberlist.LabelMaxSize:

@@ -21,7 +21,7 @@
 //
 //	members.go    New, Join, Send, UpdateMeta, Shutdown; the copies of the live nodes
 //	delegate.go   Delegate and Events, and the adapter memberlist calls
-//	join.go       joining the seeds, and rejoining them
+//	join.go       joining the seeds, settling, and rejoining them
 //	transport.go  memberlist's sockets: NetTransport's, each packet in a buffer of its size
 //	log.go        memberlist's log lines as zerolog events
 //	config.go     Config, its presets, and memberlist's configuration

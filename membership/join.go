@@ -16,7 +16,8 @@ const (
 // joiner joins the seeds: once at start, then with backoff until it reaches
 // someone, then every RejoinInterval, each time only the seed addresses that
 // are not live members. memberlist never heals a partition by itself
-// (docs/reference/libraries.md §1.9); this does.
+// (docs/reference/libraries.md §1.9); this does. After the first join it
+// settles: twice it joins every seed, live or not (Config.Settle).
 type joiner struct {
 	ms       *Members
 	seeds    []string
@@ -26,18 +27,26 @@ type joiner struct {
 }
 
 // loop runs the join schedule: a first attempt at once, whose result goes to
-// first (buffered), then retries. ctx, cancelled by Shutdown, ends seed
-// lookups in progress. It returns when Shutdown closes done, or after the
-// first successful join when RejoinInterval is 0.
+// first (buffered), then retries and settles. ctx, cancelled by Shutdown,
+// ends seed lookups in progress. It returns when Shutdown closes done, or
+// after the first successful join and its settles when RejoinInterval is 0.
 func (j *joiner) loop(ctx context.Context, first chan<- bool) {
 	defer j.ms.wg.Done()
-	joined := j.attempt(ctx)
+	joined := j.attempt(ctx, false)
 	first <- joined
 	every := j.ms.cfg.RejoinInterval
 	backoff := firstBackoff
+	var settles []time.Duration // waits before the settles still to come
+	if s := j.ms.cfg.Settle; s > 0 {
+		settles = []time.Duration{s, 3 * s} // at Settle and 4×Settle after the first join
+	}
 	for {
 		var wait time.Duration
+		settle := joined && len(settles) > 0
 		switch {
+		case settle:
+			wait = settles[0]
+			settles = settles[1:]
 		case !joined:
 			wait = backoff
 			backoff = nextBackoff(backoff, every)
@@ -53,7 +62,7 @@ func (j *joiner) loop(ctx context.Context, first chan<- bool) {
 			return
 		case <-t.C:
 		}
-		ok := j.attempt(ctx)
+		ok := j.attempt(ctx, settle)
 		joined = joined || ok
 	}
 }
@@ -72,17 +81,19 @@ func jitter(d time.Duration, f float64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*f))
 }
 
-// attempt resolves the seeds and joins those that are not live members. It
-// reports false only when there were addresses to join and none answered.
-func (j *joiner) attempt(ctx context.Context) bool {
+// attempt resolves the seeds and joins those that are not live members, or
+// every one when all is set (a settle). It reports false only when there
+// were addresses to join and none answered.
+func (j *joiner) attempt(ctx context.Context, all bool) bool {
 	if len(j.seeds) == 0 {
 		return true
 	}
 	ml := j.ms.ml
 	live := j.ms.addrs()
+	self, _ := j.ms.Self()
 	var todo []string
 	for _, a := range j.resolve(ctx) {
-		if !live[a] {
+		if a != self.Addr && (all || !live[a]) {
 			todo = append(todo, a)
 		}
 	}
