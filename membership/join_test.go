@@ -146,14 +146,7 @@ func TestSimultaneousStartConverges(t *testing.T) {
 			c.BindAddr, c.BindPort, c.AdvertiseAddr = "127.0.0.1", 0, "127.0.0.1"
 			c.NodeName = fmt.Sprintf("s%dn%d", s, i)
 			c.Memberlist = func(mc *memberlist.Config) { mc.RetransmitMult = 1 }
-			n := &node{meta: []byte("meta of " + c.NodeName), updated: map[string][]byte{}}
-			ms, err := New(c, n, n)
-			if err != nil {
-				t.Fatalf("New(%s): %v", c.NodeName, err)
-			}
-			n.ms = ms
-			t.Cleanup(func() { ms.Shutdown() })
-			ns[i] = n
+			ns[i] = start(t, c)
 		}
 		seeds := []string{addrOf(ns[0]), addrOf(ns[1])}
 		var wg sync.WaitGroup

@@ -100,15 +100,8 @@ func cluster(t *testing.T, k int) []*node {
 		if i > 0 {
 			c.Join = []string{addrOf(ns[0])}
 		}
-		n := &node{meta: []byte("meta of " + c.NodeName), updated: map[string][]byte{}}
-		ms, err := New(c, n, n)
-		if err != nil {
-			t.Fatalf("New(%s): %v", c.NodeName, err)
-		}
-		n.ms = ms
-		t.Cleanup(func() { ms.Shutdown() })
-		ms.Join(context.Background())
-		ns[i] = n
+		ns[i] = start(t, c)
+		ns[i].ms.Join(context.Background())
 	}
 	waitFor(t, 5*time.Second, "every member everywhere", func() bool {
 		for _, n := range ns {
@@ -119,6 +112,20 @@ func cluster(t *testing.T, k int) []*node {
 		return true
 	})
 	return ns
+}
+
+// start starts a membership of c, not joined yet, shut down when the test
+// ends.
+func start(t *testing.T, c Config) *node {
+	t.Helper()
+	n := &node{meta: []byte("meta of " + c.NodeName), updated: map[string][]byte{}}
+	ms, err := New(c, n, n)
+	if err != nil {
+		t.Fatalf("New(%s): %v", c.NodeName, err)
+	}
+	n.ms = ms
+	t.Cleanup(func() { ms.Shutdown() })
+	return n
 }
 
 func addrOf(n *node) string {
