@@ -108,6 +108,10 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 	a.d.Mean = m
 	a.d.Bound = max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
 	a.allOver = true
+	// The tight bound spares a peer whose match reaches further by what
+	// was just sent there (this sidecar's forwards, claims): the requests
+	// waiting there are most likely this one's siblings (a burst of one
+	// new prefix), which its prefill serves too.
 	tight := math.Inf(1)
 	if idle && (cfg.IdleSlack > 0 || cfg.IdleHeadroom > 0) {
 		tight = max(m*(1+cfg.IdleSlack), m+cfg.IdleHeadroom)
@@ -121,7 +125,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 		switch {
 		case r.load+1 > a.d.Bound:
 			r.flags |= rowOver
-		case r.ahead > 0 && r.load+1 > tight:
+		case r.ahead > 0 && r.load+1 > tight && !r.is(rowRecent|rowClaimed):
 			r.flags |= rowOver
 			tightened++
 		default:

@@ -316,4 +316,23 @@ func TestIdleBound(t *testing.T) {
 	if d := DefaultChain(on, nil).Choose(req, []PeerView{calm, fresh("b", Load{Fronted: true})}, t0); d.Target != "a" {
 		t.Errorf("holder with nothing waiting: target %s; want a\n%s", d.Target, d.Table())
 	}
+	// A burst: what waits at a is the request just sent there with this
+	// prefix (claimed, not in its digest yet), so the tight bound spares
+	// it; without the claim the same queue is over.
+	burst := fresh("a", Load{Fronted: true, Serving: 5, Prefilling: 1, QueuedPrefillTokens: 640})
+	burst.Claims = ClaimsFor(on, keys)
+	for i := range burst.Claims {
+		burst.Claims[i].At = t0
+	}
+	for _, claimed := range []bool{true, false} {
+		a := burst
+		if !claimed {
+			a.Claims = nil
+			a.Digest = holds(keys)
+		}
+		d := DefaultChain(on, nil).Choose(req, []PeerView{a, fresh("b", Load{Fronted: true}), fresh("c", Load{Fronted: true, Serving: 4})}, t0)
+		if over := d.Candidates[0].Over; over == claimed || (d.Target == "a") != claimed {
+			t.Errorf("claimed %v: target %s, a over %v; want a kept only when claimed\n%s", claimed, d.Target, over, d.Table())
+		}
+	}
 }

@@ -69,11 +69,13 @@ type Config struct {
 	// prompts), they do, queueing and evicting while others idle (TTFT p90
 	// 0.56-1.31 s against lmetric's 0.20-0.38; with the rule 0.14-0.35).
 	// An idle pod computes a spilled prefix at no one's expense, and where
-	// every pod is busy the loose bound still decides. It is off because
-	// a burst of one prefix (agent fan-out's 8 calls of a task) also waits
-	// at its holder while other pods idle, and spreading it cost fan-out on
-	// 8 pods 3 points of hits at the knee
-	// (docs/bench/2026-12-06/agentic-8pods.md).
+	// every pod is busy the loose bound still decides. A peer whose match
+	// reaches further by what was just sent there (forwards, claims) is
+	// spared: what waits there is a burst of this request's prefix. It is
+	// off because it still costs where one prefix's requests keep a holder
+	// a little busy: on 8 pods at the knee, shared-prefix's TTFT p90 0.195
+	// s against 0.141 and agent fan-out's 0.643 against 0.582, 2 points
+	// of hits (docs/bench/2026-12-06/agentic-8pods.md).
 	IdleSlack    float64
 	IdleHeadroom float64
 

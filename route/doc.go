@@ -80,7 +80,9 @@
 // eligible peer is idle a peer with requests waiting for their first token
 // is over a tighter bound, max(m*(1+IdleSlack), m+IdleHeadroom): the few
 // pods holding the prefixes every session starts from would otherwise
-// queue while others idle.
+// queue while others idle. A peer whose match reaches further by what was
+// just sent there (Recent, claims) is spared: its queue is a burst of the
+// request's own prefix.
 // Affinity and Rendezvous pass over peers above the bound unless all are.
 //
 // # Score
