@@ -289,9 +289,7 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	client := loadgen.NewClient(&http.Client{Transport: rt}, c.Config().Model)
 	if cfg.ClientRetry {
-		jr := rand.New(rand.NewPCG(cfg.Seed, 0x5d4))
-		var jmu sync.Mutex
-		client.Retry = loadgen.SDKRetry(func() float64 { jmu.Lock(); defer jmu.Unlock(); return jr.Float64() })
+		client.Retry = loadgen.SDKRetry(loadgen.SeededJitter(cfg.Seed))
 	}
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration+cfg.Drain)
 	defer cancel()

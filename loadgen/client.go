@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -172,6 +174,18 @@ type RetryPolicy struct {
 // initial backoff doubling up to 8 s, with up to 25% jitter.
 func SDKRetry(jitter func() float64) RetryPolicy {
 	return RetryPolicy{Retries: 2, Backoff: 500 * time.Millisecond, MaxBackoff: 8 * time.Second, Jitter: jitter}
+}
+
+// SeededJitter returns a jitter for SDKRetry drawn from a generator of
+// seed, safe for the concurrent workers of a run.
+func SeededJitter(seed uint64) func() float64 {
+	r := rand.New(rand.NewPCG(seed, 0x5d4))
+	var mu sync.Mutex
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Float64()
+	}
 }
 
 // wait is the backoff before retry k (1-based).

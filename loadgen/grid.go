@@ -26,6 +26,9 @@ type Cell struct {
 	// SidecarArgs are the kvroute sidecars' extra flags, space-separated:
 	// runs of other flags are other cells.
 	SidecarArgs string
+	// ClientRetry: the clients retried as the OpenAI SDKs do
+	// (Report.ClientRetry); runs without are other cells.
+	ClientRetry bool
 	Pods        int
 	// Level is the point's rank among its run's offered loads (0: the
 	// lightest; always 0 for a run of one load).
@@ -36,6 +39,16 @@ type Cell struct {
 	Runs []Report
 }
 
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case b:
+		return -1
+	}
+	return 1
+}
+
 func (c Cell) name() string {
 	w := c.Workload
 	if c.TimeScale > 0 && c.TimeScale != 1 {
@@ -43,6 +56,9 @@ func (c Cell) name() string {
 	}
 	if c.SidecarArgs != "" {
 		w += " (" + c.SidecarArgs + ")"
+	}
+	if c.ClientRetry {
+		w += " [client retries]"
 	}
 	return w
 }
@@ -81,6 +97,7 @@ func ReadGrid(roots []string) ([]Cell, error) {
 		workload  string
 		scale     float64
 		args      string
+		retry     bool
 		pods      int
 		level     int
 		sweepSize int
@@ -93,10 +110,10 @@ func ReadGrid(roots []string) ([]Cell, error) {
 				w = r.Trace
 			}
 			args := strings.Join(r.SidecarArgs, " ")
-			k := key{w, r.TimeScale, args, r.Pods, i, len(run)}
+			k := key{w, r.TimeScale, args, r.ClientRetry, r.Pods, i, len(run)}
 			c := cells[k]
 			if c == nil {
-				c = &Cell{Workload: w, TimeScale: r.TimeScale, SidecarArgs: args, Pods: r.Pods, Level: i}
+				c = &Cell{Workload: w, TimeScale: r.TimeScale, SidecarArgs: args, ClientRetry: r.ClientRetry, Pods: r.Pods, Level: i}
 				cells[k] = c
 			}
 			c.Runs = append(c.Runs, r)
@@ -114,7 +131,7 @@ func ReadGrid(roots []string) ([]Cell, error) {
 	}
 	slices.SortFunc(out, func(a, b Cell) int {
 		return cmp.Or(strings.Compare(a.Workload, b.Workload), cmp.Compare(a.TimeScale, b.TimeScale),
-			strings.Compare(a.SidecarArgs, b.SidecarArgs), cmp.Compare(a.Pods, b.Pods), cmp.Compare(a.Load, b.Load))
+			strings.Compare(a.SidecarArgs, b.SidecarArgs), compareBool(a.ClientRetry, b.ClientRetry), cmp.Compare(a.Pods, b.Pods), cmp.Compare(a.Load, b.Load))
 	})
 	return out, nil
 }

@@ -28,7 +28,8 @@ func pol(name string, p90, hit float64) PolicyResult {
 }
 
 // TestReadGrid: three seeds of a 2-load sweep and two of a trace run,
-// one trace run with other sidecar flags, and a directory of cluster logs
+// one trace run with other sidecar flags, one more with clients that
+// retried, and a directory of cluster logs
 // that holds a results.json of its own (never read).
 func TestReadGrid(t *testing.T) {
 	dir := t.TempDir()
@@ -49,6 +50,8 @@ func TestReadGrid(t *testing.T) {
 	}
 	writeJSON(t, filepath.Join(dir, "moon16", "results.json"), Report{Workload: "mooncake", Trace: "conversation_trace.jsonl", TimeScale: 2,
 		Pods: 8, SidecarArgs: []string{"--routing-stride", "16"}, Policies: []PolicyResult{pol("kvroute", 3, 0.2)}})
+	writeJSON(t, filepath.Join(dir, "moon16r", "results.json"), Report{Workload: "mooncake", Trace: "conversation_trace.jsonl", TimeScale: 2,
+		Pods: 8, SidecarArgs: []string{"--routing-stride", "16"}, ClientRetry: true, Policies: []PolicyResult{pol("kvroute", 3, 0.2)}})
 	writeJSON(t, filepath.Join(dir, "dq", "s1", "clusters", "x", "results.json"), Report{Workload: "bogus"})
 
 	cells, err := ReadGrid([]string{dir})
@@ -59,11 +62,12 @@ func TestReadGrid(t *testing.T) {
 	for _, c := range cells {
 		names = append(names, c.name())
 	}
-	want := []string{"conversation_trace.jsonl ×2", "conversation_trace.jsonl ×2 (--routing-stride 16)", "doc-qa", "doc-qa"}
+	want := []string{"conversation_trace.jsonl ×2", "conversation_trace.jsonl ×2 (--routing-stride 16)",
+		"conversation_trace.jsonl ×2 (--routing-stride 16) [client retries]", "doc-qa", "doc-qa"}
 	if strings.Join(names, "|") != strings.Join(want, "|") {
 		t.Fatalf("cells %q; want %q", names, want)
 	}
-	light, heavy := cells[2], cells[3]
+	light, heavy := cells[3], cells[4]
 	if light.Load != 12 || heavy.Load != 22 || len(light.Runs) != 3 || light.Level != 0 || heavy.Level != 1 {
 		t.Errorf("doc-qa cells: loads %v and %v, %d seeds, levels %d and %d; want 12 and 22 (medians), 3 seeds, 0 and 1",
 			light.Load, heavy.Load, len(light.Runs), light.Level, heavy.Level)

@@ -132,7 +132,11 @@ type Report struct {
 	// Seed is the run's --seed; 0 in files written before it was recorded.
 	Seed uint64 `json:"seed,omitempty"`
 	// SidecarArgs are the flags added to every kvroute sidecar.
-	SidecarArgs []string       `json:"sidecar_args,omitempty"`
+	SidecarArgs []string `json:"sidecar_args,omitempty"`
+	// ClientRetry says the clients retried as the OpenAI SDKs do
+	// (SDKRetry): a refusal or a 5xx counts as a failure only when its
+	// retries failed too, and times span every attempt.
+	ClientRetry bool           `json:"client_retry,omitempty"`
 	Policies    []PolicyResult `json:"policies"`
 }
 

@@ -127,8 +127,12 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	fmt.Fprintf(progress, "kvbench: %s: %d requests over %v\n", policy, s.Requests(), o.Duration)
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration+o.Drain)
 	defer cancel()
+	client := loadgen.NewClient(nil, model)
+	if o.ClientRetry {
+		client.Retry = loadgen.SDKRetry(loadgen.SeededJitter(o.Seed))
+	}
 	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
-		Endpoints: eps, Client: loadgen.NewClient(nil, model), Concurrency: o.Concurrency,
+		Endpoints: eps, Client: client, Concurrency: o.Concurrency,
 		Seed: o.Seed, Stop: o.Duration, Progress: progress,
 	}, s)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
@@ -236,7 +240,7 @@ func writeOutputs(o options, points []loadgen.SweepPoint, workload string) ([]st
 	report := func(i int) loadgen.Report {
 		pt := points[i]
 		r := loadgen.Report{OfferedLoad: pt.Rate, Workload: workload, Pods: o.Pods, Seed: o.Seed, SidecarArgs: o.SidecarArgs,
-			Policies: pt.Policies}
+			ClientRetry: o.ClientRetry, Policies: pt.Policies}
 		if o.Trace != "" {
 			r.Trace, r.TimeScale = filepath.Base(o.Trace), o.loads()[i]
 		}

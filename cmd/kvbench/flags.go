@@ -67,9 +67,11 @@ type options struct {
 	BlocksPerPod int
 	MaxRequests  int
 	Concurrency  int
-	Fill         float64
-	BinDir       string
-	Subnet       string
+	// ClientRetry gives the load's clients the OpenAI SDKs' retries.
+	ClientRetry bool
+	Fill        float64
+	BinDir      string
+	Subnet      string
 	// Drain bounds how long a run waits for answers after the last arrival.
 	Drain time.Duration
 	Quiet bool
@@ -132,6 +134,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.BlocksPerPod, "blocks-per-pod", 2048, "KV cache blocks of 16 tokens per pod (--num-gpu-blocks-override)")
 	fs.IntVar(&o.MaxRequests, "max-requests", 0, "cap on requests per run (0: none)")
 	fs.IntVar(&o.Concurrency, "concurrency", 256, "max requests in flight")
+	fs.BoolVar(&o.ClientRetry, "client-retry", false, "clients retry as the OpenAI SDKs do: twice, after 0.5 s then 1 s (less up to 25% jitter), on 408, 409, 429, 5xx or a connection error before any answer; a request fails only when its retries did, and its times span every attempt (off: every refusal is a failure)")
 	fs.Float64Var(&o.Fill, "fill", 0.73, "fraction of the cluster's KV cache the distinct prefixes occupy")
 	fs.StringVar(&o.BinDir, "bin", "bin", "where the vllm-sim and sidecar binaries are built and found")
 	fs.StringVar(&o.Subnet, "subnet", "127.0.90", "loopback /24 of the cluster (127.x.y): pods on .2.., the Service on .1")
