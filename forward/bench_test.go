@@ -254,12 +254,10 @@ func BenchmarkRoutePath(b *testing.B) {
 			gc, _ := gin.CreateTestContext(httptest.NewRecorder())
 			b.ReportAllocs()
 			for b.Loop() {
-				d, peers := n.h.choose("", k, false)
-				if !n.h.admitted(gc, d, peers, k.tokens) {
+				d, ts, _, ok := n.h.routed(gc, "", k)
+				if !ok {
 					b.Fatal("not admitted")
 				}
-				d, _ = n.h.steered(d, peers, k.tokens)
-				ts := n.h.targets(d, peers)
 				withPrefill(ts, d, k.tokens, false, n.h.cfg.Route)
 				if d.Target != views[npeers/2].ID {
 					b.Fatalf("chose %s (%s); want %s", d.Target, d.Reason, views[npeers/2].ID)

@@ -205,7 +205,7 @@ func (h *Handler) WatchEngines(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		h.engines.observe(ctx, h.peers.Snapshot(h.now()), h.now())
+		h.engines.observe(ctx, h.peers.AppendSnapshot(nil, h.now()), h.now())
 		select {
 		case <-ctx.Done():
 			return

@@ -38,9 +38,11 @@ var errModelNotServed = errors.New("the local vLLM does not serve the model")
 
 // Peers is the peer table as the front needs it; *gossip.Mesh satisfies it.
 type Peers interface {
-	// Snapshot returns every live peer, the local pod included (Local set).
-	Snapshot(now time.Time) []route.PeerView
-	// EachPeer calls f with each of Snapshot's peers until f returns
+	// AppendSnapshot returns every live peer, the local pod included
+	// (Local set), written over buf (nil: a new slice), in its array when
+	// that is large enough.
+	AppendSnapshot(buf []route.PeerView, now time.Time) []route.PeerView
+	// EachPeer calls f with each of AppendSnapshot's peers until f returns
 	// false, building their views as it goes: admission before the choice
 	// reads them only up to the first pod with room. f keeps nothing.
 	EachPeer(now time.Time, f func(*route.PeerView) bool)
@@ -208,6 +210,7 @@ type Handler struct {
 	// repushDue is when repush is armed for; zero: disarmed or fired.
 	repushDue time.Time
 	share     prefillShare
+	snaps     snapshots // the request path's copies of the peer table
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -463,14 +466,12 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			}
 			defer func() { k.after(parseIDs(st.promptIDs)) }()
 		}
-		var peers []route.PeerView
-		st.decision, peers = h.choose(p.Model, k, false)
-		if !h.admitted(c, st.decision, peers, k.tokens) {
+		var targets []target
+		var steered, admitted bool
+		st.decision, targets, steered, admitted = h.routed(c, p.Model, k)
+		if !admitted {
 			return
 		}
-		var steered bool
-		st.decision, steered = h.steered(st.decision, peers, k.tokens)
-		targets := h.targets(st.decision, peers)
 		withPrefill(targets, st.decision, k.tokens, p.Stream, h.cfg.Route)
 		st.routed = h.now()
 		st.reason = st.decision.Reason
@@ -635,15 +636,32 @@ func (h *Handler) modelRoot(p prompt.Prompt) blockkey.Key {
 	return blockkey.ModelRoot(h.cfg.Model, model)
 }
 
-// choose runs the policy on a snapshot of the peer table, with this front's
-// own in-flight requests as the freshest load signal: the local pod's are
-// exact (every request it serves passes here), and for a peer those sent
-// after its last load report.
-func (h *Handler) choose(model string, k keyed, explain bool) (route.Decision, []route.PeerView) {
+// routed is a client request's routing: the choice on a snapshot of the
+// peer table, admission (false: refused, and answered), steering past full
+// pods, and the targets in failover order. The snapshot is read no more
+// after it (snapshots).
+func (h *Handler) routed(c *gin.Context, model string, k keyed) (d route.Decision, ts []target, steered, admitted bool) {
+	snap := h.snaps.take()
+	defer h.snaps.give(snap)
+	var peers []route.PeerView
+	d, peers = h.choose(model, k, false, *snap)
+	*snap = peers
+	if !h.admitted(c, d, peers, k.tokens) {
+		return d, nil, false, false
+	}
+	d, steered = h.steered(d, peers, k.tokens)
+	return d, h.targets(d, peers), steered, true
+}
+
+// choose runs the policy on a snapshot of the peer table, written over
+// buf, with this front's own in-flight requests as the freshest load
+// signal: the local pod's are exact (every request it serves passes here),
+// and for a peer those sent after its last load report.
+func (h *Handler) choose(model string, k keyed, explain bool, buf []route.PeerView) (route.Decision, []route.PeerView) {
 	now := h.now()
 	var peers []route.PeerView
 	if h.peers != nil {
-		peers = h.peers.Snapshot(now)
+		peers = h.peers.AppendSnapshot(buf, now)
 	}
 	if model == "" {
 		model = h.cfg.Model
@@ -1120,7 +1138,7 @@ func (h *Handler) Explain(ctx context.Context, body []byte, api prompt.API) (rou
 		return h.explainStored(ctx, p.PreviousResponseID), 0, nil
 	}
 	k := h.routeKeys(ctx, p, perr)
-	d, _ := h.choose(p.Model, k, true) // every peer's row, however many
+	d, _ := h.choose(p.Model, k, true, nil) // every peer's row, however many
 	n := len(k.keys)
 	for _, b := range k.batch {
 		n += len(b)

@@ -68,10 +68,10 @@ func (f *fakePeers) SetServing(n, prefilling, queued int, share float64) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) Snapshot(time.Time) []route.PeerView {
+func (f *fakePeers) AppendSnapshot(buf []route.PeerView, _ time.Time) []route.PeerView {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]route.PeerView(nil), f.views...)
+	return append(buf[:0], f.views...)
 }
 
 func (f *fakePeers) EachPeer(_ time.Time, fn func(*route.PeerView) bool) {

@@ -309,7 +309,7 @@ func (h *Handler) peerTarget(node string) (target, route.PeerView, bool) {
 	if h.peers == nil {
 		return target{URL: h.cfg.VLLM}, route.PeerView{ID: node, Local: true, Engine: route.EngineServing}, self
 	}
-	for _, pv := range h.peers.Snapshot(h.now()) {
+	for _, pv := range h.peers.AppendSnapshot(nil, h.now()) {
 		switch {
 		case pv.ID != node:
 		case self || pv.Local:
@@ -351,7 +351,7 @@ func (h *Handler) probe(ctx context.Context, id string) (tg target, found, compl
 	defer cancel()
 	tgs := []target{{URL: h.cfg.VLLM}}
 	if h.peers != nil {
-		for _, pv := range h.peers.Snapshot(h.now()) {
+		for _, pv := range h.peers.AppendSnapshot(nil, h.now()) {
 			// Whatever its engine's state: a sidecar restarting serves a
 			// read of its store before it is ready, and one that cannot
 			// answer makes the probe incomplete.

@@ -177,20 +177,36 @@ func lanTimings(mc *memberlist.Config) {
 // the peer table as route.PeerViews (Mesh.Snapshot), one per member with a
 // digest, models and load.
 func BenchmarkViews(b *testing.B) {
+	table := func(n int) *table {
+		tb := newTable(4)
+		for i := range n {
+			id := fmt.Sprintf("pod-%03d", i)
+			m := metaAt(1, 1)
+			m.Models = []string{"m", "m-lora"}
+			tb.upsert(id, m, true, t0)
+			tb.applyDigest(testDigest(id, 1, 1, blockkey.Key(i)), t0)
+		}
+		return tb
+	}
 	for _, n := range []int{8, 64, 1000} {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
-			tb := newTable(4)
-			for i := range n {
-				id := fmt.Sprintf("pod-%03d", i)
-				m := metaAt(1, 1)
-				m.Models = []string{"m", "m-lora"}
-				tb.upsert(id, m, true, t0)
-				tb.applyDigest(testDigest(id, 1, 1, blockkey.Key(i)), t0)
-			}
+			tb := table(n)
 			b.ReportAllocs()
 			for b.Loop() {
 				if vs := tb.views(); len(vs) != n {
 					b.Fatalf("views = %d; want %d", len(vs), n)
+				}
+			}
+		})
+		// Over a buffer kept from the last call, as the front's request
+		// path builds them (Mesh.AppendSnapshot).
+		b.Run(fmt.Sprintf("peers=%d-kept", n), func(b *testing.B) {
+			tb := table(n)
+			var buf []route.PeerView
+			b.ReportAllocs()
+			for b.Loop() {
+				if buf = tb.viewsWith(buf, nil); len(buf) != n {
+					b.Fatalf("views = %d; want %d", len(buf), n)
 				}
 			}
 		})

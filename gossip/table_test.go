@@ -469,12 +469,40 @@ func TestViewsWithSelf(t *testing.T) {
 	}
 	for _, self := range []string{"a", "c", "e", "g"} {
 		var ids []string
-		for _, v := range tb.viewsWith(&route.PeerView{ID: self, Local: true}) {
+		for _, v := range tb.viewsWith(nil, &route.PeerView{ID: self, Local: true}) {
 			ids = append(ids, v.ID)
 		}
 		if !slices.IsSorted(ids) || len(ids) != 4 || !slices.Contains(ids, self) {
 			t.Errorf("views with self %s: %v; want the four IDs sorted", self, ids)
 		}
+	}
+}
+
+// Views written over a used buffer are the views a new slice gets, in
+// the buffer's array when it is large enough: nothing of what it held
+// shows, also where a peer without a meta was skipped.
+func TestViewsOverBuffer(t *testing.T) {
+	tb := newTable(4)
+	for i := range 6 {
+		m := metaAt(1, 1)
+		m.Models = []string{"m"}
+		tb.upsert(fmt.Sprintf("p%d", i), m, i != 2, t0) // p2's meta did not decode
+		tb.applyDigest(testDigest(fmt.Sprintf("p%d", i), 1, 1, blockkey.Key(i)), t0)
+	}
+	tb.markFailed("p4", t0)
+	self := &route.PeerView{ID: "p3x", Local: true}
+	want := tb.viewsWith(nil, self)
+	used := make([]route.PeerView, 12)
+	for i := range used {
+		used[i] = route.PeerView{ID: "stale", Addr: "10.0.0.1:1", Models: []string{"old"}, Draining: true,
+			Load: route.Load{Running: 99, KVUsage: 1}, LoadAt: t0, LastFailure: t0, Claims: []route.Claim{{Key: 1, Keys: 1}}}
+	}
+	got := tb.viewsWith(used[:3], self)
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty(), cmp.Comparer(func(a, b route.Matcher) bool { return a == b })); diff != "" {
+		t.Errorf("views over a used buffer (-new slice +over buffer):\n%s", diff)
+	}
+	if &got[0] != &used[0] {
+		t.Errorf("views went to a new array; want the buffer's")
 	}
 }
 
