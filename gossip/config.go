@@ -110,6 +110,16 @@ type Config struct {
 	// repaired by a full digest. Default 256.
 	OutboxDepth int
 
+	// MaxStreams bounds the messages this node sends by TCP at once (full
+	// digests, deltas too large for a packet, loads that change the
+	// engine's state); the others wait their turn. memberlist opens a
+	// connection per such message, and a node that learned of many peers
+	// at once (its join, a healed partition) opened one to each: a
+	// descriptor at both ends for each of hundreds of peers, and in the
+	// scale harness, where 128 nodes share one process, more than its
+	// 20,000. Default 16.
+	MaxStreams int
+
 	// PacketBytes is the largest message sent by UDP; larger deltas go by
 	// TCP. Default 1200: memberlist's 1400-byte packet less the label,
 	// encryption and compound overhead (docs/reference/libraries.md §1.3).
@@ -133,6 +143,7 @@ func DefaultConfig() Config {
 		NeedFullInterval:   time.Second,
 		InboxDepth:         1024,
 		OutboxDepth:        256,
+		MaxStreams:         16,
 		PacketBytes:        1200,
 	}
 }
@@ -183,6 +194,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OutboxDepth <= 0 {
 		c.OutboxDepth = d.OutboxDepth
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = d.MaxStreams
 	}
 	if c.PacketBytes <= 0 {
 		c.PacketBytes = d.PacketBytes

@@ -30,9 +30,11 @@ type Mesh struct {
 	hooks hooks
 	ms    atomic.Pointer[membership.Members] // set once membership.New returns
 	stats counters
-	inbox chan []byte    // NotifyMsg → run
-	done  chan struct{}  // closed by Shutdown
-	wg    sync.WaitGroup // every goroutine the mesh starts, the membership's aside
+	inbox chan []byte   // NotifyMsg → run
+	done  chan struct{} // closed by Shutdown
+	// streams holds a token per TCP send in progress (Config.MaxStreams).
+	streams chan struct{}
+	wg      sync.WaitGroup // every goroutine the mesh starts, the membership's aside
 	// textPrefix receives the text prefixes peers share (OnTextPrefix).
 	textPrefix atomic.Pointer[func(TextPrefix)]
 
@@ -48,8 +50,9 @@ type Mesh struct {
 // hooks let in-package tests watch and break the exchange. Join leaves
 // them nil; only joinWith, which tests call, sets them.
 type hooks struct {
-	dropOut func(peer string, b []byte) bool    // lose chosen outgoing messages
-	applied func(origin string, version uint64) // origin's copy is now at version; runs under tableMu
+	dropOut   func(peer string, b []byte) bool    // lose chosen outgoing messages
+	streaming func(peer string)                   // a TCP send holds its slot (MaxStreams); may block
+	applied   func(origin string, version uint64) // origin's copy is now at version; runs under tableMu
 }
 
 // Join starts memberlist, joins the seeds in cfg.Join and returns the running
@@ -73,6 +76,7 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 		hooks:   h,
 		inbox:   make(chan []byte, cfg.InboxDepth),
 		done:    make(chan struct{}),
+		streams: make(chan struct{}, cfg.MaxStreams),
 		table:   newTable(cfg.RoutingStride),
 		members: members{senders: map[string]*sender{}},
 	}

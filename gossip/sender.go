@@ -157,6 +157,24 @@ func (s *sender) run() {
 	}
 }
 
+// stream takes a slot for a TCP send (Config.MaxStreams), waiting for
+// one if need be; false when the peer left or the mesh shut down first.
+func (s *sender) stream() bool {
+	select {
+	case s.m.streams <- struct{}{}:
+		return true
+	default:
+	}
+	s.m.stats.streamWaits.Add(1)
+	select {
+	case s.m.streams <- struct{}{}:
+		return true
+	case <-s.stop:
+	case <-s.m.done:
+	}
+	return false
+}
+
 func (s *sender) send(o out) {
 	ms := s.m.ms.Load()
 	if ms == nil {
@@ -165,6 +183,15 @@ func (s *sender) send(o out) {
 	}
 	if drop := s.m.hooks.dropOut; drop != nil && drop(s.id, o.b) {
 		return
+	}
+	if o.reliable {
+		if !s.stream() {
+			return
+		}
+		defer func() { <-s.m.streams }()
+		if hold := s.m.hooks.streaming; hold != nil {
+			hold(s.id)
+		}
 	}
 	if err := ms.Send(s.id, o.b, o.reliable); err != nil {
 		s.m.stats.sendErrors.Add(1)

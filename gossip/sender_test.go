@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,5 +113,50 @@ func TestMeshLoadNeverWaitsBehindTheQueue(t *testing.T) {
 	}
 	if n := stuck.Load(); n != 1 {
 		t.Errorf("%d sends got stuck; want the one (the queue must not have moved)", n)
+	}
+}
+
+// TestMaxStreams: a node that must push to five newcomers by TCP at once
+// (their joins change what it tells them) keeps at most MaxStreams of
+// those sends open, the others wait their turn (counted), and every one
+// is sent once the slots free.
+func TestMaxStreams(t *testing.T) {
+	gate := make(chan struct{})
+	var cur, peak atomic.Int32
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	ended := t.Context().Done() // before any cleanup, the meshes' shutdowns too
+	ms := clusterWith(t, 6, func(i int, c *Config) {
+		if i == 0 {
+			c.MaxStreams = 2
+		}
+	}, func(i int, h *hooks) {
+		if i != 0 {
+			return
+		}
+		h.streaming = func(string) {
+			n := cur.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			select {
+			case <-gate:
+			case <-ended: // the test failed before releasing it
+			}
+			cur.Add(-1)
+		}
+	})
+	waitFor(t, 10*time.Second, "two sends holding n0's slots and three waiting", func() bool {
+		return peak.Load() >= 2 && ms[0].Stats().StreamWaits >= 3
+	})
+	if p := peak.Load(); p != 2 {
+		t.Fatalf("%d TCP sends at once with MaxStreams 2", p)
+	}
+	sentBefore := ms[0].Stats().Sent.Load.Msgs
+	release()
+	waitFor(t, 10*time.Second, "the waiting sends sent", func() bool {
+		return ms[0].Stats().Sent.Load.Msgs >= sentBefore+3
+	})
+	if p := peak.Load(); p > 2 {
+		t.Errorf("%d TCP sends at once with MaxStreams 2", p)
 	}
 }

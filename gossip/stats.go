@@ -28,6 +28,7 @@ type Stats struct {
 	MetaErrors     uint64 // node metas that did not decode
 	InboxDrops     uint64 // received messages dropped: inbox full
 	OutboxDrops    uint64 // messages to a peer dropped: its queue full
+	StreamWaits    uint64 // TCP sends that waited for a slot (Config.MaxStreams)
 	UnknownOrigin  uint64 // digests or deltas from nodes not in the table
 	Held           uint64 // deltas that arrived early and waited for their predecessor
 	Gaps           uint64 // deltas that could not follow our copy (lost, or no copy)
@@ -55,6 +56,7 @@ type counters struct {
 	sendErrors, decodeErrors, metaErrors   atomic.Uint64
 	newerDropped, newerRead                atomic.Uint64
 	inboxDrops, outboxDrops, unknownOrigin atomic.Uint64
+	streamWaits                            atomic.Uint64
 	held, gaps, stale, epochDrops          atomic.Uint64
 	fullRequests, fullServed               atomic.Uint64
 	metaUpdates                            atomic.Uint64
@@ -93,6 +95,7 @@ func (c *counters) snapshot(ms membership.Stats) Stats {
 		NewerRead:     c.newerRead.Load(),
 		InboxDrops:    c.inboxDrops.Load(),
 		OutboxDrops:   c.outboxDrops.Load(),
+		StreamWaits:   c.streamWaits.Load(),
 		UnknownOrigin: c.unknownOrigin.Load(),
 		Held:          c.held.Load(),
 		Gaps:          c.gaps.Load(),
