@@ -58,15 +58,24 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		return a.decline("no eligible peer")
 	}
 	dup := dupWeight(cfg, a.waiting)
+	price := cfg.LoadTokens
+	if a.idle && cfg.IdleLoadTokens > price {
+		price = cfg.IdleLoadTokens
+	}
 	rk, _ := rendezvousKey(*cfg, req.Keys)
 	held, best := -1, -1 // a scored peer with the longest match; the best score
+	raised := false      // a peer's load was priced at IdleLoadTokens
 	for i := range rows {
 		if !a.inBound(i) {
 			continue
 		}
 		r := &rows[i]
 		r.flags |= rowScored
-		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, cfg.LoadTokens)
+		p := cfg.LoadTokens
+		if r.ahead > 0 && price != p { // a queue at the holder while a pod idles
+			p, raised = price, true
+		}
+		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, p)
 		if held < 0 || r.keys > rows[held].keys {
 			held = i
 		}
@@ -85,6 +94,9 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 	if f := cfg.MinMatchFraction; req.PromptTokens > 0 && float64(hr.gpu+hr.cpu+hr.disk) < f*float64(req.PromptTokens) {
 		return a.decline(fmt.Sprintf("affinity: longest match %d of %d tokens at %s < %.0f%%",
 			hr.gpu+hr.cpu+hr.disk, req.PromptTokens, hid, 100*f))
+	}
+	if raised {
+		a.d.Note = addNote(a.d.Note, "a peer idles: a request of load costs "+num(price, 0)+" tokens where requests wait")
 	}
 	if dup > 1 {
 		a.d.Note = addNote(a.d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")

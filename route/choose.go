@@ -23,6 +23,7 @@ type assessment struct {
 	chosen  int      // the row chosen, or -1
 	allOver bool     // every eligible peer is over the bound, so none is passed over
 	waiting float64  // the eligible peers' mean Ahead
+	idle    bool     // some eligible peer has no load and nothing waiting
 }
 
 // row is one peer as a policy weighs it: Candidate's numbers without its
@@ -66,6 +67,10 @@ const (
 
 func (r *row) is(f flags) bool { return r.flags&f != 0 }
 
+// idle says the peer has no request, nor one waiting: its load is at
+// most its KV pressure's.
+func (r *row) idle() bool { return r.load < 1 && r.ahead == 0 }
+
 // assess checks eligibility and computes load and the bound for every
 // peer, in rows (one per peer, overwritten), and calls each, if set, for
 // every eligible peer once its load is in its row: the one pass over the
@@ -95,7 +100,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 		}
 		sum += r.load
 		ahead += r.ahead
-		idle = idle || (r.load < 1 && r.ahead == 0)
+		idle = idle || r.idle()
 		if each != nil {
 			each(p, r)
 		}
@@ -103,6 +108,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 	if a.d.Eligible == 0 {
 		return a
 	}
+	a.idle = idle
 	a.waiting = float64(ahead) / float64(a.d.Eligible)
 	m := (sum + 1) / float64(a.d.Eligible)
 	a.d.Mean = m

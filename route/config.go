@@ -101,6 +101,23 @@ type Config struct {
 	// requests of imbalance. 0 ranks Affinity by saved and queued tokens
 	// alone (Rendezvous and LeastLoad then count a request as 1 token).
 	LoadTokens float64
+	// IdleLoadTokens, when above LoadTokens, is Affinity's price of a
+	// request of load at a peer with requests waiting for their first
+	// token, while some eligible peer is idle (no load, nothing waiting):
+	// a queued holder of a short shared prefix then yields its new
+	// requests to the idle pod, which computes the prefix once and holds
+	// it too, while a long prefix still wins. Why: the few pods holding the
+	// prefixes every agent session starts from (a system prompt and tools,
+	// 2,400 tokens) otherwise took every new session while others idled,
+	// as the prefix outweighed 64 tokens a request (agentic on 8 pods at
+	// the knee, seeds 1-3: TTFT p90 0.62-1.13 s; at 512, 0.16-0.39; lmetric
+	// 0.20-0.38). A burst of a long prefix (agent fan-out's 6,000 tokens)
+	// stays at its holder (docs/bench/2026-12-06/agentic-8pods.md). Off
+	// by default: in a quiet cluster a report a few milliseconds old can
+	// still show the holder's last request waiting, and a short prefix's
+	// follow-up then moved (the e2e tests' 128-token prefixes did).
+	// Default 0: LoadTokens always; 512 was measured.
+	IdleLoadTokens float64
 
 	// RendezvousKeys is how many leading routing keys Rendezvous hashes,
 	// and what Affinity and LeastLoad break ties with. Because keys are

@@ -110,6 +110,14 @@
 // by spreading prefixes past the knee, the spread lowered the hit rate,
 // the work grew, and the queues with it. Rendezvous and LeastLoad rank
 // by the same wait.
+//
+// With IdleLoadTokens set (off by default), while some eligible peer is
+// idle (no load, nothing waiting), Affinity prices a request of load at a
+// peer with requests waiting at IdleLoadTokens instead: a queued holder of
+// a short prefix that every new session starts from (an agent's system
+// prompt and tools) yields the next to the idle pod, which computes the
+// prefix once and holds it too, while a long prefix stays. A bound, which
+// counts requests, cannot tell the two apart.
 // The bound, in requests, not the score, is what keeps affinity from
 // piling up. Ties, here and in every policy, go to the higher rendezvous
 // weight and then to the smaller ID, never to the order of peers: sidecars

@@ -140,7 +140,8 @@ func (s *scenario) run(line string) (string, error) {
 			p.Models = strings.Split(v, ",")
 		}
 		for k, dst := range map[string]*int{"scheme": &p.KeyScheme, "running": &p.Load.Running,
-			"waiting": &p.Load.Waiting, "inflight": &p.Load.InFlight, "queued": &p.Load.QueuedPrefillTokens, "sent-queued": &p.Load.InFlightPrefillTokens} {
+			"waiting": &p.Load.Waiting, "inflight": &p.Load.InFlight, "queued": &p.Load.QueuedPrefillTokens, "sent-queued": &p.Load.InFlightPrefillTokens,
+			"prefilling": &p.Load.Prefilling} {
 			if _, ok := args[k]; ok {
 				if *dst, err = num(k); err != nil {
 					return "", err
@@ -240,6 +241,8 @@ func (s *scenario) set(k, v string) error {
 		fl(&s.cfg.MinHeadroom)
 	case "load-tokens":
 		fl(&s.cfg.LoadTokens)
+	case "idle-load-tokens":
+		fl(&s.cfg.IdleLoadTokens)
 	case "queued-weight":
 		fl(&s.cfg.QueuedWeight)
 	case "kv-weight":

@@ -61,7 +61,8 @@ type Config struct {
 	Warmup, Window time.Duration
 	// FPRate is the digests' false-positive rate. Default 0.01.
 	FPRate float64
-	// FullDigestInterval overrides gossip's default (10 s) when above 0.
+	// FullDigestInterval overrides gossip's default (gossip.DefaultConfig:
+	// 60 s) when above 0.
 	FullDigestInterval time.Duration
 	// DigestInterval overrides how often a node sends its digest changes
 	// (cachestate.Config.PublishInterval) when above 0.

@@ -78,6 +78,8 @@ type config struct {
 	// IdleSlack and IdleHeadroom are route.Config's bound while a pod
 	// idles.
 	IdleSlack, IdleHeadroom float64
+	// IdleLoadTokens is route.Config's price of load while a pod idles.
+	IdleLoadTokens float64
 	// CPULoadRate and DiskLoadRate are how fast the engine loads a
 	// token's KV back from its CPU and disk tiers, tokens per second.
 	CPULoadRate  float64
@@ -156,6 +158,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.Float64Var(&c.MinHeadroom, "route-min-headroom", rd.MinHeadroom, "the load bound's headroom in requests (--route-slack): a lightly loaded cluster keeps a prefix at its holder for this much imbalance")
 	fs.Float64Var(&c.IdleSlack, "route-idle-slack", rd.IdleSlack, "while some pod is idle, a pod with requests waiting for their first token is over max(m*(1+idle-slack), m+idle-headroom): the few pods holding the prefixes every session starts from (agents' system prompts) do not queue while others idle; 0.5 with --route-idle-headroom 2 was measured; a pod whose match reaches further by what was just sent there (a burst) is spared; both 0: off (most of a burst reaches other sidecars before its claim, and is spread)")
 	fs.Float64Var(&c.IdleHeadroom, "route-idle-headroom", rd.IdleHeadroom, "the idle bound's headroom in requests (--route-idle-slack)")
+	fs.Float64Var(&c.IdleLoadTokens, "route-idle-load-tokens", rd.IdleLoadTokens, "while some pod is idle, the price in prefill tokens of a request of load at a pod with requests waiting, when the choice weighs a cached prefix against its queue (64 otherwise): a queued holder of a short shared prefix yields new requests to the idle pod; 512 was measured; 0: off")
 	fs.Float64Var(&c.KVWeight, "route-kv-weight", rd.KVWeight, "the load, in requests, that a peer's full KV cache adds (from 0 at 80% usage): a pod near full evicts what its sessions will ask for next, so a larger weight sends new prefixes to pods with room sooner")
 	fs.Float64Var(&c.CPULoadRate, "cpu-load-rate", route.DefaultCPULoadTokensPerSecond, "how fast the engine loads a token's KV from its CPU tier (vLLM's native offloading, LMCache) back to the GPU, in tokens per second; a CPU-cached token is credited 1 - prefill-rate/cpu-load-rate of a GPU-cached one. The default is Llama-3.1-8B's 128 KiB per token over PCIe Gen5 x16 at 50 GB/s, the simulator's rate; 0: CPU copies are not credited")
 	fs.IntVar(&c.TierStride, "tier-stride", kvindex.DefaultTierStride, "routing keys one lower-tier (CPU, disk) digest entry stands for: 1, 2, 4, 8 or 16. Larger sends peers fewer entries for a CPU tier several times the GPU cache (upkeep) and matches lower tiers more coarsely; 8 is 512 tokens at the default scheme")
@@ -237,6 +240,8 @@ func (c config) validate() error {
 		return errors.New("--health-interval, --health-timeout and --health-hung-quiet must be positive, --health-hung-after at least 1")
 	case c.KVWeight < 0 || math.IsNaN(c.KVWeight):
 		return errors.New("--route-kv-weight must be at least 0")
+	case c.IdleLoadTokens < 0 || math.IsNaN(c.IdleLoadTokens):
+		return errors.New("--route-idle-load-tokens must be at least 0")
 	case c.IdleSlack < 0 || c.IdleHeadroom < 0 || math.IsNaN(c.IdleSlack) || math.IsNaN(c.IdleHeadroom):
 		return errors.New("--route-idle-slack and --route-idle-headroom must be at least 0")
 	}

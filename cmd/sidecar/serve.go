@@ -181,6 +181,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Route.PrefillTokensPerSecond = cfg.PrefillRate
 	fcfg.Route.Slack, fcfg.Route.MinHeadroom, fcfg.Route.KVWeight = cfg.Slack, cfg.MinHeadroom, cfg.KVWeight
 	fcfg.Route.IdleSlack, fcfg.Route.IdleHeadroom = cfg.IdleSlack, cfg.IdleHeadroom
+	fcfg.Route.IdleLoadTokens = cfg.IdleLoadTokens
 	fcfg.Route.CPULoadTokensPerSecond, fcfg.Route.DiskLoadTokensPerSecond = cfg.CPULoadRate, cfg.DiskLoadRate
 	fcfg.MaxQueue, fcfg.MaxQueueWait, fcfg.MaxPrefillShare = cfg.MaxQueue, cfg.MaxQueueWait, cfg.MaxPrefillShare
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
