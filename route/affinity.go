@@ -33,6 +33,12 @@ func (p Affinity) Choose(req Request, peers []PeerView, now time.Time) Decision 
 	return decide(p, &req, peers, now)
 }
 
+// idleQueue is how many requests must wait at a peer for IdleLoadTokens
+// to price its load: one may be a report a few milliseconds old that
+// still shows the last request of a quiet holder waiting, and a short
+// prefix's follow-up then moved to an idle pod.
+const idleQueue = 2
+
 func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment {
 	rows := sp.take(len(peers))
 	cfg := &p.Config
@@ -72,7 +78,7 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		r := &rows[i]
 		r.flags |= rowScored
 		p := cfg.LoadTokens
-		if r.ahead > 0 && price != p { // a queue at the holder while a pod idles
+		if r.ahead >= idleQueue && price != p { // a queue at the holder while a pod idles
 			p, raised = price, true
 		}
 		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, p)

@@ -102,21 +102,21 @@ type Config struct {
 	// alone (Rendezvous and LeastLoad then count a request as 1 token).
 	LoadTokens float64
 	// IdleLoadTokens, when above LoadTokens, is Affinity's price of a
-	// request of load at a peer with requests waiting for their first
-	// token, while some eligible peer is idle (no load, nothing waiting):
-	// a queued holder of a short shared prefix then yields its new
-	// requests to the idle pod, which computes the prefix once and holds
-	// it too, while a long prefix still wins. Why: the few pods holding the
-	// prefixes every agent session starts from (a system prompt and tools,
-	// 2,400 tokens) otherwise took every new session while others idled,
-	// as the prefix outweighed 64 tokens a request (agentic on 8 pods at
-	// the knee, seeds 1-3: TTFT p90 0.62-1.13 s; at 512, 0.16-0.39; lmetric
-	// 0.20-0.38). A burst of a long prefix (agent fan-out's 6,000 tokens)
-	// stays at its holder (docs/bench/2026-12-06/agentic-8pods.md). Off
-	// by default: in a quiet cluster a report a few milliseconds old can
-	// still show the holder's last request waiting, and a short prefix's
-	// follow-up then moved (the e2e tests' 128-token prefixes did).
-	// Default 0: LoadTokens always; 512 was measured.
+	// request of load at a peer with two or more requests waiting for
+	// their first token, while some eligible peer is idle (no load,
+	// nothing waiting): a queued holder of a short shared prefix then
+	// yields its new requests to the idle pod, which computes the prefix
+	// once and holds it too, while a long prefix still wins. Why: the few
+	// pods holding the prefixes every agent session starts from (a system
+	// prompt and tools, 2,400 tokens) otherwise took every new session
+	// while others idled, as the prefix outweighed 64 tokens a request
+	// (agentic on 8 pods at the knee, seeds 1-3: TTFT p90 0.62-1.13 s; with
+	// this, 0.22-0.40; lmetric 0.20-0.38). A burst of a long prefix (agent
+	// fan-out's 6,000 tokens) stays at its holder. From one request
+	// waiting, a report a few milliseconds old that still showed a quiet
+	// holder's last request moved a short prefix's follow-up
+	// (docs/bench/2026-12-06/agentic-8pods.md). Default 512; 0: LoadTokens
+	// always.
 	IdleLoadTokens float64
 
 	// RendezvousKeys is how many leading routing keys Rendezvous hashes,
@@ -216,6 +216,7 @@ func DefaultConfig() Config {
 		MinMatchKeys:            2,
 		MinMatchFraction:        0.25,
 		LoadTokens:              64,
+		IdleLoadTokens:          512,
 		RendezvousKeys:          4,
 		ColdHeadroom:            0,
 		ClaimTTL:                5 * time.Second,

@@ -111,9 +111,9 @@
 // the work grew, and the queues with it. Rendezvous and LeastLoad rank
 // by the same wait.
 //
-// With IdleLoadTokens set (off by default), while some eligible peer is
-// idle (no load, nothing waiting), Affinity prices a request of load at a
-// peer with requests waiting at IdleLoadTokens instead: a queued holder of
+// While some eligible peer is idle (no load, nothing waiting), Affinity
+// prices a request of load at a peer with two or more requests waiting at
+// IdleLoadTokens (512) instead: a queued holder of
 // a short prefix that every new session starts from (an agent's system
 // prompt and tools) yields the next to the idle pod, which computes the
 // prefix once and holds it too, while a long prefix stays. A bound, which
