@@ -77,11 +77,11 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		}
 		r := &rows[i]
 		r.flags |= rowScored
-		p := cfg.LoadTokens
-		if r.ahead >= idleQueue && price != p { // a queue at the holder while a pod idles
-			p, raised = price, true
+		per := cfg.LoadTokens // this row's price of a request of load
+		if r.ahead >= idleQueue && price != per { // a queue at the holder while a pod idles
+			per, raised = price, true
 		}
-		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, p)
+		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
 		if held < 0 || r.keys > rows[held].keys {
 			held = i
 		}
