@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
@@ -78,7 +79,7 @@ func registerViews(reg *prometheus.Registry, ix *kvindex.Index, sub *vllmclient.
 		counter("gossip_newer_dropped_total", "Gossip messages of a newer wire version this sidecar cannot read (an unknown kind or format); dropped, expected during an upgrade.", func() float64 { return float64(mesh.Stats().NewerDropped) }),
 		counter("gossip_newer_read_total", "Gossip messages and node metas of a newer wire version, read as far as this sidecar knows them.", func() float64 { return float64(mesh.Stats().NewerRead) }),
 		gauge("gossip_oldest_wire_version", "The lowest gossip wire version among this sidecar and its peers: 1 while a v0.1.0 sidecar is a member.", func() float64 { return float64(mesh.OldestWire()) }),
-		counter("gossip_stream_waits_total", "Gossip sends by TCP that waited for a free slot: a node has at most 16 such connections open at once (gossip.Config.MaxStreams).", func() float64 { return float64(mesh.Stats().StreamWaits) }),
+		counter("gossip_stream_waits_total", fmt.Sprintf("Gossip sends by TCP that waited for a free slot: a node has at most %d such connections open at once (gossip.Config.MaxStreams).", gossip.DefaultConfig().MaxStreams), func() float64 { return float64(mesh.Stats().StreamWaits) }),
 		counter("gossip_meta_updates_total", "Node-meta broadcasts: each change of models, drain or engine goes out twice, 300 ms apart.", func() float64 { return float64(mesh.Stats().MetaUpdates) }),
 		gauge("peer_digests_grouped", "Peer digests the transposed copy holds: the choice matches them all in one pass.", func() float64 {
 			held, _ := mesh.Grouped()
