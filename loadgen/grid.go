@@ -116,7 +116,7 @@ func ReadGrid(roots []string) ([]Cell, error) {
 				c = &Cell{Workload: w, TimeScale: r.TimeScale, SidecarArgs: args, ClientRetry: r.ClientRetry, Pods: r.Pods, Level: i}
 				cells[k] = c
 			}
-			c.Runs = append(c.Runs, r)
+			c.add(r)
 		}
 	}
 	out := make([]Cell, 0, len(cells))
@@ -134,6 +134,23 @@ func ReadGrid(roots []string) ([]Cell, error) {
 			strings.Compare(a.SidecarArgs, b.SidecarArgs), compareBool(a.ClientRetry, b.ClientRetry), cmp.Compare(a.Pods, b.Pods), cmp.Compare(a.Load, b.Load))
 	})
 	return out, nil
+}
+
+// add adds r to c's runs: a run of a seed c has already (policies run
+// apart, as kvroute-requests after the others) adds the policies that run
+// lacks, so that a seed counts once and its ratios pair across runs.
+func (c *Cell) add(r Report) {
+	i := slices.IndexFunc(c.Runs, func(o Report) bool { return o.Seed == r.Seed })
+	if i < 0 {
+		c.Runs = append(c.Runs, r)
+		return
+	}
+	o := &c.Runs[i]
+	for _, p := range r.Policies {
+		if _, ok := o.policy(p.Name); !ok {
+			o.Policies = append(slices.Clip(o.Policies), p)
+		}
+	}
 }
 
 // readRun returns dir's run, its points in load order; none when dir holds

@@ -53,6 +53,10 @@ func TestReadGrid(t *testing.T) {
 	writeJSON(t, filepath.Join(dir, "moon16r", "results.json"), Report{Workload: "mooncake", Trace: "conversation_trace.jsonl", TimeScale: 2,
 		Pods: 8, SidecarArgs: []string{"--routing-stride", "16"}, ClientRetry: true, Policies: []PolicyResult{pol("kvroute", 3, 0.2)}})
 	writeJSON(t, filepath.Join(dir, "dq", "s1", "clusters", "x", "results.json"), Report{Workload: "bogus"})
+	// kvroute-requests of seed 2, run on its own: the same seed, not a fourth
+	writeJSON(t, filepath.Join(dir, "req-dq-s2", "sweep.json"), []Report{
+		{OfferedLoad: 22, Workload: "doc-qa", Pods: 4, Seed: 2, Policies: []PolicyResult{pol("kvroute-requests", 1, 0.9), pol("kvroute", 9, 0.9)}},
+		{OfferedLoad: 12, Workload: "doc-qa", Pods: 4, Seed: 2, Policies: []PolicyResult{pol("kvroute-requests", 0.1, 0.8)}}})
 
 	cells, err := ReadGrid([]string{dir})
 	if err != nil {
@@ -74,6 +78,9 @@ func TestReadGrid(t *testing.T) {
 	}
 	if r, ok := heavy.ratio("kvroute", "central-precise", ttftP90); !ok || r != 0.25 {
 		t.Errorf("heavy p90 ratio %v, %v; want the median of 0.5, 0.25, 0.125: 0.25", r, ok)
+	}
+	if r, ok := heavy.ratio("kvroute", "kvroute-requests", ttftP90); !ok || r != 0.5 {
+		t.Errorf("heavy p90 ratio to kvroute-requests %v, %v; want seed 2's 0.5 (its own run's kvroute ignored)", r, ok)
 	}
 	if _, ok := heavy.ratio("kvroute", "lmetric", ttftP90); ok {
 		t.Errorf("a ratio to lmetric where it did not run")
