@@ -28,11 +28,25 @@ func BenchmarkChooseBloom(b *testing.B) {
 			b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=4-grouped", peers, tokens), func(b *testing.B) {
 				benchChooseBloom(b, peers, tokens, 4, true)
 			})
+			b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=4-grouped-recent", peers, tokens), func(b *testing.B) {
+				benchChooseBloomRecent(b, peers, tokens, 4, true)
+			})
 		}
 	}
 }
 
 func benchChooseBloom(b *testing.B, npeers, ntokens, stride int, grouped bool) {
+	chooseBloom(b, npeers, ntokens, stride, grouped, false)
+}
+
+// benchChooseBloomRecent is benchChooseBloom with a sidecar's Recent, as
+// the front has one: this sidecar sent other prompts to 16 peers within
+// its TTL.
+func benchChooseBloomRecent(b *testing.B, npeers, ntokens, stride int, grouped bool) {
+	chooseBloom(b, npeers, ntokens, stride, grouped, true)
+}
+
+func chooseBloom(b *testing.B, npeers, ntokens, stride int, grouped, recent bool) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	scheme := blockkey.Scheme{BlockSize: 16, Stride: stride}
 	tokens := make([]uint32, ntokens)
@@ -66,7 +80,18 @@ func benchChooseBloom(b *testing.B, npeers, ntokens, stride int, grouped bool) {
 			views[i].Digest = &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}
 		}
 	}
-	policy := route.DefaultChain(route.DefaultConfig(), nil)
+	var r *route.Recent
+	if recent {
+		r = route.NewRecent(route.DefaultRecentConfig())
+		for i := range min(16, npeers) {
+			other := make([]blockkey.Key, 64)
+			for j := range other {
+				other[j] = blockkey.Key(rng.Uint64())
+			}
+			r.Record(views[i*npeers/16].ID, other, now)
+		}
+	}
+	policy := route.DefaultChain(route.DefaultConfig(), r)
 	req := route.Request{Keys: keys, TokensPerKey: scheme.TokensPerKey(), PromptTokens: ntokens}
 	b.ResetTimer()
 	var d route.Decision
