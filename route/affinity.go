@@ -81,7 +81,11 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		if r.ahead >= idleQueue && price != per { // a queue at the holder while a pod idles
 			per, raised = price, true
 		}
-		r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
+		if cfg.ProductCost {
+			r.score = -max(float64(req.PromptTokens)-cfg.saved(r.gpu, r.cpu, r.disk), 1) * (r.load + 1)
+		} else {
+			r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
+		}
 		if held < 0 || r.keys > rows[held].keys {
 			held = i
 		}

@@ -381,3 +381,30 @@ func TestIdleLoadTokens(t *testing.T) {
 		})
 	}
 }
+
+func TestProductCost(t *testing.T) {
+	keys := keysN(1, 64) // 64 keys of 64 tokens
+	req := Request{Keys: keys, TokensPerKey: 64, PromptTokens: 4096}
+	for _, tt := range []struct {
+		name    string
+		load    int // at a, which holds 48 keys: 1,024 tokens uncached
+		product bool
+		want    string
+	}{
+		{"1,024 × 5 against an idle pod's 4,096: yields", 4, true, "b"},
+		{"1,024 × 3 against 4,096: keeps", 2, true, "a"},
+		{"the sum: 3,072 saved less 4 × 64: keeps", 4, false, "a"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := fresh("a", Load{Fronted: true, Serving: tt.load})
+			a.Digest = holds(keys[:48])
+			peers := []PeerView{a, fresh("b", Load{Fronted: true}), fresh("c", Load{Fronted: true, Serving: 1})}
+			cfg := DefaultConfig()
+			cfg.ProductCost = tt.product
+			d := DefaultChain(cfg, nil).Choose(req, peers, t0)
+			if d.Target != tt.want {
+				t.Errorf("target %s; want %s\n%s", d.Target, tt.want, d.Table())
+			}
+		})
+	}
+}

@@ -118,6 +118,11 @@ type Config struct {
 	// (docs/bench/2026-12-06/agentic-8pods.md). Default 512; 0: LoadTokens
 	// always.
 	IdleLoadTokens float64
+	// ProductCost makes Affinity score a peer by LMetric's cost (OSDI'26),
+	// -max(work, 1) × (Load + 1), work the prompt's tokens the peer does
+	// not hold (Work), in place of the sum above: a comparison with the
+	// lmetric baseline on the mesh's own view, off by default.
+	ProductCost bool
 
 	// RendezvousKeys is how many leading routing keys Rendezvous hashes,
 	// and what Affinity and LeastLoad break ties with. Because keys are

@@ -151,7 +151,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&c.HungAfter, "health-hung-after", ed.HungAfter, "probe timeouts in a row after which the engine counts as hung (down), if it also published no KV event for --health-hung-quiet")
 	fs.DurationVar(&c.HungQuiet, "health-hung-quiet", ed.QuietFor, "how long an engine whose probes time out must also have published no KV event to count as hung: a saturated vLLM answers /health late but keeps computing")
 	fs.DurationVar(&c.SilenceWindow, "kv-events-silence-window", 10*time.Second, "warn (log, metric, /readyz body) when vLLM serves this long with no KV event ever arriving")
-	fs.StringVar(&c.RouteLoad, "route-load", "work", "how a peer's load is weighed in the choice: work (the prompt tokens it must still prefill, plus its requests) or requests (the count alone, as kvroute weighed it before; for comparison)")
+	fs.StringVar(&c.RouteLoad, "route-load", "work", "how a peer's load is weighed in the choice: work (the prompt tokens it must still prefill, plus its requests) requests (the count alone, as kvroute weighed it before; for comparison) or lmetric (LMetric's uncached tokens × (requests + 1); for comparison)")
 	fs.Float64Var(&c.PrefillRate, "prefill-rate", route.DefaultConfig().PrefillTokensPerSecond, "the engine's prefill throughput in tokens per second, which turns /debug/route's costs into expected times to first token (default: the simulator's Llama-3.1-8B on one H100)")
 	rd := route.DefaultConfig()
 	fs.Float64Var(&c.Slack, "route-slack", rd.Slack, "the load bound's slack: a pod whose requests would exceed max(m*(1+slack), m+min-headroom), m the mean counting this request, is passed over for one within it, holder or not. Caps max/mean requests per pod near 1+slack under pressure; larger favours cache hits, smaller balance")
@@ -210,8 +210,8 @@ func (c config) validate() error {
 		return errors.New("--block-size and --routing-stride must be positive")
 	case c.FPRate <= 0 || c.FPRate >= 1:
 		return errors.New("--digest-fp-rate must be in (0, 1)")
-	case c.RouteLoad != "work" && c.RouteLoad != "requests":
-		return fmt.Errorf("--route-load %q: want work or requests", c.RouteLoad)
+	case c.RouteLoad != "work" && c.RouteLoad != "requests" && c.RouteLoad != "lmetric":
+		return fmt.Errorf("--route-load %q: want work, requests or lmetric", c.RouteLoad)
 	case c.PrefillRate < 0:
 		return errors.New("--prefill-rate must not be negative")
 	case c.CPULoadRate < 0 || c.DiskLoadRate < 0:

@@ -186,8 +186,11 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.MaxQueue, fcfg.MaxQueueWait, fcfg.MaxPrefillShare = cfg.MaxQueue, cfg.MaxQueueWait, cfg.MaxPrefillShare
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
 	fcfg.Ranks, fcfg.PlaceRanks = cfg.DPRanks, cfg.PlaceRanks
-	if cfg.RouteLoad == "requests" {
+	switch cfg.RouteLoad {
+	case "requests":
 		fcfg.Route.QueuedWeight = 0
+	case "lmetric":
+		fcfg.Route.ProductCost = true
 	}
 	tok := adapterFallback{tokenizer{vc}}
 	front := forward.New(fcfg, mesh, tok, forward.NewMetrics(reg), log.With().Str("component", "forward").Logger())
