@@ -46,7 +46,7 @@ func TestOverloadIsRefusedNotAmplified(t *testing.T) {
 	cfg.Sim.TimeScale = 1 // the engine's own pace: it is the bottleneck
 	cfg.Sim.MaxNumSeqs = 2
 	cfg.Sim.MaxNumBatchedTokens = 512
-	cfg.SidecarArgs = append(cfg.SidecarArgs, "--max-queue", "3")
+	cfg.SidecarArgs = append(cfg.SidecarArgs, "--max-queue", "3", "--max-num-batched-tokens", "512")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, cfg)

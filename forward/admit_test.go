@@ -26,6 +26,7 @@ func TestAdmit(t *testing.T) {
 	wait := bounds{MaxWait: 2 * time.Second, PrefillRate: 1000} // full at 2000 queued tokens
 	both := bounds{MaxRequests: 2, MaxWait: 2 * time.Second, PrefillRate: 1000}
 	share := bounds{MaxShare: 0.9}
+	stepped := bounds{MaxShare: 0.9, StepTokens: 8192}
 	w := func(ns ...int) []podQueue {
 		var qs []podQueue
 		for _, n := range ns {
@@ -60,6 +61,12 @@ func TestAdmit(t *testing.T) {
 		{"prefill share, work not known", []podQueue{{Share: 1}}, share, true},
 		{"prefill share bound of 1 is off", []podQueue{{Share: 1, Work: 5000}}, bounds{MaxShare: 1}, true},
 		{"full by the queue or the share", []podQueue{{Waiting: 2}, {Share: 0.9, Work: 5000}}, bounds{MaxRequests: 2, MaxShare: 0.9}, false},
+		{"prefill share, the queue within a step with the prompt", []podQueue{{Share: 0.95, Prefill: 3000, Work: 5000}}, stepped, true},
+		{"prefill share, a step's budget queued with the prompt", []podQueue{{Share: 0.95, Prefill: 3192, Work: 5000}}, stepped, true},
+		{"prefill share, past a step with the prompt", []podQueue{{Share: 0.95, Prefill: 3193, Work: 5000}}, stepped, false},
+		{"prefill share, a prompt longer than a step alone", []podQueue{{Share: 0.95, Work: 32000}}, stepped, false},
+		{"past a step, but the share below", []podQueue{{Share: 0.85, Prefill: 20000, Work: 5000}}, stepped, true},
+		{"one pod past a step, one within", []podQueue{{Share: 1, Prefill: 9000, Work: 2000}, {Share: 1, Prefill: 1000, Work: 2000}}, stepped, true},
 	}
 	for _, tt := range tests {
 		if got := admit(tt.qs, tt.b); got != tt.want {
@@ -409,14 +416,17 @@ func TestSteer(t *testing.T) {
 }
 
 // TestPrefillBusyMesh: with every pod's engine prefilling for over
-// MaxPrefillShare of its recent time, a long prompt is refused with 429
-// (prefill_busy) and a short one is served; with one pod below the share,
-// the long prompt goes there.
+// MaxPrefillShare of its recent time (and StepTokens 0: any queue is a
+// backlog), a long prompt is refused with 429 (prefill_busy) and a short
+// one is served; with one pod below the share, the long prompt goes there;
+// with StepTokens, where the queues and the prompt fit in a step, it is
+// served.
 func TestPrefillBusyMesh(t *testing.T) {
 	long := `{"model":"m","prompt":"` + strings.Repeat("x", 3000) + `"}`
 	busy := func(t *testing.T, aBusy, bBusy bool) (a, b *node) {
 		a, b = holderPair(t)
 		a.h.cfg.MaxBodyBytes, b.h.cfg.MaxBodyBytes = 16<<10, 16<<10
+		a.h.cfg.StepTokens = 0
 		now := time.Now()
 		if aBusy {
 			a.h.share = prefillShare{v: 0.95, busy: true, since: now}
@@ -448,6 +458,19 @@ func TestPrefillBusyMesh(t *testing.T) {
 		// A short prompt costs the engines' decoding little: served.
 		if resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil); resp.StatusCode != 200 {
 			t.Errorf("short prompt: status %d; want 200", resp.StatusCode)
+		}
+	})
+	t.Run("every pod busy, the queues within a step", func(t *testing.T) {
+		a, _ := busy(t, true, true)
+		a.h.cfg.StepTokens = 8192
+		a.peers.views[1].Load.QueuedPrefillTokens = 1000
+		if resp := post(t, a.srv.URL+"/v1/completions", long, nil); resp.StatusCode != 200 {
+			t.Errorf("status %d; want 200", resp.StatusCode)
+		}
+		a.peers.views[1].Load.QueuedPrefillTokens = 9000
+		a.h.cfg.StepTokens = 1 // a's own queue, empty, and the prompt are past it
+		if resp := post(t, a.srv.URL+"/v1/completions", long, nil); resp.StatusCode != 429 {
+			t.Errorf("past a step: status %d; want 429", resp.StatusCode)
 		}
 	})
 	t.Run("one pod below the share", func(t *testing.T) {

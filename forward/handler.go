@@ -135,6 +135,12 @@ type Config struct {
 	// share falls below it again: a tenth of its time at the default 0.9.
 	// 0 or 1: off.
 	MaxPrefillShare float64
+	// StepTokens is the engine's token budget for one step (vLLM's
+	// --max-num-batched-tokens): the prefill share refuses a request only
+	// if, with it, more than this is queued for prefill at the pod, the
+	// backlog whose every step is a full chunk. Default 8192 (vLLM V1's
+	// for online serving on an H100, the simulator's). 0: any queue.
+	StepTokens int
 	// BodyTimeout bounds reading a client's request body, from its
 	// headers: a body trickled in slower is cut off with 408 (counted as
 	// request_errors_total{kind="body_timeout"}), so a slow client holds
@@ -174,6 +180,7 @@ func DefaultConfig() Config {
 		MaxQueue:        64,
 		MaxQueueWait:    8 * time.Second,
 		MaxPrefillShare: 0.9,
+		StepTokens:      8192,
 		BodyTimeout:     10 * time.Second,
 		WriteTimeout:    10 * time.Second,
 		Ranks:           1,
