@@ -380,6 +380,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	tick.Stop()
+	if !measuring {
+		// One pass of the load took the whole window: the machine, not
+		// the mesh, sets the pace, and there is nothing to measure.
+		stopPoll()
+		<-pollDone
+		return res, fmt.Errorf("the harness fell behind: the window ended before it opened (%s of warmup took %s); the machine cannot run %d nodes at %g blocks/s each",
+			cfg.Warmup, time.Since(start).Round(time.Second), cfg.Nodes, cfg.BlocksPerSecond)
+	}
 	after := snapAll(nodes[:cfg.Nodes])
 	window := time.Since(measureFrom).Seconds()
 	res.WindowSeconds = window
