@@ -9,15 +9,22 @@ import (
 	"github.com/kvroute/kvroute/kvindex"
 )
 
+// meshContext skips a test that starts a mesh in -short mode (why) and
+// bounds the test's run otherwise.
+func meshContext(t *testing.T, why string) context.Context {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(why)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // TestRunSmall runs three real nodes on loopback for a few seconds and
 // checks that the harness measured what it claims to.
 func TestRunSmall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a 3-node mesh for several seconds")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	r, err := Run(ctx, Config{Nodes: 3, Addr: "127.0.96.9", BasePort: 27100, CapacityBlocks: 300,
+	r, err := Run(meshContext(t, "runs a 3-node mesh for several seconds"), Config{Nodes: 3, Addr: "127.0.96.9", BasePort: 27100, CapacityBlocks: 300,
 		BlocksPerSecond: 200, Warmup: 2 * time.Second, Window: 3 * time.Second,
 		FullDigestInterval: 2 * time.Second, Requests: Synthetic(2000, 1), LongPromptBlocks: 256, Seed: 1})
 	if err != nil {
@@ -58,12 +65,7 @@ func TestRunSmall(t *testing.T) {
 // by the first 20 ms tick; at 256 nodes on two cores, one pass took 42 s)
 // leaves nothing measured: an error that says so, not a crash.
 func TestRunBehind(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 2-node mesh")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	_, err := Run(ctx, Config{Nodes: 2, Addr: "127.0.96.9", BasePort: 27200, CapacityBlocks: 300,
+	_, err := Run(meshContext(t, "starts a 2-node mesh"), Config{Nodes: 2, Addr: "127.0.96.9", BasePort: 27200, CapacityBlocks: 300,
 		Warmup: time.Millisecond, Window: time.Nanosecond, Requests: Synthetic(100, 1), LongPromptBlocks: 16, Seed: 1})
 	if err == nil || !strings.Contains(err.Error(), "fell behind") {
 		t.Fatalf("Run = %v; want the harness fell behind", err)
