@@ -77,13 +77,15 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		}
 		r := &rows[i]
 		r.flags |= rowScored
-		per := cfg.LoadTokens // this row's price of a request of load
-		if r.ahead >= idleQueue && price != per { // a queue at the holder while a pod idles
-			per, raised = price, true
-		}
 		if cfg.ProductCost {
-			r.score = -max(float64(req.PromptTokens)-cfg.saved(r.gpu, r.cpu, r.disk), 1) * (r.load + 1)
+			r.score = -max(cfg.work(req.PromptTokens, r.gpu, r.cpu, r.disk), 1) * (r.load + 1)
 		} else {
+			// This row's price of a request of load: raised for a queue
+			// at the holder while a pod idles.
+			per := cfg.LoadTokens
+			if r.ahead >= idleQueue && price != per {
+				per, raised = price, true
+			}
 			r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
 		}
 		if held < 0 || r.keys > rows[held].keys {
@@ -108,7 +110,7 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 	if raised {
 		a.d.Note = addNote(a.d.Note, "a peer idles: a request of load costs "+num(price, 0)+" tokens where requests wait")
 	}
-	if dup > 1 {
+	if dup > 1 && !cfg.ProductCost {
 		a.d.Note = addNote(a.d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")
 	}
 	if best != held && rows[best].keys < hr.keys {

@@ -384,7 +384,7 @@ func (a *assessment) ttft(r *row) float64 {
 	if rate <= 0 || prompt <= 0 {
 		return 0
 	}
-	work := max(float64(prompt)-a.cfg.saved(r.gpu, r.cpu, r.disk), 0)
+	work := a.cfg.work(prompt, r.gpu, r.cpu, r.disk)
 	// The queue at its real cost, whatever QueuedWeight ranks by.
 	return (float64(r.queued) + max(a.cfg.LoadTokens, 0)*r.load + work) / rate
 }

@@ -152,18 +152,18 @@ func (cfg *Config) saved(gpu, cpu, disk int) float64 {
 		float64(disk)*(1-cfg.tierCost(cfg.DiskLoadTokensPerSecond))
 }
 
-// savedBy is saved for candidate c's match columns.
-func (cfg *Config) savedBy(c *Candidate) float64 {
-	return cfg.saved(c.GPUTokens, c.CPUTokens, c.DiskTokens)
-}
-
 // Work is the prefill work, in tokens computed, of a request of prompt
 // tokens at candidate c: what c's match does not save (saved: a lower
 // tier's tokens cost their load, a GPU's nothing). It is what the request
 // adds to c's queue (route.Load.QueuedPrefillTokens) and its own share of
 // c's expected TTFT.
 func (cfg *Config) Work(c *Candidate, prompt int) float64 {
-	return max(float64(prompt)-cfg.savedBy(c), 0)
+	return cfg.work(prompt, c.GPUTokens, c.CPUTokens, c.DiskTokens)
+}
+
+// work is Work for a match of gpu, cpu and disk tokens.
+func (cfg *Config) work(prompt, gpu, cpu, disk int) float64 {
+	return max(float64(prompt)-cfg.saved(gpu, cpu, disk), 0)
 }
 
 // setMatch sets r's match from m, in tokens of tpk per key, capped at
