@@ -47,6 +47,14 @@ import (
 // retries (8 pods, 60 req/s) for answers 2% faster at the p99; with the
 // step budget a fifth to a half fewer (its queues often pass a step).
 //
+// A client's last attempt passes the prefill share (Config.ServeRetry):
+// the OpenAI and Anthropic SDKs number every attempt (RetryCountHeader,
+// 0 on the first) and give up after their second retry, so refusing that
+// attempt for the answers' pace loses a request a pod with room in its
+// queue could serve, a second and a half later than its first attempt.
+// The queue bounds still refuse it: they keep a burst's wait bounded,
+// and the share only the pace of the answers decoding meanwhile.
+//
 // A request that arrives as a hop was admitted by its sender and is served
 // (or refused with 503 for the usual reasons, serveHop): it is never
 // forwarded again and never refused for the queue, so a full mesh cannot
@@ -68,6 +76,11 @@ const (
 // second (the simulator's, an 8B model on an H100) 1024 tokens are about
 // 60 ms, a few decode steps.
 const SmallPrefill = 1024
+
+// RetryCountHeader numbers a client's attempts at one request: the
+// Stainless-built SDKs (OpenAI's and Anthropic's, in Python, Node and Go)
+// send it on every attempt, 0 on the first.
+const RetryCountHeader = "X-Stainless-Retry-Count"
 
 // noEngineKind is the request_errors_total kind of a request no engine
 // could take (every pod's engine down).
@@ -259,9 +272,9 @@ func steer(d route.Decision, qs map[string]podQueue, b bounds) (route.Decision, 
 	return d, true
 }
 
-// steered is steer for the front's peers, for a request of prompt tokens.
-func (h *Handler) steered(d route.Decision, peers []route.PeerView, prompt int) (route.Decision, bool) {
-	b := h.bounds()
+// steered is steer for the front's peers, for a request of prompt tokens
+// admitted under b.
+func (h *Handler) steered(d route.Decision, peers []route.PeerView, prompt int, b bounds) (route.Decision, bool) {
 	if b.off() {
 		return d, false
 	}
@@ -292,20 +305,41 @@ func (h *Handler) bounds() bounds {
 }
 
 // admitted decides whether a client's request of prompt tokens (0: not
-// known yet) routed by d is served. It
-// returns false after answering, in the API's error shape, with
-// Retry-After and counted in request_errors_total by kind:
+// known yet) routed by d is served, and returns the bounds it was
+// admitted under (steered's: the share off for a client's last attempt
+// that only the share refused). It returns false after answering, in the
+// API's error shape, with Retry-After and counted in request_errors_total
+// by kind:
 //
 //   - no_engine, 503: no pod can serve (no candidate is eligible) and the
 //     local engine is down, so the local attempt would only fail (a refused
 //     connection, or the dial timeout for a hung engine) into a 502;
 //   - queue_full, 429: every eligible candidate is full (bounds.full);
 //   - prefill_busy, 429: so, but some only by the prefill share.
-func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView, prompt int) bool {
+func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView, prompt int) (bounds, bool) {
+	b := h.bounds()
 	if d.Eligible == 0 && !h.localReady.Load() {
-		return h.noEngine(c)
+		return b, h.noEngine(c)
 	}
-	return h.admittedFrom(c, queueSource{d: &d, peers: peers, prompt: prompt})
+	b, ok, waived := h.admittedFrom(c, queueSource{d: &d, peers: peers, prompt: prompt})
+	if waived {
+		h.metrics.shareWaived.WithLabelValues(apiOf(c).String()).Inc()
+	}
+	return b, ok
+}
+
+// lastAttempt reports whether c is a client's attempt at or past
+// Config.ServeRetry by its RetryCountHeader.
+func (h *Handler) lastAttempt(c *gin.Context) bool {
+	if h.cfg.ServeRetry <= 0 {
+		return false
+	}
+	v := c.GetHeader(RetryCountHeader)
+	if v == "" {
+		return false
+	}
+	n, err := strconv.Atoi(v)
+	return err == nil && n >= h.cfg.ServeRetry
 }
 
 // noEngine answers that no engine can serve the request (admitted's 503).
@@ -347,11 +381,13 @@ func (s *queueSource) anyEligible(cfg route.Config) bool {
 	return found
 }
 
-// admittedFrom is admitted's queue bounds on the pods of s.
-func (h *Handler) admittedFrom(c *gin.Context, s queueSource) bool {
-	b := h.bounds()
+// admittedFrom is admitted's queue bounds on the pods of s. It returns
+// the bounds the request was admitted under, and waived when only
+// because it is a client's last attempt (the share off).
+func (h *Handler) admittedFrom(c *gin.Context, s queueSource) (b bounds, ok, waived bool) {
+	b = h.bounds()
 	if b.off() {
-		return true
+		return b, true, false
 	}
 	// The queues up to the first pod with room: admit's rule reads only
 	// that far, and a refusal has them all for its message. The usual
@@ -363,13 +399,18 @@ func (h *Handler) admittedFrom(c *gin.Context, s queueSource) bool {
 		return b.full(q)
 	})
 	if admit(qs, b) {
-		return true
+		return b, true, false
+	}
+	share := slices.ContainsFunc(qs, func(q podQueue) bool { return !b.queueFull(q) })
+	if share && h.lastAttempt(c) {
+		b.MaxShare = 0
+		return b, true, true
 	}
 	prompt := s.prompt
 	kind, msg := queueFullKind, fmt.Sprintf(
 		"every pod that could serve this request is full (%d requests waiting or %s of prompt queued); retry later",
 		h.cfg.MaxQueue, h.cfg.MaxQueueWait)
-	if slices.ContainsFunc(qs, func(q podQueue) bool { return !b.queueFull(q) }) {
+	if share {
 		kind, msg = prefillBusyKind, fmt.Sprintf(
 			"every pod that could serve this request is full or has been prefilling for %.0f%% of the last %s with more than a step's %d tokens queued with it; its prompt of %d tokens would hold back the answers they are decoding; retry later",
 			b.MaxShare*100, route.ShareWindow, b.StepTokens, prompt)
@@ -377,7 +418,7 @@ func (h *Handler) admittedFrom(c *gin.Context, s queueSource) bool {
 	h.metrics.badRequests.WithLabelValues(kind, apiOf(c).String()).Inc()
 	c.Header("Retry-After", strconv.Itoa(retryAfter))
 	writeError(c, http.StatusTooManyRequests, msg)
-	return false
+	return b, false, false
 }
 
 // admittedAny is admission before the request is parsed, tokenized or
@@ -412,7 +453,8 @@ func (h *Handler) admittedAny(c *gin.Context) bool {
 	if !h.localReady.Load() && !s.anyEligible(h.cfg.Route) {
 		return h.noEngine(c)
 	}
-	return h.admittedFrom(c, s)
+	_, ok, _ := h.admittedFrom(c, s) // a waiver is counted by admitted, after the choice
+	return ok
 }
 
 // retryableRefusal makes a 503 or 429 that reaches a client retryable and

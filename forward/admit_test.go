@@ -209,8 +209,10 @@ func TestFullMeshIsRefused(t *testing.T) {
 		}
 	})
 	t.Run("anthropic", func(t *testing.T) {
+		// The SDK's last attempt: the queue bounds refuse it too (only
+		// the prefill share is waived for it).
 		a, b := fullPair(t, 2, 2)
-		resp := post(t, a.srv.URL+"/v1/messages", messagesBody, nil)
+		resp := post(t, a.srv.URL+"/v1/messages", messagesBody, map[string]string{RetryCountHeader: "2"})
 		body, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" {
 			t.Fatalf("status %d Retry-After %q body %s; want 429, 1", resp.StatusCode, resp.Header.Get("Retry-After"), body)
@@ -471,6 +473,52 @@ func TestPrefillBusyMesh(t *testing.T) {
 		a.h.cfg.StepTokens = 1 // a's own queue, empty, and the prompt are past it
 		if resp := post(t, a.srv.URL+"/v1/completions", long, nil); resp.StatusCode != 429 {
 			t.Errorf("past a step: status %d; want 429", resp.StatusCode)
+		}
+	})
+	t.Run("a client's last attempt", func(t *testing.T) {
+		a, b := busy(t, true, true)
+		for _, tt := range []struct {
+			attempt string
+			want    int
+		}{{"", 429}, {"0", 429}, {"1", 429}, {"x", 429}, {"2", 200}, {"3", 200}} {
+			resp := post(t, a.srv.URL+"/v1/completions", long, map[string]string{RetryCountHeader: tt.attempt})
+			if resp.StatusCode != tt.want {
+				t.Errorf("attempt %q: status %d; want %d", tt.attempt, resp.StatusCode, tt.want)
+			}
+		}
+		var m dto.Metric
+		a.h.metrics.shareWaived.WithLabelValues("completions").Write(&m)
+		if n := m.GetCounter().GetValue(); n != 2 {
+			t.Errorf("prefill_share_waived_total = %v; want 2", n)
+		}
+		if len(*a.seen)+len(*b.seen) != 2 {
+			t.Errorf("vLLMs saw %d+%d requests; want the 2 last attempts", len(*a.seen), len(*b.seen))
+		}
+		a.h.cfg.ServeRetry = 0
+		if resp := post(t, a.srv.URL+"/v1/completions", long, map[string]string{RetryCountHeader: "2"}); resp.StatusCode != 429 {
+			t.Errorf("--serve-retry 0: status %d; want 429", resp.StatusCode)
+		}
+	})
+	t.Run("a last attempt goes past a full queue", func(t *testing.T) {
+		// Both pods past the share, b's queue full too: the last attempt
+		// is admitted for a, and steered there whichever pod was chosen.
+		for _, text := range []string{"x", "y", "z", "w"} {
+			a, b := busy(t, true, true)
+			// b's queue full by its scraped count, which the choice does
+			// not read for a fronted pod (it has the exact one), and no
+			// prefill queued (its share falls to the bound in half a
+			// second), so that the choice falls on b for some prompts.
+			a.peers.views[1].Load.Waiting = a.h.cfg.MaxQueue
+			a.peers.views[1].Load.QueuedPrefillTokens = 0
+			a.peers.views[1].Load.PrefillShare = 0.999
+			a.peers.views[1].LoadAt = time.Now()
+			body := `{"model":"m","prompt":"` + strings.Repeat(text, 3000) + `"}`
+			resp := post(t, a.srv.URL+"/v1/completions", body, map[string]string{RetryCountHeader: "2"})
+			if resp.StatusCode != 200 || resp.Header.Get("X-Pod") != "a" || len(*b.seen) != 0 {
+				t.Errorf("prompt of %q: status %d from %q, b saw %d; want 200 from a", text, resp.StatusCode, resp.Header.Get("X-Pod"), len(*b.seen))
+			}
+			a.peers.views[0].Load.Waiting = 0
+			a.h.share = prefillShare{}
 		}
 	})
 	t.Run("one pod below the share", func(t *testing.T) {

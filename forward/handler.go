@@ -141,6 +141,10 @@ type Config struct {
 	// backlog whose every step is a full chunk. Default 8192 (vLLM V1's
 	// for online serving on an H100, the simulator's). 0: any queue.
 	StepTokens int
+	// ServeRetry is the attempt (RetryCountHeader) from which a client's
+	// request passes MaxPrefillShare: its last, refused, would be lost
+	// (admit.go). Default 2, the SDKs' default max_retries. 0: off.
+	ServeRetry int
 	// BodyTimeout bounds reading a client's request body, from its
 	// headers: a body trickled in slower is cut off with 408 (counted as
 	// request_errors_total{kind="body_timeout"}), so a slow client holds
@@ -181,6 +185,7 @@ func DefaultConfig() Config {
 		MaxQueueWait:    8 * time.Second,
 		MaxPrefillShare: 0.9,
 		StepTokens:      8192,
+		ServeRetry:      2,
 		BodyTimeout:     10 * time.Second,
 		WriteTimeout:    10 * time.Second,
 		Ranks:           1,
@@ -653,10 +658,11 @@ func (h *Handler) routed(c *gin.Context, model string, k keyed) (d route.Decisio
 	var peers []route.PeerView
 	d, peers = h.choose(model, k, false, *snap)
 	*snap = peers
-	if !h.admitted(c, d, peers, k.tokens) {
+	b, ok := h.admitted(c, d, peers, k.tokens)
+	if !ok {
 		return d, nil, false, false
 	}
-	d, steered = h.steered(d, peers, k.tokens)
+	d, steered = h.steered(d, peers, k.tokens, b)
 	return d, h.targets(d, peers), steered, true
 }
 

@@ -18,6 +18,7 @@ type Metrics struct {
 	inflight        prometheus.Gauge
 	queuedPrefill   prometheus.Gauge
 	prefillShare    prometheus.Gauge
+	shareWaived     *prometheus.CounterVec
 }
 
 // NewMetrics creates the front's metrics and registers them with reg (nil:
@@ -79,10 +80,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Name: "prefill_share",
 			Help: "Share of the recent past (an average over 5 s) in which the local vLLM had prompt tokens queued for prefill, at its last change; what this pod pushes to its peers with its queue. At --max-prefill-share the pod takes no new long prompt, so the requests it decodes get prefill-free steps.",
 		}),
+		shareWaived: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "prefill_share_waived_total",
+			Help: "Clients' last attempts (X-Stainless-Retry-Count at --serve-retry) served though --max-prefill-share would have refused them, by API: refused, they were lost.",
+		}, []string{"api"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.decisions, m.badRequests, m.hopRejected, m.forwardSeconds, m.tokenizeSeconds,
-			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight, m.queuedPrefill, m.prefillShare)
+			m.tokenizeErrors, m.retries, m.canceled, m.cachedTokens, m.storedProbes, m.inflight, m.queuedPrefill, m.prefillShare, m.shareWaived)
 	}
 	m.tiers = newTierMetrics(reg)
 	return m

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,9 +21,14 @@ import (
 // the baseline proxy set it. DecisionHeader is the sidecar's routing reason
 // ("affinity", "least-load", ...; "-retried" appended when the first
 // target failed before its first byte).
+//
+// RetryCountHeader numbers a call's attempts, 0 first, as the OpenAI and
+// Anthropic SDKs do on every attempt: the sidecar serves an SDK's last
+// past its prefill-share bound.
 const (
-	ServedByHeader = "X-Kvroute-Served-By"
-	DecisionHeader = "X-Kvroute-Decision"
+	ServedByHeader   = "X-Kvroute-Served-By"
+	DecisionHeader   = "X-Kvroute-Decision"
+	RetryCountHeader = "X-Stainless-Retry-Count"
 )
 
 // maxSSELine bounds one server-sent event line (a usage chunk is small; a
@@ -322,7 +328,7 @@ func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) 
 		}
 		var answered bool
 		last = time.Now()
-		rep, answered, err = c.once(ctx, ep, call)
+		rep, answered, err = c.once(ctx, ep, call, k)
 		rep.Attempts = k + 1
 		if k >= c.Retry.Retries || !shouldRetry(err, answered, rep.Streamed) {
 			break
@@ -336,8 +342,9 @@ func (c *Client) Do(ctx context.Context, ep Endpoint, call Call) (Reply, error) 
 	return rep, err
 }
 
-// once sends one attempt; answered reports whether response headers came.
-func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, answered bool, err error) {
+// once sends attempt k (0 first); answered reports whether response
+// headers came.
+func (c *Client) once(ctx context.Context, ep Endpoint, call Call, k int) (rep Reply, answered bool, err error) {
 	stream := c.Stream && !call.Plain
 	model := c.Model
 	if call.Model != "" {
@@ -359,6 +366,7 @@ func (c *Client) once(ctx context.Context, ep Endpoint, call Call) (rep Reply, a
 		return rep, false, fmt.Errorf("new request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(RetryCountHeader, strconv.Itoa(k))
 	if call.ID != "" {
 		req.Header.Set("X-Request-Id", call.ID)
 	}

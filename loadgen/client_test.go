@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -121,7 +122,12 @@ func TestRetryPolicyWait(t *testing.T) {
 // succeeds on the third attempt, the zero policy reports the first 503.
 func TestClientRetries(t *testing.T) {
 	var calls atomic.Int32
+	var mu sync.Mutex
+	var numbered []string // each attempt's RetryCountHeader, as the SDKs send it
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		numbered = append(numbered, r.Header.Get(RetryCountHeader))
+		mu.Unlock()
 		if calls.Add(1)%3 != 0 {
 			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusServiceUnavailable)
 			return
@@ -141,6 +147,9 @@ func TestClientRetries(t *testing.T) {
 	}
 	if want := []time.Duration{500 * time.Millisecond, time.Second}; !slices.Equal(waits, want) {
 		t.Errorf("backoffs %v; want %v", waits, want)
+	}
+	if want := []string{"0", "1", "2"}; !slices.Equal(numbered, want) {
+		t.Errorf("attempts numbered %q; want %q", numbered, want)
 	}
 	c.Retry = RetryPolicy{}
 	rep, err = c.Do(context.Background(), Endpoint{URL: srv.URL}, Call{Kind: Completion, Prompt: []uint32{1}, MaxTokens: 1})

@@ -54,6 +54,7 @@ type config struct {
 	MaxQueueWait    time.Duration // queued prefill at --prefill-rate at which a pod is full; 0: off
 	MaxPrefillShare float64       // prefill share at which a pod takes no long prompt; 0 or 1: off
 	StepTokens      int           // the engine's --max-num-batched-tokens: a queue past it is the backlog the share refuses on
+	ServeRetry      int           // a client's attempt (X-Stainless-Retry-Count) from which the prefill share does not refuse it; 0: off
 	BodyTimeout     time.Duration // reading a client's body; 0: no bound
 	WriteTimeout    time.Duration // each write of an answer to the client; 0: no bound
 	TextPrefixKeys  int           // 0: chat prompts are tokenized on the request path
@@ -135,6 +136,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&c.MaxQueue, "max-queue", fd.MaxQueue, "requests waiting at a pod's engine (not yet scheduled: vllm:num_requests_waiting, or the requests its sidecar has there beyond the scraped running ones, plus those sent it since its last report) at which the pod is full; when every pod that could serve a request is full, it is refused at once with 429 and Retry-After: 1 in its API's error shape; 0: off")
 	fs.Float64Var(&c.MaxPrefillShare, "max-prefill-share", fd.MaxPrefillShare, "share of the last few seconds (an average over 5 s) in which a pod's engine had prompt tokens queued for prefill, at which the pod takes no new request of over 1024 uncached tokens: under a sustained backlog every engine step carries a prefill chunk, and the answers it decodes get a token per step at prefill speed. 0.9 leaves a tenth of the engine's time to prefill-free steps; only while the request would leave more than --max-num-batched-tokens queued for prefill there; 0 or 1: off")
 	fs.IntVar(&c.StepTokens, "max-num-batched-tokens", fd.StepTokens, "the engine's token budget per step, as vLLM's own --max-num-batched-tokens: --max-prefill-share refuses a long prompt only where, with it, more than this is queued for prefill (every step then a full prefill chunk); a queue within one step leaves the answers their pace. 0: any queue")
+	fs.IntVar(&c.ServeRetry, "serve-retry", fd.ServeRetry, "a client's attempt from which --max-prefill-share does not refuse its request, by the X-Stainless-Retry-Count header the OpenAI and Anthropic SDKs send (0 on the first attempt; they give up after attempt 2 by default): refused there, the request is lost. --max-queue and --max-queue-wait still refuse it. 0: off")
 	fs.DurationVar(&c.MaxQueueWait, "max-queue-wait", fd.MaxQueueWait, "queued prefill (the prompt tokens a pod must compute before its requests' first tokens, at --prefill-rate) at which the pod is full, as --max-queue; 8 s drains within the 10 s a burst's TTFT should recover in; 0: off")
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", fd.BodyTimeout, "how long a client has to send its request body, from its headers; a slower body is cut off with 408 in its API's error shape (32 MiB at 3.2 MB/s at the default); 0: no bound")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", fd.WriteTimeout, "how long one write of an answer to a client may block; a client that reads a stream slower is cut off and its engine request canceled, freeing the slot; 0: no bound")
@@ -236,6 +238,8 @@ func (c config) validate() error {
 		return errors.New("--max-queue and --max-queue-wait must not be negative (0: off)")
 	case c.StepTokens < 0:
 		return errors.New("--max-num-batched-tokens must be at least 0")
+	case c.ServeRetry < 0:
+		return errors.New("--serve-retry must not be negative (0: off)")
 	case !(c.MaxPrefillShare >= 0 && c.MaxPrefillShare <= 1):
 		return errors.New("--max-prefill-share must be within 0..1 (0 or 1: off)")
 	case c.BodyTimeout < 0 || c.WriteTimeout < 0:

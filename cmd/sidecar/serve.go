@@ -185,6 +185,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.Route.CPULoadTokensPerSecond, fcfg.Route.DiskLoadTokensPerSecond = cfg.CPULoadRate, cfg.DiskLoadRate
 	fcfg.MaxQueue, fcfg.MaxQueueWait, fcfg.MaxPrefillShare = cfg.MaxQueue, cfg.MaxQueueWait, cfg.MaxPrefillShare
 	fcfg.StepTokens = cfg.StepTokens
+	fcfg.ServeRetry = cfg.ServeRetry
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
 	fcfg.Ranks, fcfg.PlaceRanks = cfg.DPRanks, cfg.PlaceRanks
 	switch cfg.RouteLoad {
