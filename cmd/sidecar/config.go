@@ -67,6 +67,7 @@ type config struct {
 	LoadInterval      time.Duration
 	DigestInterval    time.Duration
 	LoadPushDelay     time.Duration
+	LoadPushInterval  time.Duration
 	ModelsInterval    time.Duration
 	// RouteLoad is how peers' load is weighed: "work" (queued prefill
 	// tokens and requests) or "requests" (the count alone).
@@ -148,6 +149,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.LoadInterval, "load-interval", 250*time.Millisecond, "how often the local vLLM's load is scraped and advertised to peers (each advertisement is one memberlist alive broadcast)")
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
+	fs.DurationVar(&c.LoadPushInterval, "load-push-interval", gossip.DefaultConfig().LoadPushInterval, "the least time between two load reports this pod pushes to every peer (one UDP packet each): a change waits at most this long, so independent sidecars see a request land within it; each pod sends at most peers ÷ interval packets a second")
 	fs.DurationVar(&c.LoadPushDelay, "load-push-delay", gossip.DefaultConfig().LoadPushDelay, "how long a change of this pod's load or a claim (a request landing, leaving or sent on) waits before it is pushed to peers, so the request that made it is on its way first; changes meanwhile go in one push (the engine's state goes at once); 0: at once")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
 	ed := engine.DefaultConfig()
@@ -230,6 +232,8 @@ func (c config) validate() error {
 		return errors.New("--text-prefix-verify-every must be at least 1")
 	case c.ModelsInterval <= 0:
 		return errors.New("--models-interval must be positive")
+	case c.LoadPushInterval <= 0:
+		return errors.New("--load-push-interval must be positive")
 	case c.LoadPushDelay < 0:
 		return errors.New("--load-push-delay must not be negative")
 	case c.MaxBodyBytes <= 0:

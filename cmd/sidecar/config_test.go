@@ -45,6 +45,8 @@ func TestParseServeErrors(t *testing.T) {
 		{"--block-size", "0"},
 		{"--digest-fp-rate", "1.5"},
 		{"--load-push-delay", "-1ms"},
+		{"--load-push-interval", "0"},
+		{"--serve-retry", "-1"},
 		{"--max-queue", "-1"},
 		{"--max-queue-wait", "-1s"},
 		{"--max-prefill-share", "1.5"},

@@ -151,6 +151,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.Engine = route.EngineStarting     // serving once /health says so
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
 	gcfg.LoadPushDelay = cfg.LoadPushDelay
+	gcfg.LoadPushInterval = cfg.LoadPushInterval
 	if cfg.LoadPushDelay == 0 {
 		gcfg.LoadPushDelay = -1 // the flag's 0 is "at once", the config's is "default"
 	}
