@@ -52,6 +52,11 @@ type PolicyResult struct {
 	// Sidecars is what the sidecars cost, scraped at the end of the run,
 	// for a policy that runs them; nil otherwise.
 	Sidecars *SidecarCost `json:"sidecars,omitempty"`
+	// Decisions counts the answered requests by the router's reason
+	// (DecisionHeader: "affinity", "rendezvous", "rendezvous-full", ...),
+	// for a router that names it; nil otherwise. It shows which rule
+	// placed the requests where hit rates or balance differ.
+	Decisions map[string]int `json:"decisions,omitempty"`
 
 	// Not published in the JSON:
 
@@ -172,6 +177,12 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 	var first, last time.Duration = math.MaxInt64, 0
 	for _, s := range samples {
 		first = min(first, s.Sent)
+		if s.Decision != "" {
+			if res.Decisions == nil {
+				res.Decisions = map[string]int{}
+			}
+			res.Decisions[s.Decision]++
+		}
 		if !s.OK() {
 			if s.Status == http.StatusTooManyRequests {
 				res.Refused++
@@ -365,6 +376,23 @@ func Markdown(r Report) string {
 		fmt.Fprintf(&b, "\n%s hit rate by model:", p.Name)
 		for _, m := range models {
 			fmt.Fprintf(&b, " %s=%.1f%%", m, 100*p.HitByModel[m])
+		}
+	}
+	gap = "\n"
+	for _, p := range r.Policies {
+		if len(p.Decisions) == 0 {
+			continue
+		}
+		b.WriteString(gap)
+		gap = ""
+		reasons := make([]string, 0, len(p.Decisions))
+		for d := range p.Decisions {
+			reasons = append(reasons, d)
+		}
+		slices.Sort(reasons)
+		fmt.Fprintf(&b, "\n%s decisions:", p.Name)
+		for _, d := range reasons {
+			fmt.Fprintf(&b, " %s=%d", d, p.Decisions[d])
 		}
 	}
 	b.WriteString("\n")

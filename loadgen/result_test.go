@@ -133,6 +133,9 @@ func TestSummarizeByModel(t *testing.T) {
 	if got := Summarize("x", samples[:1], nil, 1).HitByModel; got != nil {
 		t.Errorf("no session names a model: HitByModel = %v; want nil", got)
 	}
+	if got := Summarize("x", samples, nil, 1).Decisions; got != nil {
+		t.Errorf("no router named its reason: Decisions = %v; want nil", got)
+	}
 	md := Markdown(Report{Policies: []PolicyResult{{Name: "service"}, {Name: "kvroute", HitByModel: want}}})
 	if !strings.Contains(md, "\n\nkvroute hit rate by model: base=90.0% lora-a=50.0%") {
 		t.Errorf("Markdown lacks the per-model line:\n%s", md)
@@ -268,5 +271,24 @@ func TestSummarizeRefused(t *testing.T) {
 	got := Summarize("kvroute", samples, []string{"p0"}, 1)
 	if got.Refused != 2 || got.SuccessRate != 0.25 {
 		t.Errorf("refused %d, success rate %v; want 2 and 0.25", got.Refused, got.SuccessRate)
+	}
+}
+
+// TestSummarizeDecisions: the router's reasons are counted over every
+// answered request, a refused one too, and listed per policy.
+func TestSummarizeDecisions(t *testing.T) {
+	samples := []Sample{
+		{Decision: "affinity"}, {Decision: "affinity"}, {Decision: "rendezvous"},
+		{Decision: "rendezvous-full", Err: "status 429", Status: 429},
+		{}, // a router that names no reason
+	}
+	got := Summarize("kvroute", samples, nil, 1).Decisions
+	want := map[string]int{"affinity": 2, "rendezvous": 1, "rendezvous-full": 1}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Decisions (-want +got):\n%s", d)
+	}
+	md := Markdown(Report{Policies: []PolicyResult{{Name: "service"}, {Name: "kvroute", Decisions: want}}})
+	if !strings.Contains(md, "\n\nkvroute decisions: affinity=2 rendezvous=1 rendezvous-full=1\n") {
+		t.Errorf("Markdown lacks the decisions line:\n%s", md)
 	}
 }
