@@ -74,6 +74,14 @@ type Config struct {
 	// (63 peers at 25 ms: 2,520/s, ~150 KB/s). Default 25 ms.
 	LoadPushInterval time.Duration
 
+	// ClaimPushInterval is the least time between a push and the next
+	// when that one carries a new claim (Mesh.Claim): a claim tells the
+	// other fronts where the request that made it went, so that its
+	// siblings arriving there meanwhile (an agent's parallel calls,
+	// within tens of milliseconds) follow it. At most LoadPushInterval;
+	// 0: LoadPushInterval (a claim waits as a load does); negative: none.
+	ClaimPushInterval time.Duration
+
 	// LoadPushDelay is how long a changed load or a new claim waits before
 	// it is pushed. The change is a request landing at, leaving or being
 	// sent to a node; meanwhile that request is being written out, and a
@@ -170,6 +178,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LoadPushInterval <= 0 {
 		c.LoadPushInterval = d.LoadPushInterval
+	}
+	switch {
+	case c.ClaimPushInterval == 0 || c.ClaimPushInterval > c.LoadPushInterval:
+		c.ClaimPushInterval = c.LoadPushInterval
+	case c.ClaimPushInterval < 0:
+		c.ClaimPushInterval = 0
 	}
 	switch {
 	case c.LoadPushDelay == 0:

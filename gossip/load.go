@@ -25,6 +25,7 @@ type pusher struct {
 	self      []route.Claim // claims on this node, by us or peers
 	since     time.Time     // when this node's cache began: engine or epoch last changed (route.PeerView.Since)
 	kick      chan struct{} // wakes loadLoop: the load changed
+	claimed   chan struct{} // ends loadLoop's wait after a push early: a claim (Config.ClaimPushInterval)
 	now       chan struct{} // wakes loadLoop: a claim or the engine's state, to go at once
 }
 
@@ -151,6 +152,10 @@ func (m *Mesh) Claim(peer string, cs []route.Claim) {
 	}
 	p.mu.Unlock()
 	p.pushSoon()
+	select {
+	case p.claimed <- struct{}{}:
+	default:
+	}
 }
 
 // claimLocked records claims made at at on peer: on this node unless its
@@ -205,17 +210,44 @@ func (m *Mesh) loadLoop() {
 		case <-refresh.C:
 		}
 		refresh.Reset(loadRefresh)
+		select {
+		case <-p.claimed: // the report takes every claim made until now
+		default:
+		}
+		pushed := time.Now()
 		if r, b, reliable, ok := m.nextReport(); ok {
 			// Each peer's own lane: never behind its queue, never
 			// dropped (sender.pushLoad).
 			m.members.each(func(s *sender) { s.pushLoad(r, b, reliable) })
 		}
-		select {
-		case <-m.done:
+		if !m.pushWait(pushed) {
 			return
-		case <-time.After(m.cfg.LoadPushInterval):
 		}
 	}
+}
+
+// pushWait waits after a push at pushed until the next may go:
+// LoadPushInterval, or ClaimPushInterval once a claim is made. It returns
+// false when Shutdown closes done.
+func (m *Mesh) pushWait(pushed time.Time) bool {
+	t := time.NewTimer(m.cfg.LoadPushInterval - time.Since(pushed))
+	defer t.Stop()
+	select {
+	case <-m.done:
+		return false
+	case <-t.C:
+		return true
+	case <-m.load.claimed:
+	}
+	if d := m.cfg.ClaimPushInterval - time.Since(pushed); d > 0 {
+		t.Reset(d)
+		select {
+		case <-m.done:
+			return false
+		case <-t.C:
+		}
+	}
+	return true
 }
 
 // nextReport builds the next load report, taking the claims it carries:

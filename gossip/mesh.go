@@ -94,6 +94,7 @@ func joinWith(ctx context.Context, cfg Config, h hooks) (*Mesh, error) {
 	}
 	m.load.kick = make(chan struct{}, 1)
 	m.load.now = make(chan struct{}, 1)
+	m.load.claimed = make(chan struct{}, 1)
 	m.load.engine = cfg.Engine
 	// A restarted node's reports must outrank its old ones, which peers
 	// may still hold if they never saw it leave.

@@ -360,6 +360,25 @@ func TestMeshSharesClaims(t *testing.T) {
 	}
 }
 
+// TestMeshClaimsSkipTheLoadInterval: with ClaimPushInterval under
+// LoadPushInterval, a claim made right after a push goes out without
+// waiting for the load's interval (here an hour).
+func TestMeshClaimsSkipTheLoadInterval(t *testing.T) {
+	ms := cluster(t, 2, func(i int, c *Config) {
+		c.MetaInterval, c.LoadPushInterval, c.ClaimPushInterval = time.Hour, time.Hour, -1
+	})
+	claimed := func(key blockkey.Key) bool {
+		v, _ := view(ms[1], "n0")
+		return slices.ContainsFunc(v.Claims, func(c route.Claim) bool { return c.Key == key })
+	}
+	// The first claim's push starts an hour of the load's interval; the
+	// second is made within it.
+	for _, key := range []blockkey.Key{42, 43} {
+		ms[0].Claim("n0", []route.Claim{{Key: key, Keys: 4}})
+		waitFor(t, 5*time.Second, fmt.Sprintf("claim %d at n1", key), func() bool { return claimed(key) })
+	}
+}
+
 func TestMeshLeaveAndDeath(t *testing.T) {
 	ms := cluster(t, 4, nil)
 	if err := ms[3].PublishDigest(testDigest("n3", 1, 1, 5)); err != nil {

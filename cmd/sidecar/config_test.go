@@ -46,6 +46,7 @@ func TestParseServeErrors(t *testing.T) {
 		{"--digest-fp-rate", "1.5"},
 		{"--load-push-delay", "-1ms"},
 		{"--load-push-interval", "0"},
+		{"--claim-push-interval", "-1ms"},
 		{"--serve-retry", "-1"},
 		{"--max-queue", "-1"},
 		{"--max-queue-wait", "-1s"},

@@ -152,6 +152,10 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	gcfg.Log = log.With().Str("component", "gossip").Logger()
 	gcfg.LoadPushDelay = cfg.LoadPushDelay
 	gcfg.LoadPushInterval = cfg.LoadPushInterval
+	gcfg.ClaimPushInterval = cfg.ClaimPushInterval
+	if cfg.ClaimPushInterval == 0 {
+		gcfg.ClaimPushInterval = -1 // the flag's 0 is "at once", the config's is "as loads"
+	}
 	if cfg.LoadPushDelay == 0 {
 		gcfg.LoadPushDelay = -1 // the flag's 0 is "at once", the config's is "default"
 	}
