@@ -151,13 +151,15 @@ func (a *assessment) listed(first *assessment) []int {
 	return slices.Compact(keep)
 }
 
-// before is the failover order's rule (before) for rows i and j.
+// before is the failover order's rule (before) for rows i and j, their
+// IDs read only where their rows tie (lighter).
 func (a *assessment) before(i, j int) bool {
 	ri, rj := &a.rows[i], &a.rows[j]
-	if ri.load != rj.load || ri.is(rowOver) != rj.is(rowOver) {
-		return before(ri.is(rowOver), rj.is(rowOver), ri.load, rj.load, "", "")
+	oi, oj := ri.is(rowOver), rj.is(rowOver)
+	if c := lighter(oi, oj, ri.load, rj.load); c != 0 {
+		return c < 0
 	}
-	return a.peers[i].ID < a.peers[j].ID
+	return before(oi, oj, ri.load, rj.load, a.peers[i].ID, a.peers[j].ID)
 }
 
 // explain sets c, zero, to row i as a Candidate (in place: a Candidate

@@ -2,6 +2,7 @@ package route_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -143,4 +144,41 @@ func TestListedIsTheWholeDecision(t *testing.T) {
 func header(d route.Decision) route.Decision {
 	d.Candidates, d.Omitted = nil, 0
 	return d
+}
+
+// TestListedFailoverTies checks the failover order a Decision among many
+// peers lists against the whole list's where most peers tie on load, by
+// IDs out of the peers' order: at a few loads, and at NaN loads (a KV
+// knee of -Inf), which before orders by ID as it does equal ones.
+func TestListedFailoverTies(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	now := time.Unix(1_800_000_000, 0)
+	for n := range 100 {
+		cfg := route.DefaultConfig()
+		if n%2 == 1 {
+			cfg.KVKnee = math.Inf(-1)
+		}
+		policy := route.DefaultChain(cfg, nil)
+		peers := make([]route.PeerView, route.ListPeers+1+rng.IntN(200))
+		for i, id := range rng.Perm(len(peers)) {
+			peers[i] = route.PeerView{ID: fmt.Sprintf("p%04d", id), Local: i == 3, KeyScheme: blockkey.Version,
+				Load: route.Load{Running: rng.IntN(3), Waiting: rng.IntN(2) * 20}, LoadAt: now}
+			if rng.IntN(4) == 0 {
+				peers[i].LoadAt = time.Time{} // stale: InFlight alone, never NaN
+				peers[i].Load.InFlight = rng.IntN(2)
+			}
+		}
+		req := route.Request{Keys: []blockkey.Key{blockkey.Key(rng.Uint64())}, TokensPerKey: 16, PromptTokens: 16}
+		whole := req
+		whole.Explain = true
+		got, want := policy.Choose(req, peers, now), policy.Choose(whole, peers, now)
+		if got.Omitted == 0 {
+			t.Fatalf("case %d: nothing omitted of %d peers", n, len(peers))
+		}
+		for max := 1; max <= 9; max++ {
+			if g, w := route.Attempts(got, max), route.Attempts(want, max); !reflect.DeepEqual(g, w) {
+				t.Fatalf("case %d: Attempts(%d) listed %v; whole %v", n, max, g, w)
+			}
+		}
+	}
 }
