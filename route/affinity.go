@@ -69,8 +69,9 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		price = cfg.IdleLoadTokens
 	}
 	rk, _ := rendezvousKey(*cfg, req.Keys)
-	held, best := -1, -1 // a scored peer with the longest match; the best score
-	raised := false      // a peer's load was priced at IdleLoadTokens
+	held := -1       // a scored peer with the longest match
+	hi := top{i: -1} // the best score
+	raised := false  // a peer's load was priced at IdleLoadTokens
 	for i := range rows {
 		if !a.inBound(i) {
 			continue
@@ -88,14 +89,12 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 			}
 			r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
 		}
+		hi.see(i, r.score)
 		if held < 0 || r.keys > rows[held].keys {
 			held = i
 		}
-		if best < 0 || a.better(rk, i, best) {
-			best = i
-		}
 	}
-	if best < 0 {
+	if held < 0 {
 		return a.decline("affinity: no peer within the bound")
 	}
 	hr, hid := &rows[held], peers[held].ID
@@ -113,6 +112,7 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 	if dup > 1 && !cfg.ProductCost {
 		a.d.Note = addNote(a.d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")
 	}
+	best := a.best(rk, hi)
 	if best != held && rows[best].keys < hr.keys {
 		a.d.Note = addNote(a.d.Note, fmt.Sprintf("load over affinity: %s holds more", hid))
 	}

@@ -325,6 +325,43 @@ func (a *assessment) better(k blockkey.Key, i, j int) bool {
 	return a.peers[i].ID < a.peers[j].ID
 }
 
+// top follows the rows a policy scores, in order, for best: the first
+// to score the highest score, and whether a later one ties it.
+type top struct {
+	i     int // -1 until a row is seen
+	score float64
+	tied  bool
+}
+
+func (t *top) see(i int, score float64) {
+	switch {
+	case t.i < 0 || score > t.score:
+		*t = top{i: i, score: score}
+	case score == t.score:
+		t.tied = true
+	}
+}
+
+// best returns the scored row that outranks the others (better), or -1
+// when none is scored. Only the rows that score t's score can, so the
+// rendezvous weights that break ties are hashed for those alone, not for
+// every row that ties with a best so far (among many idle peers, most of
+// those before the holder's), and not at all when none ties. A NaN
+// score, which no other raises or ties, is best only as the first row
+// scored: one pass of better never outranks it either.
+func (a *assessment) best(k blockkey.Key, t top) int {
+	if !t.tied {
+		return t.i
+	}
+	best := t.i
+	for i := t.i + 1; i < len(a.rows); i++ {
+		if r := &a.rows[i]; r.is(rowScored) && r.score == t.score && a.better(k, i, best) {
+			best = i
+		}
+	}
+	return best
+}
+
 // weight is row i's rendezvous weight for key k, computed once a choice:
 // the best so far meets every peer that ties with it.
 func (a *assessment) weight(i int, k blockkey.Key) uint64 {

@@ -1,7 +1,9 @@
 package route
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -406,5 +408,40 @@ func TestProductCost(t *testing.T) {
 				t.Errorf("target %s; want %s\n%s", d.Target, tt.want, d.Table())
 			}
 		})
+	}
+}
+
+// TestBestIsOnePass checks that best, which breaks ties only among the
+// rows of the top score, picks the row that one pass of better over
+// every scored row picks: scores that tie, NaN first or later, signed
+// zeros, infinities, IDs that tie.
+func TestBestIsOnePass(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	scores := []float64{-1, 0, math.Copysign(0, -1), 2, math.Inf(1), math.Inf(-1), math.NaN()}
+	for n := range 2000 {
+		peers := make([]PeerView, 1+rng.IntN(12))
+		rows := make([]row, len(peers))
+		a := assessment{peers: peers, rows: rows}
+		k := blockkey.Key(rng.Uint64())
+		hi := top{i: -1}
+		for i := range rows {
+			peers[i].ID = fmt.Sprintf("p%d", rng.IntN(4))
+			if rng.IntN(5) == 0 {
+				continue // not scored
+			}
+			r := &rows[i]
+			r.flags |= rowScored
+			r.score = scores[rng.IntN(len(scores))]
+			hi.see(i, r.score)
+		}
+		want := -1
+		for i := range rows {
+			if rows[i].is(rowScored) && (want < 0 || a.better(k, i, want)) {
+				want = i
+			}
+		}
+		if got := a.best(k, hi); got != want {
+			t.Fatalf("case %d: best %d; one pass %d (top %+v, rows %+v)", n, got, want, hi, rows)
+		}
 	}
 }

@@ -25,7 +25,7 @@ func (p LeastLoad) weigh(req *Request, peers []PeerView, now time.Time, sp *scra
 	}
 	rk, _ := rendezvousKey(*cfg, req.Keys)
 	price := cfg.price()
-	best := -1
+	hi := top{i: -1} // the best score
 	for i := range rows {
 		r := &rows[i]
 		if !r.is(rowEligible) {
@@ -33,9 +33,7 @@ func (p LeastLoad) weigh(req *Request, peers []PeerView, now time.Time, sp *scra
 		}
 		r.flags |= rowScored
 		r.score = -wait(cfg, r.queued, r.load, price)
-		if best < 0 || a.better(rk, i, best) {
-			best = i
-		}
+		hi.see(i, r.score)
 	}
-	return a.choose(best, ReasonLeastLoad)
+	return a.choose(a.best(rk, hi), ReasonLeastLoad)
 }
