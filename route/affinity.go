@@ -149,6 +149,7 @@ type matcher struct {
 	tpk      int
 	now      time.Time
 	r        *Recent
+	known    known   // whom r knows, asked of every peer
 	per, cur []match // per prompt: the answer, and digestMatch's scratch
 	// group, if set, holds the prefixes of the request's keys (a single
 	// prompt) in the digests a Group holds.
@@ -163,7 +164,7 @@ func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *m
 	if len(req.Batch) > 0 {
 		prompts = append(prompts, req.Batch...)
 	}
-	return &matcher{cfg: cfg, prompts: prompts, tpk: tpk, now: now, r: r,
+	return &matcher{cfg: cfg, prompts: prompts, tpk: tpk, now: now, r: r, known: r.known(),
 		per: make([]match, len(prompts)), cur: make([]match, len(prompts)),
 		digestCut: now.Add(-cfg.DigestTTL)}
 }
@@ -212,7 +213,7 @@ func groupMatch(n int, pv *PeerView) match {
 // extends reports whether this sidecar's own forwards (Recent) or claims
 // may reach further at pv than its digest.
 func (mr *matcher) extends(pv *PeerView) bool {
-	return mr.r.knows(pv.ID) || (mr.cfg.ClaimTTL > 0 && len(pv.Claims) > 0)
+	return mr.known.has(pv.ID) || (mr.cfg.ClaimTTL > 0 && len(pv.Claims) > 0)
 }
 
 // match returns what pv holds of the request (its keys, and a batch's

@@ -125,6 +125,73 @@ func (r *Recent) knows(peer string) bool {
 	return r != nil && r.peers[peer] != nil
 }
 
+// known is whom a Recent holds entries for (knows), as one choice asks
+// it of every peer: the tags of their names, so that a peer it does not
+// know, most of a large mesh's, is answered without a map lookup, which
+// hashed each peer's name. A tag set sends the peer to knows.
+type known struct {
+	r    *Recent   // nil: it knows no one
+	tags [4]uint64 // bit t: a name tagged t; every bit while there are many
+}
+
+// maxKnown is how many peers a Recent may know for known to list their
+// tags: past it most tags are set, and listing costs what it spares.
+const maxKnown = 32
+
+// known returns whom r knows now (a nil Recent: no one). A Record or an
+// Expire makes it out of date.
+func (r *Recent) known() known {
+	k := known{r: r}
+	switch {
+	case r == nil || len(r.peers) == 0:
+		k.r = nil // no name to read
+	case len(r.peers) > maxKnown:
+		k.tags = [4]uint64{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)}
+	default:
+		for name := range r.peers {
+			t := tag(name)
+			k.tags[t/64] |= 1 << (t % 64)
+		}
+	}
+	return k
+}
+
+// has reports whether peer is known: r.knows(peer). Small enough to
+// inline: a choice whose Recent knows no one pays a nil test a peer.
+func (k *known) has(peer string) bool {
+	return k.r != nil && k.tagged(peer)
+}
+
+// tagged is has for a Recent that knows someone.
+func (k *known) tagged(peer string) bool {
+	t := tag(peer)
+	return k.tags[t/64]&(1<<(t%64)) != 0 && k.r.knows(peer)
+}
+
+// tag is 8 bits of a name from its length and its last 8 bytes (all of
+// a shorter one), where one mesh's names differ (an ordinal, a generated
+// suffix, an address): a load or two where a hash of the whole name
+// costs what the lookup it spares does.
+func tag(s string) uint8 {
+	n := len(s)
+	v := uint64(n)
+	switch {
+	case n >= 8:
+		t := s[n-8 : n]
+		v ^= uint64(t[0]) | uint64(t[1])<<8 | uint64(t[2])<<16 | uint64(t[3])<<24 |
+			uint64(t[4])<<32 | uint64(t[5])<<40 | uint64(t[6])<<48 | uint64(t[7])<<56
+	case n >= 4: // the first 4 bytes and the last 4, which may overlap
+		h, t := s[:4], s[n-4:n]
+		v ^= (uint64(h[0]) | uint64(h[1])<<8 | uint64(h[2])<<16 | uint64(h[3])<<24) << 8
+		v ^= (uint64(t[0]) | uint64(t[1])<<8 | uint64(t[2])<<16 | uint64(t[3])<<24) << 32
+	default:
+		for i := range n {
+			v ^= uint64(s[i]) << (8 * (i + 1))
+		}
+	}
+	return uint8((v * 0x9e3779b97f4a7c15) >> 56)
+}
+
 // prefixLen is PrefixLen counting only entries recorded after since.
 func (r *Recent) prefixLen(peer string, keys []blockkey.Key, now, since time.Time) int {
 	if r == nil || len(keys) == 0 {

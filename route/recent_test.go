@@ -2,6 +2,8 @@ package route
 
 import (
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,5 +197,33 @@ func TestRecentIgnoresEntriesBeforeSince(t *testing.T) {
 	r.Record("p", keys[:2], t0.Add(600*time.Millisecond))
 	if got := r.Match(p, keys, t0.Add(time.Second)); got != 2 {
 		t.Errorf("Match of entries after Since = %d; want 2", got)
+	}
+}
+
+// TestRecentKnown checks that the filter a choice asks of every peer
+// answers as knows does: for names of every length, a Recent that knows
+// none, a few, or more than its tags can list, and a nil one.
+func TestRecentKnown(t *testing.T) {
+	name := func(i int) string {
+		return strings.Repeat("p", i%13) + strconv.Itoa(i)
+	}
+	for _, n := range []int{-1, 0, 1, 5, maxKnown, maxKnown + 1, 200} {
+		var r *Recent
+		if n >= 0 {
+			r = NewRecent(RecentConfig{})
+		}
+		for i := range n {
+			r.Record(name(3*i), keysN(i, 2), t0)
+		}
+		k := r.known()
+		for i := range 3*max(n, 0) + 100 {
+			id := name(i)
+			if got, want := k.has(id), r.knows(id); got != want {
+				t.Fatalf("%d known: has(%q) = %t; knows %t", n, id, got, want)
+			}
+		}
+		if k.has("") || (n > 0 && !k.has(name(0))) {
+			t.Fatalf("%d known: has(\"\") %t, has(%q) %t", n, k.has(""), name(0), k.has(name(0)))
+		}
 	}
 }
