@@ -132,7 +132,7 @@ func (t *Transposed) PrefixLens(keys []blockkey.Key, out []int, stamps []uint64)
 	copy(stamps, t.stamps[:n])
 	active := make([]uint64, t.w)
 	next := make([]uint64, t.w)
-	var nz []int // words of active with a bit set
+	nz := make([]int, 0, t.w) // words of active with a bit set: sized, not grown by appends
 	for s := range n {
 		if t.members[s] != nil {
 			if active[s/64] == 0 {

@@ -154,3 +154,46 @@ func benchChooseCold(b *testing.B, npeers int) {
 		b.Fatalf("reason %s; want rendezvous", d.Reason)
 	}
 }
+
+// TestChooseAllocsPerChoice checks that a choice among many grouped
+// peers, with a Recent, allocates as often among a thousand peers as
+// among 300: nothing per peer. (Below 257 peers the group's scratch, 32
+// bytes or less, is on the stack: fewer allocations.)
+func TestChooseAllocsPerChoice(t *testing.T) {
+	allocs := func(npeers int) float64 {
+		rng := rand.New(rand.NewPCG(11, 12))
+		keys := make([]blockkey.Key, 512)
+		for i := range keys {
+			keys[i] = blockkey.Key(rng.Uint64())
+		}
+		params := bloom.ParamsFor(2000, 0.01)
+		now := time.Unix(1_800_000_000, 0)
+		g := bloom.NewTransposed()
+		views := make([]route.PeerView, npeers)
+		for i := range views {
+			held := slices.Clone(keys[:4])
+			if i == npeers/2 {
+				held = keys[:384]
+			}
+			id := fmt.Sprintf("pod-%03d", i)
+			d := bloom.Build(bloom.Header{Node: id, Params: params}, held)
+			slot, stamp := g.Put(-1, d)
+			views[i] = route.PeerView{ID: id, Local: i == 0, KeyScheme: blockkey.Version,
+				Digest: &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}, DigestAt: now,
+				Load: route.Load{Running: i % 3}, LoadAt: now}
+		}
+		r := route.NewRecent(route.DefaultRecentConfig())
+		for i := range 16 {
+			r.Record(views[i*npeers/16].ID, []blockkey.Key{blockkey.Key(rng.Uint64())}, now)
+		}
+		policy := route.DefaultChain(route.DefaultConfig(), r)
+		req := route.Request{Keys: keys, TokensPerKey: 64, PromptTokens: 64 * len(keys)}
+		if d := policy.Choose(req, views, now); d.Target != views[npeers/2].ID {
+			t.Fatalf("%d peers: chose %s (%s); want the holder", npeers, d.Target, d.Reason)
+		}
+		return testing.AllocsPerRun(20, func() { policy.Choose(req, views, now) })
+	}
+	if few, many := allocs(300), allocs(1000); many > few {
+		t.Errorf("a choice allocates %v times among 1000 peers, %v among 300", many, few)
+	}
+}
