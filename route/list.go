@@ -134,13 +134,23 @@ func (a *assessment) listed(first *assessment) []int {
 			}
 			scored[j], ns = i, min(ns+1, listScored)
 		}
-		if !local && i != a.chosen && (nf < listFailover || a.before(i, fail[nf-1])) {
-			j := min(nf, listFailover-1)
-			for ; j > 0 && a.before(i, fail[j-1]); j-- {
-				fail[j] = fail[j-1]
-			}
-			fail[j], nf = i, min(nf+1, listFailover)
+		if local || i == a.chosen {
+			continue
 		}
+		if nf == listFailover {
+			// before, its cheap part inline (most rows stop here) and
+			// the call only on a tie.
+			last := &a.rows[fail[nf-1]]
+			c := lighter(r.is(rowOver), last.is(rowOver), r.load, last.load)
+			if c > 0 || (c == 0 && !a.before(i, fail[nf-1])) {
+				continue
+			}
+		}
+		j := min(nf, listFailover-1)
+		for ; j > 0 && a.before(i, fail[j-1]); j-- {
+			fail[j] = fail[j-1]
+		}
+		fail[j], nf = i, min(nf+1, listFailover)
 	}
 	keep = append(keep, fail[:nf]...)
 	keep = append(keep, scored[:ns]...)
