@@ -133,12 +133,20 @@ func (t *Transposed) PrefixLens(keys []blockkey.Key, out []int, stamps []uint64)
 	active := make([]uint64, t.w)
 	next := make([]uint64, t.w)
 	nz := make([]int, 0, t.w) // words of active with a bit set: sized, not grown by appends
-	for s := range n {
-		if t.members[s] != nil {
-			if active[s/64] == 0 {
-				nz = append(nz, s/64)
-			}
-			active[s/64] |= 1 << (s % 64)
+	// Every slot below n but the free ones (a slot's member is nil just
+	// while it is free): a word at a time, where asking each slot's
+	// member was a load and a branch per slot.
+	for j := 0; j*64 < n; j++ {
+		active[j] = ^uint64(0) >> (64 - min(n-j*64, 64))
+	}
+	for _, s := range t.free {
+		if s < n {
+			active[s/64] &^= 1 << (s % 64)
+		}
+	}
+	for j, a := range active {
+		if a != 0 {
+			nz = append(nz, j)
 		}
 	}
 	var rows [MaxK]int

@@ -212,3 +212,40 @@ func TestTransposedConcurrent(t *testing.T) {
 		mu.Unlock()
 	}
 }
+
+// TestTransposedShortOut: PrefixLens answers for the slots below the
+// length of out and stamps alone, free slots among them 0, whatever the
+// number of slots beyond.
+func TestTransposedShortOut(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	p := ParamsFor(500, 0.01)
+	chain := make([]blockkey.Key, 30)
+	for i := range chain {
+		chain[i] = blockkey.Key(rng.Uint64())
+	}
+	tr := NewTransposed()
+	ds := make([]*Digest, 150)
+	for i := range ds {
+		ds[i] = Build(Header{Node: fmt.Sprint("n", i), Params: p}, chain[:rng.IntN(len(chain)+1)])
+		if s, _ := tr.Put(-1, ds[i]); s != i {
+			t.Fatalf("Put %d gave slot %d", i, s)
+		}
+	}
+	for _, s := range []int{0, 63, 64, 100, 149} {
+		tr.Remove(s)
+		ds[s] = nil
+	}
+	for _, n := range []int{0, 1, 63, 64, 65, 101, 128, 149, 150} {
+		out, stamps := make([]int, n), make([]uint64, n)
+		tr.PrefixLens(chain, out, stamps)
+		for s := range n {
+			want := 0
+			if ds[s] != nil {
+				want = ds[s].PrefixLen(chain)
+			}
+			if out[s] != want || (stamps[s] == 0) != (ds[s] == nil) {
+				t.Fatalf("%d slots asked: slot %d: PrefixLens %d, stamp %d; want %d", n, s, out[s], stamps[s], want)
+			}
+		}
+	}
+}
