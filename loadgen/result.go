@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -351,13 +352,8 @@ func Markdown(r Report) string {
 		if len(p.PerPod) == 0 {
 			continue
 		}
-		pods := make([]string, 0, len(p.PerPod))
-		for k := range p.PerPod {
-			pods = append(pods, k)
-		}
-		slices.Sort(pods)
 		fmt.Fprintf(&b, "\n%s requests per pod:", p.Name)
-		for _, k := range pods {
+		for _, k := range slices.Sorted(maps.Keys(p.PerPod)) {
 			fmt.Fprintf(&b, " %s=%d", k, p.PerPod[k])
 		}
 	}
@@ -368,13 +364,8 @@ func Markdown(r Report) string {
 		}
 		b.WriteString(gap)
 		gap = ""
-		models := make([]string, 0, len(p.HitByModel))
-		for m := range p.HitByModel {
-			models = append(models, m)
-		}
-		slices.Sort(models)
 		fmt.Fprintf(&b, "\n%s hit rate by model:", p.Name)
-		for _, m := range models {
+		for _, m := range slices.Sorted(maps.Keys(p.HitByModel)) {
 			fmt.Fprintf(&b, " %s=%.1f%%", m, 100*p.HitByModel[m])
 		}
 	}
@@ -385,13 +376,8 @@ func Markdown(r Report) string {
 		}
 		b.WriteString(gap)
 		gap = ""
-		reasons := make([]string, 0, len(p.Decisions))
-		for d := range p.Decisions {
-			reasons = append(reasons, d)
-		}
-		slices.Sort(reasons)
 		fmt.Fprintf(&b, "\n%s decisions:", p.Name)
-		for _, d := range reasons {
+		for _, d := range slices.Sorted(maps.Keys(p.Decisions)) {
 			fmt.Fprintf(&b, " %s=%d", d, p.Decisions[d])
 		}
 	}
