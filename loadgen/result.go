@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -348,44 +349,36 @@ func Markdown(r Report) string {
 			p.Name, p.Requests, 100*p.SuccessRate, 100*p.HitRate, p.TTFTP50, p.TTFTP90, p.TTFTP99,
 			p.E2EP50, p.E2EP99, p.OutputTokS, p.MaxMeanLoad, p.WallTTFTP90, p.RepeatTTFTP90)
 	}
-	for _, p := range r.Policies {
-		if len(p.PerPod) == 0 {
-			continue
-		}
-		fmt.Fprintf(&b, "\n%s requests per pod:", p.Name)
-		for _, k := range slices.Sorted(maps.Keys(p.PerPod)) {
-			fmt.Fprintf(&b, " %s=%d", k, p.PerPod[k])
-		}
-	}
-	gap := "\n"
-	for _, p := range r.Policies {
-		if len(p.HitByModel) == 0 {
-			continue
-		}
-		b.WriteString(gap)
-		gap = ""
-		fmt.Fprintf(&b, "\n%s hit rate by model:", p.Name)
-		for _, m := range slices.Sorted(maps.Keys(p.HitByModel)) {
-			fmt.Fprintf(&b, " %s=%.1f%%", m, 100*p.HitByModel[m])
-		}
-	}
-	gap = "\n"
-	for _, p := range r.Policies {
-		if len(p.Decisions) == 0 {
-			continue
-		}
-		b.WriteString(gap)
-		gap = ""
-		fmt.Fprintf(&b, "\n%s decisions:", p.Name)
-		for _, d := range slices.Sorted(maps.Keys(p.Decisions)) {
-			fmt.Fprintf(&b, " %s=%d", d, p.Decisions[d])
-		}
-	}
+	count := func(n int) string { return strconv.Itoa(n) }
+	keyLines(&b, r.Policies, false, "requests per pod", func(p PolicyResult) map[string]int { return p.PerPod }, count)
+	keyLines(&b, r.Policies, true, "hit rate by model", func(p PolicyResult) map[string]float64 { return p.HitByModel },
+		func(h float64) string { return fmt.Sprintf("%.1f%%", 100*h) })
+	keyLines(&b, r.Policies, true, "decisions", func(p PolicyResult) map[string]int { return p.Decisions }, count)
 	b.WriteString("\n")
 	b.WriteString(tierTable(r.Policies))
 	b.WriteString(apiTable(r.Policies))
 	b.WriteString(costTable(r.Policies))
 	return b.String()
+}
+
+// keyLines writes a line per policy whose map of(p) holds anything: its
+// name, label and key=value in key order, shown by show; the first after
+// a blank line when gap.
+func keyLines[V any](b *strings.Builder, ps []PolicyResult, gap bool, label string, of func(PolicyResult) map[string]V, show func(V) string) {
+	for _, p := range ps {
+		m := of(p)
+		if len(m) == 0 {
+			continue
+		}
+		if gap {
+			b.WriteString("\n")
+			gap = false
+		}
+		fmt.Fprintf(b, "\n%s %s:", p.Name, label)
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			fmt.Fprintf(b, " %s=%s", k, show(m[k]))
+		}
+	}
 }
 
 // costTable renders what the sidecars of the policies that run them cost,
