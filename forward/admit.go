@@ -317,9 +317,8 @@ func (h *Handler) bounds() bounds {
 //   - queue_full, 429: every eligible candidate is full (bounds.full);
 //   - prefill_busy, 429: so, but some only by the prefill share.
 func (h *Handler) admitted(c *gin.Context, d route.Decision, peers []route.PeerView, prompt int) (bounds, bool) {
-	b := h.bounds()
 	if d.Eligible == 0 && !h.localReady.Load() {
-		return b, h.noEngine(c)
+		return bounds{}, h.noEngine(c) // refused: no bounds to steer by
 	}
 	b, ok, waived := h.admittedFrom(c, queueSource{d: &d, peers: peers, prompt: prompt})
 	if waived {

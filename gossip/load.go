@@ -26,7 +26,7 @@ type pusher struct {
 	since     time.Time     // when this node's cache began: engine or epoch last changed (route.PeerView.Since)
 	kick      chan struct{} // wakes loadLoop: the load changed
 	claimed   chan struct{} // ends loadLoop's wait after a push early: a claim (Config.ClaimPushInterval)
-	now       chan struct{} // wakes loadLoop: a claim or the engine's state, to go at once
+	now       chan struct{} // wakes loadLoop: the engine's state or digest epoch, to go at once
 }
 
 // setEpoch records a new digest epoch for the next report, which goes by
