@@ -156,9 +156,12 @@ func benchChooseCold(b *testing.B, npeers int) {
 }
 
 // TestChooseAllocsPerChoice checks that a choice among many grouped
-// peers, with a Recent, allocates as often among a thousand peers as
-// among 300: nothing per peer. (Below 257 peers the group's scratch, 32
-// bytes or less, is on the stack: fewer allocations.)
+// peers, with a Recent, allocates nothing per peer: among a thousand
+// peers as often as among 300, give or take the scratch rows' pool,
+// which the race detector empties at random (a run then allocates its
+// rows again: 12 against 11 in one make test). An allocation per peer
+// would be 700 more. (Below 257 peers the group's scratch, 32 bytes or
+// less, is on the stack: fewer allocations.)
 func TestChooseAllocsPerChoice(t *testing.T) {
 	allocs := func(npeers int) float64 {
 		rng := rand.New(rand.NewPCG(11, 12))
@@ -193,7 +196,7 @@ func TestChooseAllocsPerChoice(t *testing.T) {
 		}
 		return testing.AllocsPerRun(20, func() { policy.Choose(req, views, now) })
 	}
-	if few, many := allocs(300), allocs(1000); many > few {
+	if few, many := allocs(300), allocs(1000); many > few+2 {
 		t.Errorf("a choice allocates %v times among 1000 peers, %v among 300", many, few)
 	}
 }
