@@ -143,6 +143,9 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	if cfg.Sidecars {
 		cached, cost = reportSidecars(ctx, c, time.Since(began), out) // a result, not progress: --quiet keeps it
 	}
+	if err := writeSamples(filepath.Join(dir, "samples.jsonl"), samples); err != nil {
+		fmt.Fprintf(out, "kvbench: %s: %v\n", policy, err) // the summary still stands
+	}
 	res := loadgen.Summarize(policy, samples, pods, cfg.Sim.TimeScale)
 	cached.fill(&res)
 	res.Sidecars = cost
@@ -303,4 +306,22 @@ func writeOutputs(o options, points []loadgen.SweepPoint, workload string) ([]st
 		written = append(written, path)
 	}
 	return written, nil
+}
+
+// writeSamples writes one JSON line per request, in the order they ended:
+// what a placement study compares between policies (pod, decision,
+// prompt and cached tokens, TTFT) beyond the summary's percentiles.
+func writeSamples(path string, samples []loadgen.Sample) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	for i := range samples {
+		if err := enc.Encode(&samples[i]); err != nil {
+			f.Close()
+			return fmt.Errorf("samples: %w", err)
+		}
+	}
+	return f.Close()
 }
