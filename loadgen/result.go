@@ -36,6 +36,9 @@ type PolicyResult struct {
 	E2EP99      float64 `json:"e2e_p99_s"`
 	OutputTokS  float64 `json:"output_tok_s"`
 	MaxMeanLoad float64 `json:"max_mean_load"`
+	// SimClock is how fast the simulators' clocks kept up with the wall
+	// clock; nil without simulated timings.
+	SimClock *SimClock `json:"sim_clock,omitempty"`
 	// RepeatTTFTP90 is the TTFT p90 of the successful requests that repeat
 	// a prefix: a later turn, or a session of a Group scheduled before.
 	// The first request of each prefix is a miss whatever the routing;
@@ -238,6 +241,7 @@ func Summarize(name string, samples []Sample, pods []string, timeScale float64) 
 	res.MaxMeanLoad = maxMean(res.PerPod)
 	res.RepeatTTFTP90 = Percentile(repeatTTFTs(samples), 90)
 	res.ByAPI = byAPI(samples)
+	res.SimClock = simClock(samples, timeScale)
 	return res
 }
 
@@ -355,6 +359,7 @@ func Markdown(r Report) string {
 		func(h float64) string { return fmt.Sprintf("%.1f%%", 100*h) })
 	keyLines(&b, r.Policies, true, "decisions", func(p PolicyResult) map[string]int { return p.Decisions }, count)
 	b.WriteString("\n")
+	b.WriteString(simClockLines(r.Policies))
 	b.WriteString(tierTable(r.Policies))
 	b.WriteString(apiTable(r.Policies))
 	b.WriteString(costTable(r.Policies))

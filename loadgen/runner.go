@@ -62,8 +62,12 @@ type Sample struct {
 	// failed after them.
 	Chunks int
 	// TTFT and E2E are seconds: simulated when Sim, else wall-clock.
-	TTFT, E2E         float64
-	Sim               bool
+	TTFT, E2E float64
+	Sim       bool
+	// SimArrival is when the request reached the simulator that served
+	// it, on that simulator's clock, in seconds (0 without Sim): against
+	// Sent it shows whether the simulators kept pace (SimClock).
+	SimArrival        float64
 	WallTTFT, WallE2E time.Duration
 	// Decision, LocalAddr, Attempts, Status and Streamed are the Reply's.
 	Decision  string
@@ -92,6 +96,7 @@ func sampleOf(rep Reply) Sample {
 	}
 	if rep.Sim != nil {
 		s.Sim = true
+		s.SimArrival = rep.Sim.ArrivalS
 		s.TTFT = max(0, rep.Sim.FirstTokenS-rep.Sim.ArrivalS)
 		s.E2E = max(0, rep.Sim.FinishS-rep.Sim.ArrivalS)
 	} else {
