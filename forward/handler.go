@@ -996,6 +996,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 				break
 			}
 		}
+		// Every candidate's terms, as /debug/route shows them: why a
+		// session left its holder is in the loads and matches of both.
+		e = e.Str("note", st.decision.Note).Interface("candidates", st.decision.Candidates)
 		e.Msg("routed")
 	}
 	return nil

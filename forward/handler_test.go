@@ -699,9 +699,11 @@ func (s logSink) Write(b []byte) (int, error) {
 }
 
 // TestRoutedLogNamesRequest: the routed debug line names a request by its
-// client's X-Request-Id, else by the front's name and its arrival order.
+// client's X-Request-Id, else by the front's name and its arrival order,
+// and lists every candidate with its terms, the chosen one marked.
 func TestRoutedLogNamesRequest(t *testing.T) {
 	n := newNode(t, "a")
+	n.peers.views = []route.PeerView{{ID: "a", Local: true, KeyScheme: blockkey.Version, Digest: keySet{}, LoadAt: time.Now()}}
 	logs := make(logSink, 64)
 	n.h.log = zerolog.New(logs).Level(zerolog.DebugLevel)
 	for _, id := range []string{"", "client-7", ""} {
@@ -717,9 +719,15 @@ func TestRoutedLogNamesRequest(t *testing.T) {
 	for timeout := time.After(5 * time.Second); len(got) < 3; {
 		select {
 		case l := <-logs:
-			var line struct{ Req, Message string }
+			var line struct {
+				Req, Message string
+				Candidates   []route.Candidate
+			}
 			if json.Unmarshal([]byte(l), &line) == nil && line.Message == "routed" {
 				got = append(got, line.Req)
+				if i := slices.IndexFunc(line.Candidates, func(c route.Candidate) bool { return c.Chosen }); i < 0 || line.Candidates[i].ID != "a" {
+					t.Errorf("%s: candidates %+v; want pod a chosen", line.Req, line.Candidates)
+				}
 			}
 		case <-timeout:
 			t.Fatalf("routed lines %q; want 3", got)

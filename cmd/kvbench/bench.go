@@ -133,7 +133,7 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	}
 	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
 		Endpoints: eps, Client: client, Concurrency: o.Concurrency,
-		Seed: o.Seed, Stop: o.Duration, Progress: progress,
+		Seed: o.Seed, Stop: o.Duration, Progress: progress, RequestIDs: o.RequestIDs,
 	}, s)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)

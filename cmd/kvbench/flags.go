@@ -69,9 +69,12 @@ type options struct {
 	Concurrency  int
 	// ClientRetry gives the load's clients the OpenAI SDKs' retries.
 	ClientRetry bool
-	Fill        float64
-	BinDir      string
-	Subnet      string
+	// RequestIDs sends every request with X-Request-Id session.turn
+	// (loadgen.RequestID), which the sidecars' logs name it by.
+	RequestIDs bool
+	Fill       float64
+	BinDir     string
+	Subnet     string
 	// Drain bounds how long a run waits for answers after the last arrival.
 	Drain time.Duration
 	Quiet bool
@@ -134,6 +137,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.BlocksPerPod, "blocks-per-pod", 2048, "KV cache blocks of 16 tokens per pod (--num-gpu-blocks-override)")
 	fs.IntVar(&o.MaxRequests, "max-requests", 0, "cap on requests per run (0: none)")
 	fs.IntVar(&o.Concurrency, "concurrency", 256, "max requests in flight")
+	fs.BoolVar(&o.RequestIDs, "request-ids", false, "send every request with X-Request-Id SESSION.TURN, the id the sidecars' logs (--sidecar-args \"--log-level debug\": every decision with its candidates) and samples.jsonl name it by")
 	fs.BoolVar(&o.ClientRetry, "client-retry", false, "clients retry as the OpenAI SDKs do: twice, after 0.5 s then 1 s (less up to 25% jitter), on 408, 409, 429, 5xx or a connection error before any answer; a request fails only when its retries did, and its times span every attempt (off: every refusal is a failure)")
 	fs.Float64Var(&o.Fill, "fill", 0.73, "fraction of the cluster's KV cache the distinct prefixes occupy")
 	fs.StringVar(&o.BinDir, "bin", "bin", "where the vllm-sim and sidecar binaries are built and found")

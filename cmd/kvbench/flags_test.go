@@ -20,11 +20,16 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "defaults", check: func(t *testing.T, o options) {
 			if o.Pods != 4 || o.Workload != "shared-prefix" || !slices.Equal(o.Policies, []string{"service", "kvroute"}) ||
-				o.Rate != 8 || o.Duration != 30*time.Second || o.JSON != "out/results.json" || o.BlocksPerPod != 2048 {
+				o.Rate != 8 || o.Duration != 30*time.Second || o.JSON != "out/results.json" || o.BlocksPerPod != 2048 || o.RequestIDs {
 				t.Errorf("defaults %+v", o)
 			}
 			if l := o.loads(); !slices.Equal(l, []float64{8}) {
 				t.Errorf("loads %v; want [8]", l)
+			}
+		}},
+		{name: "request ids", args: []string{"--request-ids"}, check: func(t *testing.T, o options) {
+			if !o.RequestIDs {
+				t.Error("--request-ids not set")
 			}
 		}},
 		{name: "trace implies mooncake", args: []string{"--trace", "x.jsonl", "--time-scale", "3"}, check: func(t *testing.T, o options) {
