@@ -3,6 +3,7 @@ package loadgen
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -280,3 +281,36 @@ func poisson(r *rand.Rand, rate float64, dur time.Duration, limit int) []time.Du
 func sessionID(prefix string, i int) string {
 	return prefix + "-" + strconv.Itoa(i)
 }
+
+// Stretched returns a copy of s with every arrival and think time k times
+// as long: the same schedule for a cluster whose simulated clocks run at
+// 1/k of the wall clock (kvbench --slow), so that in simulated time it
+// arrives as s does. k <= 1 returns s itself.
+func (s Schedule) Stretched(k float64) Schedule {
+	if k <= 1 {
+		return s
+	}
+	out := s
+	out.Sessions = stretchSessions(s.Sessions, k)
+	return out
+}
+
+func stretchSessions(xs []Session, k float64) []Session {
+	if xs == nil {
+		return nil
+	}
+	out := make([]Session, len(xs))
+	for i, x := range xs {
+		x.At = scaled(x.At, k)
+		x.Turns = slices.Clone(x.Turns)
+		for j := range x.Turns {
+			t := &x.Turns[j]
+			t.Think = scaled(t.Think, k)
+			t.Spawn = stretchSessions(t.Spawn, k)
+		}
+		out[i] = x
+	}
+	return out
+}
+
+func scaled(d time.Duration, k float64) time.Duration { return time.Duration(float64(d) * k) }

@@ -91,12 +91,13 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 	extra, sidecars := kvrouteArgs[policy]
 	cfg.Sidecars = sidecars
 	dpSim, dpSidecar := o.dpArgs()
-	cfg.SidecarArgs = append(append(slices.Clip(o.SidecarArgs), dpSidecar...), extra...)
+	cfg.SidecarArgs = slices.Concat(o.slowArgs(), o.SidecarArgs, dpSidecar, extra)
 	cfg.Sim.NumGPUBlocks = o.BlocksPerPod
 	cfg.Sim.BlockSize = blockSize
 	cfg.Sim.ExtraArgs = append(append(simArgs(o.Workload), o.tierArgs()...), dpSim...)
 	cfg.SimEnv = simEnv(o.Workload)
 	cfg.StopGrace = 2 * time.Second
+	cfg.Sim.TimeScale = o.simTimeScale()
 	cfg.Progress = progress
 	c, err := chaos.Start(ctx, cfg)
 	if err != nil {
@@ -124,17 +125,19 @@ func runPolicy(ctx context.Context, o options, policy, label string, s loadgen.S
 		defer stop()
 		eps = []loadgen.Endpoint{{URL: url}}
 	}
-	fmt.Fprintf(progress, "kvbench: %s: %d requests over %v\n", policy, s.Requests(), o.Duration)
-	runCtx, cancel := context.WithTimeout(ctx, o.Duration+o.Drain)
+	fmt.Fprintf(progress, "kvbench: %s: %d requests over %v\n", policy, s.Requests(), o.slowed(o.Duration))
+	runCtx, cancel := context.WithTimeout(ctx, o.slowed(o.Duration+o.Drain))
 	defer cancel()
 	client := loadgen.NewClient(nil, model)
 	if o.ClientRetry {
 		client.Retry = loadgen.SDKRetry(loadgen.SeededJitter(o.Seed))
+		client.Retry.Backoff = o.slowed(client.Retry.Backoff)
+		client.Retry.MaxBackoff = o.slowed(client.Retry.MaxBackoff)
 	}
 	samples, err := loadgen.Run(runCtx, loadgen.RunConfig{
 		Endpoints: eps, Client: client, Concurrency: o.Concurrency,
-		Seed: o.Seed, Stop: o.Duration, Progress: progress, RequestIDs: o.RequestIDs,
-	}, s)
+		Seed: o.Seed, Stop: o.slowed(o.Duration), Progress: progress, RequestIDs: o.RequestIDs,
+	}, s.Stretched(o.Slow))
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return loadgen.PolicyResult{}, fmt.Errorf("%s: %w", policy, err)
 	}

@@ -69,6 +69,8 @@ type options struct {
 	Concurrency  int
 	// ClientRetry gives the load's clients the OpenAI SDKs' retries.
 	ClientRetry bool
+	// Slow runs the cluster in slow motion (slow.go); 1: real time.
+	Slow float64
 	// RequestIDs sends every request with X-Request-Id session.turn
 	// (loadgen.RequestID), which the sidecars' logs name it by.
 	RequestIDs bool
@@ -137,6 +139,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.BlocksPerPod, "blocks-per-pod", 2048, "KV cache blocks of 16 tokens per pod (--num-gpu-blocks-override)")
 	fs.IntVar(&o.MaxRequests, "max-requests", 0, "cap on requests per run (0: none)")
 	fs.IntVar(&o.Concurrency, "concurrency", 256, "max requests in flight")
+	fs.Float64Var(&o.Slow, "slow", 1, "slow motion: the simulators' clocks run at 1/K of the wall clock, arrivals and think times are K times apart and the sidecars' rates and push intervals scaled to match, so a run needs a K-th of the CPU a wall second and means the same in simulated time (results stay in simulated seconds); for a machine too small for the cluster, whose results.md calls the run CPU-bound")
 	fs.BoolVar(&o.RequestIDs, "request-ids", false, "send every request with X-Request-Id SESSION.TURN, the id the sidecars' logs (--sidecar-args \"--log-level debug\": every decision with its candidates) and samples.jsonl name it by")
 	fs.BoolVar(&o.ClientRetry, "client-retry", false, "clients retry as the OpenAI SDKs do: twice, after 0.5 s then 1 s (less up to 25% jitter), on 408, 409, 429, 5xx or a connection error before any answer; a request fails only when its retries did, and its times span every attempt (off: every refusal is a failure)")
 	fs.Float64Var(&o.Fill, "fill", 0.73, "fraction of the cluster's KV cache the distinct prefixes occupy")
@@ -203,6 +206,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--workload %q: want one of %s, or mooncake", o.Workload, strings.Join(loadgen.Workloads, ", "))
 	case o.Rate <= 0 || o.TimeScale <= 0:
 		return o, errors.New("--rate and --time-scale must be positive")
+	case !(o.Slow >= 1):
+		return o, errors.New("--slow must be at least 1 (1: real time)")
 	case o.Duration <= 0:
 		return o, errors.New("--duration must be positive")
 	case o.BlocksPerPod < 64:

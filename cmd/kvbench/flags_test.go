@@ -27,6 +27,30 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("loads %v; want [8]", l)
 			}
 		}},
+		{name: "slow motion", args: []string{"--slow", "2", "--sidecar-args", "--prefill-rate 5000"}, check: func(t *testing.T, o options) {
+			if o.simTimeScale() != 0.5 || o.slowed(30*time.Second) != time.Minute {
+				t.Errorf("time scale %v, 30s slowed to %v", o.simTimeScale(), o.slowed(30*time.Second))
+			}
+			args := slices.Concat(o.slowArgs(), o.SidecarArgs)
+			// The sidecar's flags parse the last of a repeated flag: the user's
+			// own --prefill-rate comes after --slow's and wins.
+			last := map[string]string{}
+			for i := 0; i+1 < len(args); i += 2 {
+				last[args[i]] = args[i+1]
+			}
+			want := map[string]string{"--prefill-rate": "5000", "--load-push-interval": "50ms", "--claim-push-interval": "50ms",
+				"--load-push-delay": "4ms", "--max-queue-wait": "16s", "--cpu-load-rate": "190735"}
+			for k, v := range want {
+				if last[k] != v {
+					t.Errorf("%s %q; want %q (args %q)", k, last[k], v, args)
+				}
+			}
+		}},
+		{name: "real time", check: func(t *testing.T, o options) {
+			if o.slowArgs() != nil || o.simTimeScale() != 1 || o.slowed(time.Second) != time.Second {
+				t.Errorf("--slow 1 changes the run: %q %v", o.slowArgs(), o.simTimeScale())
+			}
+		}},
 		{name: "request ids", args: []string{"--request-ids"}, check: func(t *testing.T, o options) {
 			if !o.RequestIDs {
 				t.Error("--request-ids not set")
@@ -52,6 +76,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "policy twice", args: []string{"--policies", "kvroute,kvroute"}, wantErr: "twice"},
 		{name: "no policies", args: []string{"--policies", ""}, wantErr: "none"},
 		{name: "unknown workload", args: []string{"--workload", "nope"}, wantErr: "--workload"},
+		{name: "slow under 1", args: []string{"--slow", "0.5"}, wantErr: "--slow"},
 		{name: "mooncake without trace", args: []string{"--workload", "mooncake"}, wantErr: "--trace"},
 		{name: "bad sweep", args: []string{"--sweep", "1,x"}, wantErr: "--sweep"},
 		{name: "negative sweep", args: []string{"--sweep", "-1"}, wantErr: "--sweep"},
