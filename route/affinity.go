@@ -50,48 +50,61 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 	if len(req.Batch) == 0 {
 		mr.group = groupFor(peers, req.Keys, &sp.group)
 	}
-	a := assess(cfg, req, peers, now, rows, func(pv *PeerView, r *row) {
-		if n, ok := mr.plain(pv); ok {
-			m := groupMatch(n, pv)
-			r.setMatch(&m, tpk, req.PromptTokens)
-			return
-		}
-		m, f := mr.match(pv)
-		r.flags |= f
-		r.setMatch(&m, tpk, req.PromptTokens)
-	})
+	a := rate(cfg, req, peers, now, rows)
 	if a.d.Eligible == 0 {
 		return a.decline("no eligible peer")
 	}
+	// A pass of its own over the eligible peers, where rate's called
+	// this for each (a closure): a call less per peer, and the loop's
+	// values stay in registers.
+	prompt := req.PromptTokens
+	for i := range rows {
+		r := &rows[i]
+		if !r.is(rowEligible) {
+			continue
+		}
+		pv := &peers[i]
+		if n, ok := mr.plain(pv); ok {
+			r.setGPU(n, tpk, prompt) // groupMatch's
+			continue
+		}
+		m, f := mr.match(pv)
+		r.flags |= f
+		r.setMatch(&m, tpk, prompt)
+	}
+	a.bound()
 	dup := dupWeight(cfg, a.waiting)
 	price := cfg.LoadTokens
 	if a.idle && cfg.IdleLoadTokens > price {
 		price = cfg.IdleLoadTokens
 	}
 	rk, _ := rendezvousKey(*cfg, req.Keys)
-	held := -1       // a scored peer with the longest match
-	hi := top{i: -1} // the best score
-	raised := false  // a peer's load was priced at IdleLoadTokens
+	held, heldKeys := -1, 0 // a scored peer with the longest match
+	hi := top{i: -1}        // the best score
+	raised := false         // a peer's load was priced at IdleLoadTokens
+	// The loop's invariants in locals: through cfg and a, every row's
+	// write could have changed them, and each was loaded again.
+	product, base, allOver := cfg.ProductCost, cfg.LoadTokens, a.allOver
 	for i := range rows {
-		if !a.inBound(i) {
+		r := &rows[i]
+		if !r.inBound(allOver) {
 			continue
 		}
-		r := &rows[i]
 		r.flags |= rowScored
-		if cfg.ProductCost {
-			r.score = -max(cfg.work(req.PromptTokens, r.gpu, r.cpu, r.disk), 1) * (r.load + 1)
+		if product {
+			r.score = -max(cfg.work(prompt, r.gpu, r.cpu, r.disk), 1) * (r.load + 1)
 		} else {
 			// This row's price of a request of load: raised for a queue
 			// at the holder while a pod idles.
-			per := cfg.LoadTokens
+			per := base
 			if r.ahead >= idleQueue && price != per {
 				per, raised = price, true
 			}
 			r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
 		}
 		hi.see(i, r.score)
-		if held < 0 || r.keys > rows[held].keys {
-			held = i
+		if held < 0 || r.keys > heldKeys {
+			held, heldKeys = i, r.keys
 		}
 	}
 	if held < 0 {
@@ -155,8 +168,10 @@ type matcher struct {
 	// prompt) in the digests a Group holds.
 	group *grouped
 	// digestCut is now less Config.DigestTTL: a digest received before
-	// it is stale (computed once, not per peer).
-	digestCut time.Time
+	// it is stale (computed once, not per peer). ttl says DigestTTL is
+	// set, claims that ClaimTTL is: a peer's claims count.
+	digestCut   time.Time
+	ttl, claims bool
 }
 
 func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *matcher {
@@ -166,7 +181,7 @@ func newMatcher(cfg *Config, req *Request, tpk int, now time.Time, r *Recent) *m
 	}
 	return &matcher{cfg: cfg, prompts: prompts, tpk: tpk, now: now, r: r, known: r.known(),
 		per: make([]match, len(prompts)), cur: make([]match, len(prompts)),
-		digestCut: now.Add(-cfg.DigestTTL)}
+		digestCut: now.Add(-cfg.DigestTTL), ttl: cfg.DigestTTL > 0, claims: cfg.ClaimTTL > 0}
 }
 
 // plain returns pv's match when its group's answer is all of it: a
@@ -189,7 +204,7 @@ func (mr *matcher) digestFlags(pv *PeerView) flags {
 		return rowOtherScheme
 	case pv.Digest == nil:
 		return rowNoDigest
-	case mr.cfg.DigestTTL > 0 && pv.DigestAt.Before(mr.digestCut):
+	case mr.ttl && pv.DigestAt.Before(mr.digestCut):
 		return rowStaleDigest
 	}
 	return 0
@@ -213,7 +228,7 @@ func groupMatch(n int, pv *PeerView) match {
 // extends reports whether this sidecar's own forwards (Recent) or claims
 // may reach further at pv than its digest.
 func (mr *matcher) extends(pv *PeerView) bool {
-	return mr.known.has(pv.ID) || (mr.cfg.ClaimTTL > 0 && len(pv.Claims) > 0)
+	return (mr.claims && len(pv.Claims) > 0) || mr.known.has(pv.ID)
 }
 
 // match returns what pv holds of the request (its keys, and a batch's

@@ -72,10 +72,17 @@ func (r *row) is(f flags) bool { return r.flags&f != 0 }
 func (r *row) idle() bool { return r.load < 1 && r.ahead == 0 }
 
 // assess checks eligibility and computes load and the bound for every
-// peer, in rows (one per peer, overwritten), and calls each, if set, for
-// every eligible peer once its load is in its row: the one pass over the
-// peers. It does not match keys: only Affinity pays for that.
-func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row, each func(*PeerView, *row)) assessment {
+// peer, in rows (one per peer, overwritten): rate, then bound. It does
+// not match keys: only Affinity pays for that, between the two.
+func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row) assessment {
+	a := rate(cfg, req, peers, now, rows)
+	a.bound()
+	return a
+}
+
+// rate is assess's pass over the peers: each row's eligibility and load,
+// and the eligible peers' mean load and queue.
+func rate(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row) assessment {
 	a := assessment{cfg: cfg, req: req, peers: peers, at: momentOf(cfg, now), rows: rows, chosen: -1}
 	var sum float64
 	ahead, idle := 0, false // idle: an eligible peer with no load and nothing waiting
@@ -85,7 +92,7 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 		if p.Local {
 			r.flags = rowLocal
 		}
-		if excluded(cfg, p, req, a.at) != "" {
+		if excluded(cfg, p, req, &a.at) != "" {
 			continue
 		}
 		r.flags |= rowEligible
@@ -101,43 +108,50 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 		sum += r.load
 		ahead += r.ahead
 		idle = idle || r.idle()
-		if each != nil {
-			each(p, r)
-		}
 	}
+	if a.d.Eligible > 0 {
+		a.idle = idle
+		a.waiting = float64(ahead) / float64(a.d.Eligible)
+		a.d.Mean = (sum + 1) / float64(a.d.Eligible)
+	}
+	return a
+}
+
+// bound sets the load bound and marks the rows over it. A match may
+// spare a row the tight bound (rowRecent, rowClaimed): Affinity matches
+// before it bounds.
+func (a *assessment) bound() {
 	if a.d.Eligible == 0 {
-		return a
+		return
 	}
-	a.idle = idle
-	a.waiting = float64(ahead) / float64(a.d.Eligible)
-	m := (sum + 1) / float64(a.d.Eligible)
-	a.d.Mean = m
-	a.d.Bound = max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
-	a.allOver = true
+	cfg, m, rows := a.cfg, a.d.Mean, a.rows
+	bound := max(m*(1+cfg.Slack), m+cfg.MinHeadroom)
+	a.d.Bound = bound
 	// The tight bound spares a peer whose match reaches further by what
 	// was just sent there (this sidecar's forwards, claims): the requests
 	// waiting there are most likely this one's siblings (a burst of one
 	// new prefix), which its prefill serves too.
 	tight := math.Inf(1)
-	if idle && (cfg.IdleSlack > 0 || cfg.IdleHeadroom > 0) {
+	if a.idle && (cfg.IdleSlack > 0 || cfg.IdleHeadroom > 0) {
 		tight = max(m*(1+cfg.IdleSlack), m+cfg.IdleHeadroom)
 	}
-	tightened := 0
+	tightened, allOver := 0, true
 	for i := range rows {
 		r := &rows[i]
 		if !r.is(rowEligible) {
 			continue
 		}
 		switch {
-		case r.load+1 > a.d.Bound:
+		case r.load+1 > bound:
 			r.flags |= rowOver
 		case r.ahead > 0 && r.load+1 > tight && !r.is(rowRecent|rowClaimed):
 			r.flags |= rowOver
 			tightened++
 		default:
-			a.allOver = false
+			allOver = false
 		}
 	}
+	a.allOver = allOver
 	if tightened > 0 {
 		a.d.Note = addNote(a.d.Note, fmt.Sprintf("a peer idles: %s with requests waiting over %s",
 			plural(tightened, "peer"), num(tight, 2)))
@@ -145,19 +159,21 @@ func assess(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []r
 	if a.allOver {
 		a.d.Note = addNote(a.d.Note, "every peer over the bound")
 	}
-	return a
 }
 
 // inBound reports whether a policy that respects the bound may pick row i.
-func (a *assessment) inBound(i int) bool {
-	r := &a.rows[i]
-	return r.is(rowEligible) && (!r.is(rowOver) || a.allOver)
+func (a *assessment) inBound(i int) bool { return a.rows[i].inBound(a.allOver) }
+
+// inBound is the assessment's inBound for r, allOver its allOver.
+func (r *row) inBound(allOver bool) bool {
+	return r.is(rowEligible) && (!r.is(rowOver) || allOver)
 }
 
 // Excluded returns why p may serve no request at all now (its engine down,
 // draining, silent, a failed forward), or "": what /debug/peers shows.
 func Excluded(cfg Config, p PeerView, now time.Time) string {
-	return excluded(&cfg, &p, &Request{}, momentOf(&cfg, now))
+	at := momentOf(&cfg, now)
+	return excluded(&cfg, &p, &Request{}, &at)
 }
 
 // moment is now and what a choice compares every peer's times with,
@@ -176,7 +192,7 @@ func momentOf(cfg *Config, now time.Time) moment {
 }
 
 // excluded returns why p may not serve req, or "".
-func excluded(cfg *Config, p *PeerView, req *Request, at moment) string {
+func excluded(cfg *Config, p *PeerView, req *Request, at *moment) string {
 	switch {
 	case p.Engine != EngineServing:
 		return "engine " + p.Engine.String()

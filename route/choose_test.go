@@ -66,12 +66,12 @@ func TestExcluded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(&cfg, &tt.p, &Request{Model: tt.model}, momentOf(&cfg, t0)); got != tt.want {
+			if got := excluded(&cfg, &tt.p, &Request{Model: tt.model}, new(momentOf(&cfg, t0))); got != tt.want {
 				t.Errorf("excluded(%+v, %q) = %q; want %q", tt.p, tt.model, got, tt.want)
 			}
 		})
 	}
-	if got := excluded(&Config{}, &PeerView{LastFailure: t0}, &Request{}, momentOf(&Config{}, t0)); got != "" {
+	if got := excluded(&Config{}, &PeerView{LastFailure: t0}, &Request{}, new(momentOf(&Config{}, t0))); got != "" {
 		t.Errorf("FailFor 0: excluded = %q; want eligible", got)
 	}
 }
@@ -103,7 +103,7 @@ func TestExcludedTruncatedModels(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := excluded(&cfg, &tt.p, &Request{Model: "alice", Keys: tt.keys}, momentOf(&cfg, t0)); got != tt.want {
+			if got := excluded(&cfg, &tt.p, &Request{Model: "alice", Keys: tt.keys}, new(momentOf(&cfg, t0))); got != tt.want {
 				t.Errorf("excluded = %q; want %q", got, tt.want)
 			}
 		})
@@ -118,7 +118,7 @@ func TestExcludedTruncatedModels(t *testing.T) {
 	ttl := cfg
 	ttl.DigestTTL = time.Minute
 	old := trunc(holds(keys), t0.Add(-time.Hour))
-	if got := excluded(&ttl, &old, &Request{Model: "alice", Keys: keys}, momentOf(&ttl, t0)); got != "model" {
+	if got := excluded(&ttl, &old, &Request{Model: "alice", Keys: keys}, new(momentOf(&ttl, t0))); got != "model" {
 		t.Errorf("digest older than DigestTTL: excluded = %q; want model", got)
 	}
 }
@@ -204,7 +204,7 @@ func TestBound(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Slack = 0.25 // KubeAI's, so the slack case is easy to check by hand
 			cfg.MinHeadroom = 4
-			a := assess(&cfg, &Request{}, peers, t0, make([]row, len(peers)), nil)
+			a := assess(&cfg, &Request{}, peers, t0, make([]row, len(peers)))
 			if a.d.Mean != tt.wantMean || a.d.Bound != tt.wantBound {
 				t.Errorf("mean, bound = %v, %v; want %v, %v", a.d.Mean, a.d.Bound, tt.wantMean, tt.wantBound)
 			}
@@ -222,7 +222,7 @@ func TestBound(t *testing.T) {
 func TestIneligibleExcludedFromMean(t *testing.T) {
 	draining := fresh("z", Load{Running: 1000})
 	draining.Draining = true
-	a := assess(new(DefaultConfig()), &Request{}, []PeerView{fresh("a", Load{}), draining}, t0, make([]row, 2), nil)
+	a := assess(new(DefaultConfig()), &Request{}, []PeerView{fresh("a", Load{}), draining}, t0, make([]row, 2))
 	if a.d.Eligible != 1 || a.d.Mean != 1 {
 		t.Errorf("Eligible, Mean = %d, %v; want 1, 1", a.d.Eligible, a.d.Mean)
 	}

@@ -68,15 +68,22 @@ func groupFor(peers []PeerView, keys []blockkey.Key, r *grouped) *grouped {
 // prefix returns pv's digest's PrefixLen from the group's answer, and
 // false when the group does not answer for that digest.
 func (r *grouped) prefix(pv *PeerView) (int, bool) {
-	if r == nil {
-		return 0, false
+	// A peer table's digest is a *Member: asked for that type, the check
+	// is one comparison, where asking for Grouped looked the pair of types
+	// up in the runtime's table and called Group, every peer.
+	if m, ok := pv.Digest.(*Member); ok {
+		return r.slot(m.G, m.Slot, m.Stamp)
 	}
 	gd, ok := pv.Digest.(Grouped)
 	if !ok {
 		return 0, false
 	}
-	g, slot, stamp := gd.Group()
-	if g != r.g || slot < 0 || slot >= len(r.out) || r.stamps[slot] != stamp {
+	return r.slot(gd.Group())
+}
+
+// slot is the group's answer for the digest in slot of g as of stamp.
+func (r *grouped) slot(g Group, slot int, stamp uint64) (int, bool) {
+	if r == nil || slot < 0 || slot >= len(r.out) || r.stamps[slot] != stamp || g != r.g {
 		return 0, false
 	}
 	return r.out[slot], true

@@ -15,7 +15,8 @@ import (
 // TestGroupedChoiceIsTheSame: the default chain decides exactly as it does
 // with each peer's own digest when some of the digests come from a Group:
 // peers of one rank or more, with lower-tier entries or none, stamps the
-// group has moved on from, batches, loads that tie.
+// group has moved on from, a second group whose slots and stamps are the
+// first's, a Grouped that is not a *route.Member, batches, loads that tie.
 func TestGroupedChoiceIsTheSame(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	now := time.Unix(1_800_000_000, 0)
@@ -23,7 +24,7 @@ func TestGroupedChoiceIsTheSame(t *testing.T) {
 	chains := sharingChains(rng, 6, 60, 8)
 	policy := route.DefaultChain(route.DefaultConfig(), nil)
 	for n := range 300 {
-		g := bloom.NewTransposed()
+		g, g2 := bloom.NewTransposed(), bloom.NewTransposed()
 		npeers := 1 + rng.IntN(70)
 		plain := make([]route.PeerView, npeers)
 		for i := range plain {
@@ -49,13 +50,21 @@ func TestGroupedChoiceIsTheSame(t *testing.T) {
 			if rng.IntN(6) == 0 {
 				continue // not in the group
 			}
-			slot, stamp := g.Put(-1, d)
+			in := g
+			if i > 0 && rng.IntN(8) == 0 {
+				in = g2 // not the group the choice asks (the first peer's)
+			}
+			slot, stamp := in.Put(-1, d)
 			if slot < 0 {
 				continue
 			}
-			views[i].Digest = &route.Member{TierMatcher: d, G: g, Slot: slot, Stamp: stamp}
+			m := &route.Member{TierMatcher: d, G: in, Slot: slot, Stamp: stamp}
+			views[i].Digest = m
+			if rng.IntN(4) == 0 {
+				views[i].Digest = otherGrouped{m}
+			}
 			if rng.IntN(10) == 0 { // the group moved on: a newer digest of the peer
-				g.Put(slot, bloom.Build(bloom.Header{Node: views[i].ID, Params: params}, chains[0]))
+				in.Put(slot, bloom.Build(bloom.Header{Node: views[i].ID, Params: params}, chains[0]))
 			}
 		}
 		c := chains[rng.IntN(len(chains))]
@@ -71,6 +80,10 @@ func TestGroupedChoiceIsTheSame(t *testing.T) {
 		}
 	}
 }
+
+// otherGrouped is a Grouped that is not a *route.Member: a choice asks
+// it for its group through the interface.
+type otherGrouped struct{ *route.Member }
 
 // sharingChains returns n random chains of length keys whose first shared
 // keys are the same: prompts behind one system prompt.

@@ -19,7 +19,7 @@ func (p LeastLoad) Choose(req Request, peers []PeerView, now time.Time) Decision
 func (p LeastLoad) weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment {
 	rows := sp.take(len(peers))
 	cfg := &p.Config
-	a := assess(cfg, req, peers, now, rows, nil)
+	a := assess(cfg, req, peers, now, rows)
 	if a.d.Eligible == 0 {
 		return a.decline("no eligible peer")
 	}

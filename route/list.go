@@ -115,10 +115,17 @@ func (a *assessment) listed(first *assessment) []int {
 	var scored [listScored]int
 	nf, ns, held, heldKeys := 0, 0, -1, -1
 	keep := make([]int, 0, listFailover+listScored+3)
-	for i := range a.rows {
-		r := &a.rows[i]
+	// What a row is compared with, in locals, where they were loaded
+	// through a and the lists for every row: the last score of the full
+	// scored list, and the failover list's last row.
+	rows, peers, chosen := a.rows, a.peers, a.chosen
+	var floor, lastLoad float64
+	var lastOver bool
+	var lastID string
+	for i := range rows {
+		r := &rows[i]
 		local := r.is(rowLocal)
-		if i == a.chosen || local {
+		if i == chosen || local {
 			keep = append(keep, i)
 		}
 		if !r.is(rowEligible) {
@@ -127,22 +134,22 @@ func (a *assessment) listed(first *assessment) []int {
 		if k := a.matchOf(i, first).keys; k > heldKeys {
 			held, heldKeys = i, k
 		}
-		if r.is(rowScored) && (ns < listScored || r.score > a.rows[scored[ns-1]].score) {
+		if r.is(rowScored) && (ns < listScored || r.score > floor) {
 			j := min(ns, listScored-1)
-			for ; j > 0 && r.score > a.rows[scored[j-1]].score; j-- {
+			for ; j > 0 && r.score > rows[scored[j-1]].score; j-- {
 				scored[j] = scored[j-1]
 			}
 			scored[j], ns = i, min(ns+1, listScored)
+			floor = rows[scored[ns-1]].score
 		}
-		if local || i == a.chosen {
+		if local || i == chosen {
 			continue
 		}
 		if nf == listFailover {
 			// before, its cheap part inline (most rows stop here) and
-			// the call only on a tie.
-			last := &a.rows[fail[nf-1]]
-			c := lighter(r.is(rowOver), last.is(rowOver), r.load, last.load)
-			if c > 0 || (c == 0 && !a.before(i, fail[nf-1])) {
+			// the IDs only on a tie.
+			c := lighter(r.is(rowOver), lastOver, r.load, lastLoad)
+			if c > 0 || (c == 0 && peers[i].ID >= lastID) {
 				continue
 			}
 		}
@@ -151,6 +158,8 @@ func (a *assessment) listed(first *assessment) []int {
 			fail[j] = fail[j-1]
 		}
 		fail[j], nf = i, min(nf+1, listFailover)
+		last := &rows[fail[nf-1]]
+		lastOver, lastLoad, lastID = last.is(rowOver), last.load, peers[fail[nf-1]].ID
 	}
 	keep = append(keep, fail[:nf]...)
 	keep = append(keep, scored[:ns]...)
@@ -178,7 +187,7 @@ func (a *assessment) explain(c *Candidate, i int, first *assessment) {
 	p, r := &a.peers[i], &a.rows[i]
 	c.ID, c.Index, c.Local, c.Chosen, c.Rank = p.ID, i, p.Local, i == a.chosen, NoRank
 	if !r.is(rowEligible) {
-		c.Excluded = excluded(a.cfg, p, a.req, a.at)
+		c.Excluded = excluded(a.cfg, p, a.req, &a.at)
 		return
 	}
 	m := a.matchOf(i, first)

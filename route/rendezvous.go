@@ -26,7 +26,7 @@ func (p Rendezvous) Choose(req Request, peers []PeerView, now time.Time) Decisio
 func (p Rendezvous) weigh(req *Request, peers []PeerView, now time.Time, sp *scratch) assessment {
 	rows := sp.take(len(peers))
 	cfg := &p.Config
-	a := assess(cfg, req, peers, now, rows, nil)
+	a := assess(cfg, req, peers, now, rows)
 	if a.d.Eligible == 0 {
 		return a.decline("no eligible peer")
 	}

@@ -146,8 +146,12 @@ func (cfg *Config) tierCost(loadTokensPerSecond float64) float64 {
 // credit: the engine loads what it holds all the same.
 func (cfg *Config) saved(gpu, cpu, disk int) float64 {
 	if cpu == 0 && disk == 0 {
-		return float64(gpu) // most matches: no tier's cost to weigh
+		return float64(gpu) // most matches: no tier's cost to weigh (inlined)
 	}
+	return cfg.savedTiers(gpu, cpu, disk)
+}
+
+func (cfg *Config) savedTiers(gpu, cpu, disk int) float64 {
 	return float64(gpu) + float64(cpu)*(1-cfg.tierCost(cfg.CPULoadTokensPerSecond)) +
 		float64(disk)*(1-cfg.tierCost(cfg.DiskLoadTokensPerSecond))
 }
@@ -187,6 +191,15 @@ func (r *row) setMatch(m *match, tpk, prompt int) {
 	r.rank, r.ranks = m.rank, m.ranks
 	if m.pinned() {
 		r.flags |= rowPinned
+	}
+}
+
+// setGPU is setMatch for groupMatch's match of n keys: on a GPU, one
+// rank, none pinned; its cap at the prompt is the GPU's alone.
+func (r *row) setGPU(n, tpk, prompt int) {
+	r.keys, r.gpu, r.cpu, r.disk, r.rank, r.ranks = n, n*tpk, 0, 0, NoRank, 1
+	if prompt > 0 {
+		r.gpu = min(r.gpu, prompt)
 	}
 }
 

@@ -290,3 +290,24 @@ func TestRecentExtendsTieredMatch(t *testing.T) {
 		t.Errorf("matchPeer = %+v %q; want 16 on GPU, 16 on CPU, rank 1, recent", m, note(tag, 0))
 	}
 }
+
+// setGPU is setMatch for groupMatch's match: the same row for any prefix,
+// key size and prompt, capped or not.
+func TestSetGPUIsSetMatch(t *testing.T) {
+	for _, ranks := range []int{0, 1} {
+		for n := range 40 {
+			for _, tpk := range []int{1, 16, 64} {
+				for _, prompt := range []int{0, 1, 15, 64, 100, 2000} {
+					pv := PeerView{Ranks: ranks}
+					m := groupMatch(n, &pv)
+					var want, got row
+					want.setMatch(&m, tpk, prompt)
+					got.setGPU(n, tpk, prompt)
+					if got != want {
+						t.Fatalf("n %d, tpk %d, prompt %d, ranks %d: setGPU %+v; setMatch %+v", n, tpk, prompt, ranks, got, want)
+					}
+				}
+			}
+		}
+	}
+}
