@@ -347,3 +347,30 @@ func TestEmptyDigest(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixLenIsTestWalk: PrefixLen is where Test first fails, for both
+// hash schemes, with removals and without, and for an empty digest.
+func TestPrefixLenIsTestWalk(t *testing.T) {
+	ks := uniformKeys(5, 400)
+	walk := func(d *Digest, chain []blockkey.Key) int {
+		for i, k := range chain {
+			if !d.Test(k) {
+				return i
+			}
+		}
+		return len(chain)
+	}
+	var empty *Digest
+	for _, scheme := range schemes {
+		d := Build(Header{Node: "p", Epoch: 1, Version: 1, HashScheme: scheme, Params: ParamsFor(500, 0.01)}, ks[:300])
+		for _, dd := range []*Digest{d, withRemovals(d, ks[100:101]), empty} {
+			for _, n := range []int{0, 1, 99, 100, 101, 300, 400} {
+				chain := ks[:n]
+				if got, want := dd.PrefixLen(chain), walk(dd, chain); got != want {
+					t.Fatalf("scheme %d, %d removed, chain of %d: PrefixLen %d; Test fails first at %d",
+						scheme, dd.Removed(), n, got, want)
+				}
+			}
+		}
+	}
+}
