@@ -54,8 +54,8 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 	if a.d.Eligible == 0 {
 		return a.decline("no eligible peer")
 	}
-	// A pass of its own over the eligible peers, where rate's called
-	// this for each (a closure): a call less per peer, and the loop's
+	// Matched in a pass of its own over the eligible peers, where assess
+	// called a closure for each: a call less per peer, and the loop's
 	// values stay in registers.
 	prompt := req.PromptTokens
 	for i := range rows {

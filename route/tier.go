@@ -151,6 +151,7 @@ func (cfg *Config) saved(gpu, cpu, disk int) float64 {
 	return cfg.savedTiers(gpu, cpu, disk)
 }
 
+// savedTiers is saved for a match with lower-tier tokens.
 func (cfg *Config) savedTiers(gpu, cpu, disk int) float64 {
 	return float64(gpu) + float64(cpu)*(1-cfg.tierCost(cfg.CPULoadTokensPerSecond)) +
 		float64(disk)*(1-cfg.tierCost(cfg.DiskLoadTokensPerSecond))
