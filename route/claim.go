@@ -1,6 +1,7 @@
 package route
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/blockkey"
@@ -21,29 +22,50 @@ type Claim struct {
 
 // ClaimsFor returns the claims to share for a request with these keys: the
 // rendezvous key, where requests that share MinMatchFraction of a prompt
-// meet, and then keys at 1.5, 2.25... times its depth, and the last key, so
-// a longer shared prefix is claimed at two thirds of its length or more.
-// The last key holds the request's own end, which the burst's other
-// requests do not share, so the checkpoints are what they match: at
+// meet, and then keys at 1.5, 2.25... times its depth; and keys 16, 8, 4
+// and 2 before the last, and the last. Empty for a prompt with no keys.
+//
+// The burst's other requests match a claim that ends within what they
+// share, so the claims are checkpoints of the prompt. Those spaced by
+// half again keep a shared prefix to two thirds of its length or more: at
 // doublings a 1,024-token system prompt in front of 24 tokens of question
 // was claimed at 544 tokens, less than half the prefill queued on its way
 // to the claimant, and the next request of the burst went elsewhere to
-// compute it again. Five claims for a prompt of up to 5x its rendezvous
-// depth. Empty for a prompt with no keys.
+// compute it again. Those back from the end keep it to within the
+// requests' own ends, which is where an agent's parallel calls differ
+// (their task's context shared, then a few hundred tokens each): agent
+// fan-out's calls of 7,200 tokens shared 7,000 with their claimant but
+// matched its claim at 6,080, no more than any other pod that held the
+// agent's system prompt held, and one in sixteen went to one of those.
 func ClaimsFor(cfg Config, keys []blockkey.Key) []Claim {
-	if len(keys) == 0 {
+	n := len(keys)
+	if n == 0 {
 		return nil
 	}
-	depth, c := rendezvousDepth(cfg, len(keys)), 1
-	for n := depth; n < len(keys); n = (3*n + 1) / 2 {
-		c++
+	var buf [48]int
+	depths := buf[:0]
+	depth := rendezvousDepth(cfg, n)
+	for d := depth; d < n; d = (3*d + 1) / 2 {
+		depths = append(depths, d)
 	}
-	out := make([]Claim, 0, c) // counted first: one allocation per request
-	for n := depth; n < len(keys); n = (3*n + 1) / 2 {
-		out = append(out, Claim{Key: keys[n-1], Keys: n})
+	for j := tailClaims; j > 0; j-- {
+		if d := n - 1<<j; d > depth {
+			depths = append(depths, d)
+		}
 	}
-	return append(out, Claim{Key: keys[len(keys)-1], Keys: len(keys)})
+	depths = append(depths, n)
+	slices.Sort(depths)
+	depths = slices.Compact(depths)
+	out := make([]Claim, len(depths)) // one allocation per request
+	for i, d := range depths {
+		out[i] = Claim{Key: keys[d-1], Keys: d}
+	}
+	return out
 }
+
+// tailClaims is how many claims ClaimsFor places back from a prompt's
+// end, at 2, 4 ... 2^tailClaims keys before its last.
+const tailClaims = 4
 
 // claimedLen is the longest prefix of keys that a live claim covers.
 func claimedLen(claims []Claim, keys []blockkey.Key, now time.Time, ttl time.Duration) int {

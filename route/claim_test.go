@@ -19,8 +19,10 @@ func TestClaimsFor(t *testing.T) {
 		n    int
 		want []int
 	}{
-		{0, nil}, {1, []int{1}}, {4, []int{4}}, {8, []int{4, 6, 8}}, {20, []int{5, 8, 12, 18, 20}},
-		{2048, []int{512, 768, 1152, 1728, 2048}}, {100, []int{25, 38, 57, 86, 100}}, {101, []int{26, 39, 59, 89, 101}},
+		{0, nil}, {1, []int{1}}, {4, []int{4}}, {8, []int{4, 6, 8}}, {20, []int{5, 8, 12, 16, 18, 20}},
+		{2048, []int{512, 768, 1152, 1728, 2032, 2040, 2044, 2046, 2048}},
+		{100, []int{25, 38, 57, 84, 86, 92, 96, 98, 100}}, {101, []int{26, 39, 59, 85, 89, 93, 97, 99, 101}},
+		{112, []int{28, 42, 63, 95, 96, 104, 108, 110, 112}}, // agent fan-out's calls
 	} {
 		keys := keysN(1, tt.n)
 		cs := ClaimsFor(cfg, keys)
@@ -30,6 +32,41 @@ func TestClaimsFor(t *testing.T) {
 		for _, c := range cs {
 			if c.Key != keys[c.Keys-1] {
 				t.Errorf("claim at depth %d has key %d; want %d", c.Keys, c.Key, keys[c.Keys-1])
+			}
+		}
+	}
+}
+
+// TestClaimsKeepSharedPrefix checks what a burst's other request, which
+// shares the first s of the claimed prompt's n keys, matches of the claims:
+// at least two thirds of s (the checkpoints spaced by half again), and all
+// of s but as much again as its own end when that end is 16 keys or less
+// (an agent's parallel calls, which differ in their last few hundred
+// tokens); nothing when s is short of the rendezvous depth.
+func TestClaimsKeepSharedPrefix(t *testing.T) {
+	cfg := DefaultConfig()
+	for n := 1; n <= 600; n++ {
+		keys := keysN(1, n)
+		claims := ClaimsFor(cfg, keys)
+		if len(claims) > 10 {
+			t.Errorf("%d keys: %d claims; want at most 10", n, len(claims))
+		}
+		for i := range claims {
+			claims[i].At = t0
+		}
+		depth := rendezvousDepth(cfg, n)
+		for s := 1; s <= n; s++ {
+			other := slices.Concat(keys[:s], keysN(1_000_000, n-s)) // its own end: n-s keys
+			got := claimedLen(claims, other, t0, time.Second)
+			want := 0
+			if s >= depth {
+				want = max(depth, (2*s+2)/3)
+				if n-s <= 1<<tailClaims {
+					want = max(want, s-(n-s))
+				}
+			}
+			if got < want || got > s {
+				t.Fatalf("%d keys, %d shared: claimed %d; want %d to %d (claims %v)", n, s, got, want, s, claims)
 			}
 		}
 	}
