@@ -253,12 +253,13 @@ func (m *Mesh) pushWait(pushed time.Time) bool {
 // nextReport builds the next load report, taking the claims it carries:
 // the report, its bytes, and whether it must go reliably.
 func (m *Mesh) nextReport() (loadReport, []byte, bool, bool) {
+	grouped := m.OldestWire() >= 2 // before load.mu: OldestWire takes the table's lock
 	p := &m.load
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq++
 	r := loadReport{Node: m.cfg.NodeName, Seq: p.seq, Load: p.load, Claims: p.claims,
-		Engine: p.engine, Epoch: p.epoch, Version: p.version, HasVersion: true, HasState: true}
+		Engine: p.engine, Epoch: p.epoch, Version: p.version, HasVersion: true, HasState: true, GroupClaims: grouped}
 	p.claims = nil
 	b, err := encodeLoad(r)
 	if err != nil {

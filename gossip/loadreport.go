@@ -20,7 +20,9 @@ import (
 //	(peer len u8 | peer | key u64 LE | keys uvarint)* |
 //	engine u8 | digest epoch uvarint | wire version u8 |
 //	prefill share milli uvarint | digest version uvarint |
-//	prefilling uvarint
+//	prefilling uvarint |
+//	claim group count uvarint |
+//	(peer len u8 | peer | claims uvarint | (key u64 LE | keys uvarint)*)*
 //
 // Decoders ignore bytes after the last field they know, so a later version
 // may append fields: v0.1.0 reads up to the digest epoch and ignores the
@@ -29,6 +31,15 @@ import (
 // one that ends at the wire version has no prefill share, one that ends
 // at the share no digest version, and one that ends at the version no
 // prefilling count (earlier v0.2.0 development builds: 0).
+//
+// Claims go in one of two places. Where every member reads wire 2
+// (GroupClaims), they go at the end, grouped by the peer they claim, and
+// the count in the middle is 0: a request's claims (up to ten) all name
+// one pod, whose name was most of each claim's bytes (37 bytes a claim
+// with a Deployment pod's name, 9 grouped), and every member receives
+// every front's claims. Otherwise (a v0.1.0 member, whose decoder stops
+// at the epoch) they go in the middle, each with its peer, as v0.1.0
+// reads them.
 // A pushed load is Fronted: only sidecars push, and they count every
 // request their pod serves.
 type loadReport struct {
@@ -53,6 +64,11 @@ type loadReport struct {
 	// writes 0 as this build's WireVersion and 1 as nothing, as v0.1.0
 	// wrote it.
 	Wire uint8
+	// GroupClaims puts the claims at the end, grouped by peer: set when
+	// every member reads wire 2, and by decodeLoad when they came so.
+	// encodeLoad writes them in the middle when the report ends before
+	// the end (Wire 1, no state or no version).
+	GroupClaims bool
 }
 
 // peerClaim is a route.Claim about Peer, as it travels (no time).
@@ -81,15 +97,21 @@ func encodeLoad(r loadReport) ([]byte, error) {
 	if len(r.Claims) > maxClaims {
 		return nil, fmt.Errorf("encode load: %d claims, at most %d", len(r.Claims), maxClaims)
 	}
-	b = binary.AppendUvarint(b, uint64(len(r.Claims)))
 	for _, c := range r.Claims {
 		if len(c.Peer) == 0 || len(c.Peer) > 255 || c.Keys < 1 {
 			return nil, fmt.Errorf("encode load: claim on %q of %d keys", c.Peer, c.Keys)
 		}
-		b = append(b, byte(len(c.Peer)))
-		b = append(b, c.Peer...)
-		b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
-		b = binary.AppendUvarint(b, uint64(c.Keys))
+	}
+	grouped := r.GroupClaims && r.HasState && r.HasVersion && r.Wire != 1
+	if grouped {
+		b = append(b, 0) // no claims here: at the end
+	} else {
+		b = binary.AppendUvarint(b, uint64(len(r.Claims)))
+		for _, c := range r.Claims {
+			b = append(b, byte(len(c.Peer)))
+			b = append(b, c.Peer...)
+			b = appendClaim(b, c)
+		}
 	}
 	if !r.HasState {
 		return b, nil // as an earlier version sent it: engine and epoch unknown
@@ -109,7 +131,85 @@ func encodeLoad(r loadReport) ([]byte, error) {
 		return b, nil
 	}
 	b = binary.AppendUvarint(b, r.Version)
-	return binary.AppendUvarint(b, uint64(max(l.Prefilling, 0))), nil
+	b = binary.AppendUvarint(b, uint64(max(l.Prefilling, 0)))
+	if !grouped {
+		return b, nil
+	}
+	return appendClaimGroups(b, r.Claims), nil
+}
+
+// appendClaimGroups appends claims grouped by peer: each run of claims on
+// one peer is a group, so the order stays theirs.
+func appendClaimGroups(b []byte, cs []peerClaim) []byte {
+	groups := 0
+	for i := range cs {
+		if i == 0 || cs[i].Peer != cs[i-1].Peer {
+			groups++
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(groups))
+	for i := 0; i < len(cs); {
+		j := i + 1
+		for j < len(cs) && cs[j].Peer == cs[i].Peer {
+			j++
+		}
+		b = append(b, byte(len(cs[i].Peer)))
+		b = append(b, cs[i].Peer...)
+		b = binary.AppendUvarint(b, uint64(j-i))
+		for _, c := range cs[i:j] {
+			b = appendClaim(b, c)
+		}
+		i = j
+	}
+	return b
+}
+
+// appendClaim appends a claim's key and depth, its peer written before.
+func appendClaim(b []byte, c peerClaim) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
+	return binary.AppendUvarint(b, uint64(c.Keys))
+}
+
+// claimOf reads a claim's key and depth from b (peer set by the caller),
+// and how many bytes they took, 0 when b does not hold them.
+func claimOf(b []byte) (key blockkey.Key, keys, n int) {
+	if len(b) < 8 {
+		return 0, 0, 0
+	}
+	v, k := binary.Uvarint(b[8:])
+	if k <= 0 || v < 1 || v > math.MaxInt32 {
+		return 0, 0, 0
+	}
+	return blockkey.Key(binary.LittleEndian.Uint64(b)), int(v), 8 + k
+}
+
+// decodeClaimGroups reads the claims at the end of a report into r.
+func decodeClaimGroups(b []byte, r *loadReport) error {
+	groups, k := binary.Uvarint(b)
+	if k <= 0 || groups > maxClaims {
+		return fmt.Errorf("claim groups: truncated or over %d", maxClaims)
+	}
+	b, r.GroupClaims = b[k:], true
+	for g := range int(groups) {
+		if len(b) < 1 || b[0] == 0 || len(b) < 1+int(b[0]) {
+			return fmt.Errorf("claim group %d: truncated or empty peer", g)
+		}
+		peer := string(b[1 : 1+int(b[0])])
+		b = b[1+int(b[0]):]
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n < 1 || n > maxClaims || len(r.Claims)+int(n) > maxClaims {
+			return fmt.Errorf("claim group %d: none, truncated or over %d claims in all", g, maxClaims)
+		}
+		b = b[k:]
+		for i := range int(n) {
+			key, keys, k := claimOf(b)
+			if k == 0 {
+				return fmt.Errorf("claim group %d, claim %d: truncated or bad prefix length", g, i)
+			}
+			r.Claims, b = append(r.Claims, peerClaim{Peer: peer, Key: key, Keys: keys}), b[k:]
+		}
+	}
+	return nil // bytes after it are a newer version's fields
 }
 
 func decodeLoad(b []byte) (loadReport, error) {
@@ -146,15 +246,13 @@ func decodeLoad(b []byte) (loadReport, error) {
 		if len(b) < 1 || b[0] == 0 || len(b) < 1+int(b[0])+8 {
 			return loadReport{}, fmt.Errorf("claim %d: truncated or empty peer", i)
 		}
-		c := peerClaim{Peer: string(b[1 : 1+int(b[0])])}
-		b = b[1+int(b[0]):]
-		c.Key = blockkey.Key(binary.LittleEndian.Uint64(b))
-		v, k := binary.Uvarint(b[8:])
-		if k <= 0 || v < 1 || v > math.MaxInt32 {
+		peer := string(b[1 : 1+int(b[0])])
+		key, keys, k := claimOf(b[1+int(b[0]):])
+		if k == 0 {
 			return loadReport{}, fmt.Errorf("claim %d: bad prefix length", i)
 		}
-		c.Keys, b = int(v), b[8+k:]
-		r.Claims = append(r.Claims, c)
+		r.Claims = append(r.Claims, peerClaim{Peer: peer, Key: key, Keys: keys})
+		b = b[1+int(b[0])+k:]
 	}
 	if len(b) == 0 {
 		return r, nil // an earlier version: no engine state
@@ -198,8 +296,14 @@ func decodeLoad(b []byte) (loadReport, error) {
 	if k <= 0 || v > math.MaxInt32 {
 		return loadReport{}, fmt.Errorf("prefilling: truncated or out of range")
 	}
-	r.Load.Prefilling = int(v)
-	return r, nil // bytes after it are a newer version's fields
+	r.Load.Prefilling, b = int(v), b[k:]
+	if len(b) == 0 {
+		return r, nil // no claims at the end
+	}
+	if err := decodeClaimGroups(b, &r); err != nil {
+		return loadReport{}, err
+	}
+	return r, nil
 }
 
 // kvMilli is KV usage in thousandths, clamped to what the wire carries.

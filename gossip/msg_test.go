@@ -5,8 +5,10 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/bloom"
@@ -91,6 +93,92 @@ func TestMsgRoundTrip(t *testing.T) {
 	}
 }
 
+// TestLoadClaimGroups: where every member reads wire 2 a report's claims
+// go at the end, grouped by peer in their order, and decode to the same
+// claims; a report that ends before the end (v0.1.0's form, no state, no
+// digest version) keeps them in the middle. A Deployment pod's name is
+// most of a claim: a request's nine claims on one pod take a third of
+// the bytes grouped.
+func TestLoadClaimGroups(t *testing.T) {
+	pod := "vllm-llama-7b9f6c5d48-x2k4q"
+	nine := make([]peerClaim, 9)
+	for i := range nine {
+		nine[i] = peerClaim{Peer: pod, Key: blockkey.Key(1000 + i), Keys: 28 + 10*i}
+	}
+	full := loadReport{Node: "a", Seq: 7, Load: route.Load{Running: 1, Fronted: true}, Engine: route.EngineServing,
+		Epoch: 2, HasState: true, Version: 9, HasVersion: true, Wire: WireVersion}
+	for _, tt := range []struct {
+		name   string
+		claims []peerClaim
+	}{
+		{"none", nil},
+		{"one request's", nine},
+		{"runs", []peerClaim{{Peer: "b", Key: 1, Keys: 1}, {Peer: "b", Key: 2, Keys: 2}, {Peer: "c", Key: 3, Keys: 300},
+			{Peer: "b", Key: 4, Keys: 4}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := full
+			r.Claims, r.GroupClaims = tt.claims, true
+			b, err := encodeLoad(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := decodeLoad(b[1:])
+			if err != nil || !cmp.Equal(r, got, cmpopts.EquateEmpty()) {
+				t.Errorf("decodeLoad(grouped) = %+v, %v; want %+v", got, err, r)
+			}
+		})
+	}
+	grouped, middle := full, full
+	grouped.Claims, grouped.GroupClaims, middle.Claims = nine, true, nine
+	gb, _ := encodeLoad(grouped)
+	mb, _ := encodeLoad(middle)
+	if got, want := len(gb)-len(mb), 1+1+len(pod)+1+9*9-9*(1+len(pod)+8+1); got != want || 3*(len(gb)-20) > len(mb) {
+		t.Errorf("grouped report %d bytes, in the middle %d: %d apart; want %d (a third or less of the claims' bytes)", len(gb), len(mb), got, want)
+	}
+	for _, r := range []loadReport{
+		{Node: "a", Claims: nine, GroupClaims: true},                                                        // no state
+		{Node: "a", Claims: nine, HasState: true, Wire: 1, Version: 3, HasVersion: true, GroupClaims: true}, // v0.1.0's form
+		{Node: "a", Claims: nine, HasState: true, GroupClaims: true},                                        // no digest version
+	} {
+		b, err := encodeLoad(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeLoad(b[1:])
+		if err != nil || got.GroupClaims || !cmp.Equal(got.Claims, nine) {
+			t.Errorf("decodeLoad(%+v's bytes) = %+v, %v; want the claims in the middle", r, got, err)
+		}
+	}
+	for _, tail := range [][]byte{
+		{1, 1, 'b', 0},                            // a group of no claims
+		{1, 1, 'b', 1, 1, 2, 3},                   // truncated key
+		{1, 1, 'b', 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, // depth 0
+		{1, 0},          // empty peer
+		{maxClaims + 1}, // too many groups
+		{2, 1, 'b', maxClaims, 1, 0, 0, 0, 0, 0, 0, 0, 1}, // over maxClaims in all
+	} {
+		b, _ := encodeLoad(full)
+		if _, err := decodeLoad(append(b[1:], tail...)); err == nil {
+			t.Errorf("decodeLoad(report, then %x): no error", tail)
+		}
+	}
+}
+
+// A mesh groups its reports' claims only while every member reads wire 2.
+func TestReportGroupsClaims(t *testing.T) {
+	m := cluster(t, 1, nil)[0]
+	if r, _, _, ok := m.nextReport(); !ok || !r.GroupClaims {
+		t.Errorf("nextReport alone = %+v, %v; want GroupClaims", r, ok)
+	}
+	m.tableMu.Lock()
+	m.table.upsert("old", Meta{Wire: 1}, true, time.Now())
+	m.tableMu.Unlock()
+	if r, _, _, ok := m.nextReport(); !ok || r.GroupClaims {
+		t.Errorf("nextReport beside a v0.1.0 member = %+v, %v; want the claims in the middle", r, ok)
+	}
+}
+
 // loadV010 is a load report as v0.1.0 (a2f31aa) encodes loadReport{Node:
 // "p", Seq: 9, Load: {Running: 1, Serving: 2}, Claims: {{Peer: "q", Key:
 // 5, Keys: 3}}, Engine: serving, Epoch: 4, HasState: true}: it ends at the
@@ -145,12 +233,12 @@ func TestLoadWireV010(t *testing.T) {
 		t.Error("decodeMsg(truncated prefilling): no error")
 	}
 	// A newer version's report: its wire version, the share, the digest
-	// version, the prefilling count, then fields this build does not know,
-	// read as far as it knows them.
+	// version, the prefilling count, no claim groups, then fields this
+	// build does not know, read as far as it knows them.
 	want.Load.Prefilling = 255
-	newer := append(slices.Clip(loadV010), WireVersion+1, 200, 1, 0xac, 0x02, 0xff, 0x01, 'x')
+	newer := append(slices.Clip(loadV010), WireVersion+1, 200, 1, 0xac, 0x02, 0xff, 0x01, 0, 'x')
 	got, err = decodeMsg(newer)
-	want.Wire = WireVersion + 1
+	want.Wire, want.GroupClaims = WireVersion+1, true
 	if err != nil || !cmp.Equal(want, reportOf(got)) {
 		t.Errorf("decodeMsg(newer load) = %+v, %v; want %+v", reportOf(got), err, want)
 	}
@@ -227,6 +315,8 @@ func FuzzDigestMsg(f *testing.F) {
 	nb, _ := encodeNeedFull(needFull{Requester: "r", Origin: "n"})
 	lb, _ := encodeLoad(loadReport{Node: "n", Seq: 5, Load: route.Load{Running: 1, KVUsage: 0.5, Serving: 2}, Claims: []peerClaim{{Peer: "p", Key: 9, Keys: 4}}})
 	sb, _ := encodeLoad(loadReport{Node: "n", Seq: 6, Engine: route.EngineDown, Epoch: 7, HasState: true})
+	gb, _ := encodeLoad(loadReport{Node: "n", Seq: 8, Claims: []peerClaim{{Peer: "p", Key: 9, Keys: 4}, {Peer: "p", Key: 10, Keys: 8}, {Peer: "q", Key: 11, Keys: 2}},
+		HasState: true, HasVersion: true, Version: 3, GroupClaims: true}) // claims at the end, by peer
 	// A report of the version before claims and state: it must re-encode as
 	// it came (the fuzzer's first find after the state was added).
 	pre := []byte("\xd4\x010000000")
@@ -236,7 +326,7 @@ func FuzzDigestMsg(f *testing.F) {
 	prefilling := append(slices.Clip(versioned), 3)                             // and 3 waiting for a first token
 	tb, _ := encodeTextPrefix(TextPrefix{Hash: 7, Tokens: 40, Bytes: 160, Keys: []blockkey.Key{1, 2}})
 	rb, _ := encodeResponses(responsesMsg{State: true, Entries: []respown.Entry{{ID: "resp_0123456789abcdef0123456789abcdef", Node: "n"}, {ID: "own", Node: "p"}}})
-	for _, b := range [][]byte{db, xb, nb, lb, sb, pre, loadV010, newer, shared, versioned, prefilling, tb, rb, {kindDigest}, {}} {
+	for _, b := range [][]byte{db, xb, nb, lb, sb, gb, pre, loadV010, newer, shared, versioned, prefilling, tb, rb, {kindDigest}, {}} {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -234,7 +234,7 @@ func TestMeshResponsesOfALeaverWhoseStoreIsGone(t *testing.T) {
 	}
 	ms[2].Shutdown()
 	for _, m := range ms[:2] {
-		waitFor(t, 3*time.Second, m.cfg.NodeName+" has n2's responses gone", func() bool {
+		waitFor(t, 10*time.Second, m.cfg.NodeName+" has n2's responses gone", func() bool {
 			l, ok := m.LookupResponse(vid(1))
 			return ok && l.Node == "n2" && l.Status == respown.Gone
 		})

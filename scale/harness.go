@@ -309,6 +309,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var storedBefore uint64
 	var choice []float64
 	long := longPrompt(cfg)
+	rc := route.DefaultConfig() // the claims' depths, as a sidecar's front places them
 	lastProgress := start
 	lastSample := start
 	for now := range tick.C {
@@ -341,7 +342,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			if t < 0 {
 				t = rng.IntN(cfg.Nodes)
 			}
-			entry.recent.Record(nodes[t].name, ks, now) // as forward does for a request it sent
+			// As forward does for a request it sent: its own recent
+			// forwards, and claims that every member hears with the next
+			// load push (counted in the load kind's bytes).
+			entry.recent.Record(nodes[t].name, ks, now)
+			entry.mesh.Claim(nodes[t].name, route.ClaimsFor(rc, ks))
 			h, added, removed := nodes[t].serve(q, ks)
 			ch := central.serve(q)
 			budget -= float64(max(len(added), 1) * cfg.RoutingStride)
