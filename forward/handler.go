@@ -494,7 +494,7 @@ func (h *Handler) serveRouted(api prompt.API) gin.HandlerFunc {
 			st.reason += "-full" // the choice's pod was full: the next with room serves
 		}
 		st.predicted = st.decision.Expected()
-		h.remember(targets[0].Peer, k)
+		h.remember(targets[0].Peer, k, st.decision)
 		outcome := "local"
 		if targets[0].Peer != "" {
 			outcome = "forwarded"

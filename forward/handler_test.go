@@ -51,11 +51,17 @@ type fakePeers struct {
 	queued     []int     // and its prefill tokens
 	shares     []float64 // and its prefill share
 	claims     []string  // the peer of every Claim, in order
+	depths     [][]int   // and its claims' depths
 }
 
 func (f *fakePeers) Claim(peer string, cs []route.Claim) {
 	f.mu.Lock()
 	f.claims = append(f.claims, peer)
+	var ds []int
+	for _, c := range cs {
+		ds = append(ds, c.Keys)
+	}
+	f.depths = append(f.depths, ds)
 	f.mu.Unlock()
 }
 
@@ -222,6 +228,33 @@ func TestRoutesToHolder(t *testing.T) {
 	}
 }
 
+// TestClaimsWhatTheTargetLacks: a front claims, at the pod it sends a
+// request to, the prompt's depths past what the choice found there: those
+// every member sees in the pod's digest already are no news.
+func TestClaimsWhatTheTargetLacks(t *testing.T) {
+	a, _ := holderPair(t)
+	keys := promptKeys()
+	a.peers.views[1].Digest = keySet{keys[0]: true, keys[1]: true}
+	resp := post(t, a.srv.URL+"/v1/completions", `{"model":"m","prompt":"`+testPrompt+`"}`, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get(ServedByHeader) != "b" {
+		t.Fatalf("served by %q; want b", resp.Header.Get(ServedByHeader))
+	}
+	a.peers.mu.Lock()
+	claims, depths := slices.Clone(a.peers.claims), slices.Clone(a.peers.depths)
+	a.peers.mu.Unlock()
+	var want []int
+	for _, c := range route.ClaimsFor(a.h.cfg.Route, keys, 0) {
+		if c.Keys > 2 {
+			want = append(want, c.Keys)
+		}
+	}
+	if len(want) == 0 || len(claims) != 1 || claims[0] != "b" || !slices.Equal(depths[0], want) {
+		t.Errorf("a claimed %v at depths %v; want b at %v, past the 2 keys b holds", claims, depths, want)
+	}
+}
+
 func TestDeadPeerFallsBackToLocal(t *testing.T) {
 	a := newNode(t, "a")
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -384,8 +417,8 @@ func TestReportsServing(t *testing.T) {
 	a.peers.mu.Lock()
 	claims := slices.Clone(a.peers.claims)
 	a.peers.mu.Unlock()
-	if !slices.Equal(claims, []string{"b"}) {
-		t.Errorf("a claimed %v; want [b]", claims)
+	if len(claims) != 0 {
+		t.Errorf("a claimed %v at b, which holds the whole prompt; want none (no news)", claims)
 	}
 	// Reports: sent, answered, done, and for this non-streamed answer
 	// maybe one when its prefill's time is up (1 ms), in any order among

@@ -125,9 +125,15 @@ func (h *Handler) renderKeys(ctx context.Context, p prompt.Prompt) (keyed, bool)
 
 // remember records where a request's prefixes were just sent: this
 // sidecar's recent forwards (its own follow-ups find them before any
-// digest) and a claim every peer hears with the next load push.
-func (h *Handler) remember(peer string, k keyed) {
+// digest) and a claim every peer hears with the next load push, of what
+// the choice d did not find there already (a single prompt's; a batch's
+// match is its prompts' sum).
+func (h *Handler) remember(peer string, k keyed, d route.Decision) {
 	all := append([][]blockkey.Key{k.keys}, k.batch...)
+	held := 0
+	if len(k.batch) == 0 {
+		held = d.HeldAt(peer)
+	}
 	for _, keys := range all {
 		if len(keys) == 0 {
 			continue
@@ -142,7 +148,9 @@ func (h *Handler) remember(peer string, k keyed) {
 			if to == "" {
 				to = h.cfg.Self
 			}
-			h.peers.Claim(to, route.ClaimsFor(h.cfg.Route, keys))
+			if cs := route.ClaimsFor(h.cfg.Route, keys, held); len(cs) > 0 {
+				h.peers.Claim(to, cs)
+			}
 		}
 	}
 }

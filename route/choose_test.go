@@ -322,7 +322,7 @@ func TestIdleBound(t *testing.T) {
 	// prefix (claimed, not in its digest yet), so the tight bound spares
 	// it; without the claim the same queue is over.
 	burst := fresh("a", Load{Fronted: true, Serving: 5, Prefilling: 1, QueuedPrefillTokens: 640})
-	burst.Claims = ClaimsFor(on, keys)
+	burst.Claims = ClaimsFor(on, keys, 0)
 	for i := range burst.Claims {
 		burst.Claims[i].At = t0
 	}

@@ -23,7 +23,10 @@ type Claim struct {
 // ClaimsFor returns the claims to share for a request with these keys: the
 // rendezvous key, where requests that share MinMatchFraction of a prompt
 // meet, and then keys at 1.5, 2.25... times its depth; and keys 16, 8, 4
-// and 2 before the last, and the last. Empty for a prompt with no keys.
+// and 2 before the last, and the last; only those deeper than held, the
+// leading keys the target is known to hold already (its match in the
+// choice), which every member sees in its digest or heard claimed. Empty
+// for a prompt with no keys, or held at its end.
 //
 // The burst's other requests match a claim that ends within what they
 // share, so the claims are checkpoints of the prompt. Those spaced by
@@ -37,9 +40,13 @@ type Claim struct {
 // fan-out's calls of 7,200 tokens shared 7,000 with their claimant but
 // matched its claim at 6,080, no more than any other pod that held the
 // agent's system prompt held, and one in sixteen went to one of those.
-func ClaimsFor(cfg Config, keys []blockkey.Key) []Claim {
+//
+// Every member receives every front's claims, so at a thousand pods they
+// are a term of the mesh's traffic of their own (docs/scale): a request
+// that extends a prefix its target holds claims only the extension.
+func ClaimsFor(cfg Config, keys []blockkey.Key, held int) []Claim {
 	n := len(keys)
-	if n == 0 {
+	if n == 0 || held >= n {
 		return nil
 	}
 	var buf [48]int
@@ -56,6 +63,8 @@ func ClaimsFor(cfg Config, keys []blockkey.Key) []Claim {
 	depths = append(depths, n)
 	slices.Sort(depths)
 	depths = slices.Compact(depths)
+	i, _ := slices.BinarySearch(depths, held+1)
+	depths = depths[i:]
 	out := make([]Claim, len(depths)) // one allocation per request
 	for i, d := range depths {
 		out[i] = Claim{Key: keys[d-1], Keys: d}

@@ -25,9 +25,21 @@ func TestClaimsFor(t *testing.T) {
 		{112, []int{28, 42, 63, 95, 96, 104, 108, 110, 112}}, // agent fan-out's calls
 	} {
 		keys := keysN(1, tt.n)
-		cs := ClaimsFor(cfg, keys)
+		cs := ClaimsFor(cfg, keys, 0)
 		if got := depths(cs); !slices.Equal(got, tt.want) {
 			t.Errorf("ClaimsFor(%d keys) depths %v; want %v", tt.n, got, tt.want)
+		}
+		// What the target holds already is no news: only deeper claims.
+		for held := 0; held <= tt.n+1; held++ {
+			var want []int
+			for _, d := range tt.want {
+				if d > held {
+					want = append(want, d)
+				}
+			}
+			if got := depths(ClaimsFor(cfg, keys, held)); !slices.Equal(got, want) {
+				t.Errorf("ClaimsFor(%d keys, %d held) depths %v; want %v", tt.n, held, got, want)
+			}
 		}
 		for _, c := range cs {
 			if c.Key != keys[c.Keys-1] {
@@ -47,7 +59,7 @@ func TestClaimsKeepSharedPrefix(t *testing.T) {
 	cfg := DefaultConfig()
 	for n := 1; n <= 600; n++ {
 		keys := keysN(1, n)
-		claims := ClaimsFor(cfg, keys)
+		claims := ClaimsFor(cfg, keys, 0)
 		if len(claims) > 10 {
 			t.Errorf("%d keys: %d claims; want at most 10", n, len(claims))
 		}
@@ -97,7 +109,7 @@ func TestClaimedLen(t *testing.T) {
 func TestClaimPullsBurst(t *testing.T) {
 	cfg := DefaultConfig()
 	keys := keysN(100, 64) // 64 keys of 64 tokens: 4096 tokens
-	claims := ClaimsFor(cfg, keys)
+	claims := ClaimsFor(cfg, keys, 0)
 	for i := range claims {
 		claims[i].At = t0
 	}
@@ -114,7 +126,7 @@ func TestClaimPullsBurst(t *testing.T) {
 	}
 	short := Request{Keys: keys[:16:16], TokensPerKey: 4, PromptTokens: 64} // a tiny prefix is not worth a queue
 	p := peers(3)
-	p[0].Claims = ClaimsFor(cfg, short.Keys)
+	p[0].Claims = ClaimsFor(cfg, short.Keys, 0)
 	for i := range p[0].Claims {
 		p[0].Claims[i].At = t0
 	}
@@ -124,5 +136,14 @@ func TestClaimPullsBurst(t *testing.T) {
 	cfg.ClaimTTL = 0
 	if d := DefaultChain(cfg, nil).Choose(req, peers(3), t0); d.Reason == ReasonAffinity {
 		t.Errorf("claims off: reason %s; want no affinity\n%s", d.Reason, d.Table())
+	}
+}
+
+func TestHeldAt(t *testing.T) {
+	d := Decision{Candidates: []Candidate{{ID: "a", Local: true, MatchedKeys: 3}, {ID: "b", MatchedKeys: 5}}}
+	for id, want := range map[string]int{"b": 5, "a": 3, "": 3, "x": 0} {
+		if got := d.HeldAt(id); got != want {
+			t.Errorf("HeldAt(%q) = %d; want %d", id, got, want)
+		}
 	}
 }

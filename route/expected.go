@@ -9,3 +9,15 @@ func (d Decision) Expected() int {
 	}
 	return 0
 }
+
+// HeldAt returns the routing keys the decision found at candidate id (the
+// local candidate for id ""), 0 when it does not list it: what a claim on
+// id need not repeat (ClaimsFor).
+func (d Decision) HeldAt(id string) int {
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; c.ID == id || (id == "" && c.Local) {
+			return c.MatchedKeys
+		}
+	}
+	return 0
+}
