@@ -38,7 +38,7 @@ func TestParseFlags(t *testing.T) {
 			for i := 0; i+1 < len(args); i += 2 {
 				last[args[i]] = args[i+1]
 			}
-			want := map[string]string{"--prefill-rate": "5000", "--load-push-interval": "50ms", "--claim-push-interval": "50ms",
+			want := map[string]string{"--prefill-rate": "5000", "--load-push-interval": "50ms", "--claim-push-interval": "0s",
 				"--load-push-delay": "4ms", "--max-queue-wait": "16s", "--cpu-load-rate": "190735"}
 			for k, v := range want {
 				if last[k] != v {

@@ -52,7 +52,7 @@ func (o options) slowArgs() []string {
 		"--disk-load-rate", rate(rc.DiskLoadTokensPerSecond),
 		"--max-queue-wait", o.slowed(fc.MaxQueueWait).String(),
 		"--load-push-interval", o.slowed(gc.LoadPushInterval).String(),
-		"--claim-push-interval", o.slowed(gc.LoadPushInterval).String(), // the sidecar's default
+		"--claim-push-interval", o.slowed(max(gc.ClaimPushInterval, 0)).String(), // the sidecar's default (0: at once)
 		"--load-push-delay", o.slowed(gc.LoadPushDelay).String(),
 	}
 }

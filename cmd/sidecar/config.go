@@ -151,7 +151,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&c.ModelsInterval, "models-interval", 5*time.Second, "how often the local vLLM's /v1/models (base model and LoRA adapters) is read and advertised; a load or unload of an adapter through the sidecar is advertised at once")
 	fs.DurationVar(&c.DigestInterval, "digest-interval", 100*time.Millisecond, "how often digest changes are sent to peers")
 	fs.DurationVar(&c.LoadPushInterval, "load-push-interval", gossip.DefaultConfig().LoadPushInterval, "the least time between two load reports this pod pushes to every peer (one UDP packet each): a change waits at most this long, so independent sidecars see a request land within it; each pod sends at most peers ÷ interval packets a second")
-	fs.DurationVar(&c.ClaimPushInterval, "claim-push-interval", gossip.DefaultConfig().LoadPushInterval, "the least time between a load report and the next when that one carries a new claim (where this front just sent a request's prefix), at most --load-push-interval: the other fronts then send the request's siblings (an agent's parallel calls) after it sooner; 0: at once")
+	fs.DurationVar(&c.ClaimPushInterval, "claim-push-interval", claimPushDefault(), "the least time between a load report and the next when that one carries a new claim (where this front just sent a request's prefix), at most --load-push-interval: the other fronts then send the request's siblings (an agent's parallel calls) after it sooner; 0 (the default): at once")
 	fs.DurationVar(&c.LoadPushDelay, "load-push-delay", gossip.DefaultConfig().LoadPushDelay, "how long a change of this pod's load or a claim (a request landing, leaving or sent on) waits before it is pushed to peers, so the request that made it is on its way first; changes meanwhile go in one push (the engine's state goes at once); 0: at once")
 	fs.DurationVar(&c.HealthInterval, "health-interval", 250*time.Millisecond, "how often the local vLLM's /health is probed; a refused probe or request makes the engine down at once")
 	ed := engine.DefaultConfig()
@@ -262,6 +262,12 @@ func (c config) validate() error {
 		return errors.New("--route-idle-slack and --route-idle-headroom must be at least 0")
 	}
 	return nil
+}
+
+// claimPushDefault is --claim-push-interval's default, gossip's in the
+// flag's terms: its negative (at once) is the flag's 0.
+func claimPushDefault() time.Duration {
+	return max(gossip.DefaultConfig().ClaimPushInterval, 0)
 }
 
 func firstNonEmpty(s ...string) string {
