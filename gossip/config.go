@@ -80,7 +80,7 @@ type Config struct {
 	// siblings arriving there meanwhile (an agent's parallel calls,
 	// within tens of milliseconds) follow it. At most LoadPushInterval;
 	// 0: LoadPushInterval (a claim waits as a load does); negative: none.
-	// Default none: agent fan-out at the 8-pod knee kept 1.0-1.5 points
+	// Default none: agent fan-out at the 8-pod knee kept 0.5-1.5 points
 	// more of its hit rate with claims at once than after 25 ms, for the
 	// same bytes (docs/bench/2026-12-07/fanout-claims.md). A front that
 	// routes more than 1/LoadPushInterval requests a second then sends
