@@ -210,10 +210,8 @@ func (r *row) setGPU(n, tpk, prompt int) {
 // (PeerView.Ranks), or no rank holds more of the prompt. The caller sets
 // it as vLLM's X-data-parallel-rank.
 func (d Decision) RankOf(id string) (int, bool) {
-	for i := range d.Candidates {
-		if c := &d.Candidates[i]; c.ID == id || (id == "" && c.Local) {
-			return c.Rank, c.Pinned
-		}
+	if c := d.candidate(id); c != nil {
+		return c.Rank, c.Pinned
 	}
 	return 0, false
 }

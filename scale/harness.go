@@ -346,9 +346,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			// forwards, and claims that every member hears with the next
 			// load push (counted in the load kind's bytes).
 			entry.recent.Record(nodes[t].name, ks, now)
-			if cs := route.ClaimsFor(rc, ks, d.HeldAt(nodes[t].name)); len(cs) > 0 {
-				entry.mesh.Claim(nodes[t].name, cs)
-			}
+			entry.mesh.Claim(nodes[t].name, route.ClaimsFor(rc, ks, d.HeldAt(nodes[t].name)))
 			h, added, removed := nodes[t].serve(q, ks)
 			ch := central.serve(q)
 			budget -= float64(max(len(added), 1) * cfg.RoutingStride)
