@@ -139,7 +139,9 @@ func encodeLoad(r loadReport) ([]byte, error) {
 }
 
 // appendClaimGroups appends claims grouped by peer: each run of claims on
-// one peer is a group, so the order stays theirs.
+// one peer is a group, so the order stays theirs. A grouped claim is its
+// key's tag (route.ClaimTag) and its depth: 5 or 6 bytes where one in the
+// middle takes 9 or 10 and its peer's name.
 func appendClaimGroups(b []byte, cs []peerClaim) []byte {
 	groups := 0
 	for i := range cs {
@@ -157,30 +159,36 @@ func appendClaimGroups(b []byte, cs []peerClaim) []byte {
 		b = append(b, cs[i].Peer...)
 		b = binary.AppendUvarint(b, uint64(j-i))
 		for _, c := range cs[i:j] {
-			b = appendClaim(b, c)
+			b = binary.LittleEndian.AppendUint32(b, route.ClaimTag(c.Key))
+			b = binary.AppendUvarint(b, uint64(c.Keys))
 		}
 		i = j
 	}
 	return b
 }
 
-// appendClaim appends a claim's key and depth, its peer written before.
+// appendClaim appends a claim's whole key and depth, its peer written
+// before: the middle of a report, where v0.1.0 reads it.
 func appendClaim(b []byte, c peerClaim) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(c.Key))
 	return binary.AppendUvarint(b, uint64(c.Keys))
 }
 
 // claimOf reads a claim's key and depth from b (peer set by the caller),
-// and how many bytes they took, 0 when b does not hold them.
-func claimOf(b []byte) (key blockkey.Key, keys, n int) {
-	if len(b) < 8 {
+// and how many bytes they took, 0 when b does not hold them: a key of
+// size bytes, 8 in the middle of a report, 4 (its tag) in a group.
+func claimOf(b []byte, size int) (key blockkey.Key, keys, n int) {
+	if len(b) < size {
 		return 0, 0, 0
 	}
-	v, k := binary.Uvarint(b[8:])
+	v, k := binary.Uvarint(b[size:])
 	if k <= 0 || v < 1 || v > math.MaxInt32 {
 		return 0, 0, 0
 	}
-	return blockkey.Key(binary.LittleEndian.Uint64(b)), int(v), 8 + k
+	if size == 4 {
+		return blockkey.Key(binary.LittleEndian.Uint32(b)), int(v), size + k
+	}
+	return blockkey.Key(binary.LittleEndian.Uint64(b)), int(v), size + k
 }
 
 // decodeClaimGroups reads the claims at the end of a report into r.
@@ -202,7 +210,7 @@ func decodeClaimGroups(b []byte, r *loadReport) error {
 		}
 		b = b[k:]
 		for i := range int(n) {
-			key, keys, k := claimOf(b)
+			key, keys, k := claimOf(b, 4)
 			if k == 0 {
 				return fmt.Errorf("claim group %d, claim %d: truncated or bad prefix length", g, i)
 			}
@@ -247,7 +255,7 @@ func decodeLoad(b []byte) (loadReport, error) {
 			return loadReport{}, fmt.Errorf("claim %d: truncated or empty peer", i)
 		}
 		peer := string(b[1 : 1+int(b[0])])
-		key, keys, k := claimOf(b[1+int(b[0]):])
+		key, keys, k := claimOf(b[1+int(b[0]):], 8)
 		if k == 0 {
 			return loadReport{}, fmt.Errorf("claim %d: bad prefix length", i)
 		}

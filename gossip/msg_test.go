@@ -95,10 +95,11 @@ func TestMsgRoundTrip(t *testing.T) {
 
 // TestLoadClaimGroups: where every member reads wire 2 a report's claims
 // go at the end, grouped by peer in their order, and decode to the same
-// claims; a report that ends before the end (v0.1.0's form, no state, no
-// digest version) keeps them in the middle. A Deployment pod's name is
-// most of a claim: a request's nine claims on one pod take a third of
-// the bytes grouped.
+// claims, each key as its tag (route.ClaimTag); a report that ends before
+// the end (v0.1.0's form, no state, no digest version) keeps them in the
+// middle with their whole keys. A Deployment pod's name is most of a
+// claim in the middle: a request's nine claims on one pod take under a
+// quarter of the bytes grouped.
 func TestLoadClaimGroups(t *testing.T) {
 	pod := "vllm-llama-7b9f6c5d48-x2k4q"
 	nine := make([]peerClaim, 9)
@@ -115,6 +116,7 @@ func TestLoadClaimGroups(t *testing.T) {
 		{"one request's", nine},
 		{"runs", []peerClaim{{Peer: "b", Key: 1, Keys: 1}, {Peer: "b", Key: 2, Keys: 2}, {Peer: "c", Key: 3, Keys: 300},
 			{Peer: "b", Key: 4, Keys: 4}}},
+		{"wide keys", []peerClaim{{Peer: "b", Key: 1<<64 - 1, Keys: 512}, {Peer: "b", Key: 0xdead_beef_0000_0007, Keys: 600}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := full
@@ -124,8 +126,14 @@ func TestLoadClaimGroups(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := decodeLoad(b[1:])
-			if err != nil || !cmp.Equal(r, got, cmpopts.EquateEmpty()) {
-				t.Errorf("decodeLoad(grouped) = %+v, %v; want %+v", got, err, r)
+			want := r
+			want.Claims = nil
+			for _, c := range tt.claims {
+				c.Key = blockkey.Key(route.ClaimTag(c.Key))
+				want.Claims = append(want.Claims, c)
+			}
+			if err != nil || !cmp.Equal(want, got, cmpopts.EquateEmpty()) {
+				t.Errorf("decodeLoad(grouped) = %+v, %v; want %+v", got, err, want)
 			}
 		})
 	}
@@ -133,8 +141,8 @@ func TestLoadClaimGroups(t *testing.T) {
 	grouped.Claims, grouped.GroupClaims, middle.Claims = nine, true, nine
 	gb, _ := encodeLoad(grouped)
 	mb, _ := encodeLoad(middle)
-	if got, want := len(gb)-len(mb), 1+1+len(pod)+1+9*9-9*(1+len(pod)+8+1); got != want || 3*(len(gb)-20) > len(mb) {
-		t.Errorf("grouped report %d bytes, in the middle %d: %d apart; want %d (a third or less of the claims' bytes)", len(gb), len(mb), got, want)
+	if got, want := len(gb)-len(mb), 1+1+len(pod)+1+9*5-9*(1+len(pod)+8+1); got != want || 4*(len(gb)-20) > len(mb) {
+		t.Errorf("grouped report %d bytes, in the middle %d: %d apart; want %d (a quarter or less of the claims' bytes)", len(gb), len(mb), got, want)
 	}
 	for _, r := range []loadReport{
 		{Node: "a", Claims: nine, GroupClaims: true},                                                        // no state
@@ -151,12 +159,12 @@ func TestLoadClaimGroups(t *testing.T) {
 		}
 	}
 	for _, tail := range [][]byte{
-		{1, 1, 'b', 0},                            // a group of no claims
-		{1, 1, 'b', 1, 1, 2, 3},                   // truncated key
-		{1, 1, 'b', 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, // depth 0
-		{1, 0},          // empty peer
-		{maxClaims + 1}, // too many groups
-		{2, 1, 'b', maxClaims, 1, 0, 0, 0, 0, 0, 0, 0, 1}, // over maxClaims in all
+		{1, 1, 'b', 0},                // a group of no claims
+		{1, 1, 'b', 1, 1, 2, 3},       // truncated key
+		{1, 1, 'b', 1, 1, 0, 0, 0, 0}, // depth 0
+		{1, 0},                        // empty peer
+		{maxClaims + 1},               // too many groups
+		{2, 1, 'b', 1, 1, 0, 0, 0, 1, 1, 'c', maxClaims}, // over maxClaims in all
 	} {
 		b, _ := encodeLoad(full)
 		if _, err := decodeLoad(append(b[1:], tail...)); err == nil {

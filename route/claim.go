@@ -15,10 +15,24 @@ import (
 // claimed tokens outweigh the holder's extra load (a short shared prefix
 // is not worth a queue; a long system prompt is).
 type Claim struct {
+	// Key is the routing key the claimed prefix ends in; only its
+	// ClaimTag is compared, so a claim the mesh carried as its tag alone
+	// holds the same.
 	Key  blockkey.Key
 	Keys int       // the prefix length Key ends, in routing keys
 	At   time.Time // when the receiving table learned it
 }
+
+// ClaimTag is the part of a claim's key that the mesh carries and that a
+// request's key at the claim's depth must equal: its low 32 bits. Every
+// member hears every front's claims, and a claim is mostly its key: with
+// 4 bytes of 8 a request's claims take two thirds of the bytes. A
+// request's key at that depth equals the tag of another prefix's key by
+// chance once in 2^32 claims compared: among the newest 32 claims of
+// each of a thousand peers, a routed prompt's matches one in about
+// 130,000 requests, and then it scores one peer as holding a prefix it
+// does not hold until the claim expires (ClaimTTL).
+func ClaimTag(k blockkey.Key) uint32 { return uint32(k) }
 
 // ClaimsFor returns the claims to share for a request with these keys: the
 // rendezvous key, where requests that share MinMatchFraction of a prompt
@@ -80,7 +94,7 @@ const tailClaims = 4
 func claimedLen(claims []Claim, keys []blockkey.Key, now time.Time, ttl time.Duration) int {
 	best := 0
 	for _, c := range claims {
-		if c.Keys > best && c.Keys <= len(keys) && keys[c.Keys-1] == c.Key && (ttl <= 0 || now.Sub(c.At) < ttl) {
+		if c.Keys > best && c.Keys <= len(keys) && ClaimTag(keys[c.Keys-1]) == ClaimTag(c.Key) && (ttl <= 0 || now.Sub(c.At) < ttl) {
 			best = c.Keys
 		}
 	}

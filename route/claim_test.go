@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/blockkey"
 )
 
 func TestClaimsFor(t *testing.T) {
@@ -100,6 +102,21 @@ func TestClaimedLen(t *testing.T) {
 	}
 	if got := claimedLen(claims, keys[:4], t0, 5*time.Second); got != 0 {
 		t.Errorf("claimedLen of a shorter request = %d; want 0", got)
+	}
+	// A claim the mesh carried holds its key's tag alone; a key that
+	// differs from the request's above the tag's 32 bits still matches,
+	// one that differs within them does not.
+	wide := make([]blockkey.Key, len(keys))
+	for i, k := range keys {
+		wide[i] = k | blockkey.Key(i+1)<<40
+	}
+	tagged := []Claim{
+		{Key: blockkey.Key(ClaimTag(wide[6])), Keys: 7, At: t0},
+		{Key: wide[11] ^ 1<<40, Keys: 12, At: t0},
+		{Key: wide[14] ^ 1, Keys: 15, At: t0},
+	}
+	if got := claimedLen(tagged, wide, t0, time.Second); got != 12 {
+		t.Errorf("claimedLen by tags = %d; want 12", got)
 	}
 }
 
