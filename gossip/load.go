@@ -49,7 +49,7 @@ func (p *pusher) withdraw(now time.Time) {
 
 // setVersion records the local digest's version for the next report, by
 // which peers notice a lost last delta (table: lagging). It goes with the
-// next push, within loadRefresh: no push of its own.
+// next push, within LoadRefresh: no push of its own.
 func (p *pusher) setVersion(v uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -173,22 +173,13 @@ func (m *Mesh) claimLocked(peer string, at time.Time, cs ...route.Claim) {
 	m.tableMu.Unlock()
 }
 
-// loadRefresh re-pushes an unchanged load, so peers can tell a steady load
-// from a silent node: route.Config.SilentFor (1.5 s) excludes a peer after
-// three missed refreshes, so a dead or cut-off pod is out within 2 s and a
-// single lost packet excludes nobody. Cost per node at N peers: 2N packets
-// a second sent and 2N received (~60 bytes each; 63 peers: 126/s, ~8 KB/s
-// each way), and only while the load stands still, since every pushed
-// change restarts the wait.
-const loadRefresh = 500 * time.Millisecond
-
 // loadLoop pushes the local load to every member LoadPushDelay after it
-// changed, at most once per LoadPushInterval, and every loadRefresh
+// changed, at most once per LoadPushInterval, and every LoadRefresh
 // regardless. It returns
 // when Shutdown closes done.
 func (m *Mesh) loadLoop() {
 	defer m.wg.Done()
-	refresh := time.NewTimer(loadRefresh)
+	refresh := time.NewTimer(m.cfg.LoadRefresh)
 	defer refresh.Stop()
 	p := &m.load
 	for {
@@ -209,7 +200,7 @@ func (m *Mesh) loadLoop() {
 			}
 		case <-refresh.C:
 		}
-		refresh.Reset(loadRefresh)
+		refresh.Reset(m.cfg.LoadRefresh)
 		select {
 		case <-p.claimed: // the report takes every claim made until now
 		default:

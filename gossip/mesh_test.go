@@ -701,7 +701,7 @@ func TestMetaQuiet(t *testing.T) {
 		v, ok := view(ms[1], "n0")
 		return digestVersion(ms[1], "n0") == 21 && ok && v.Load.Serving == 20 && v.Load.Prefilling == 10
 	})
-	// Three load refreshes (loadRefresh apart) span several MetaIntervals.
+	// Three load refreshes (LoadRefresh apart) span several MetaIntervals.
 	p1 := pushes()
 	waitFor(t, 10*time.Second, "three more load pushes", func() bool { return pushes() >= p1+3 })
 	if got := a.Stats().MetaUpdates - before; got != 0 {

@@ -76,6 +76,10 @@ type Config struct {
 	Log              zerolog.Logger
 	// Progress, when set, receives a line every few seconds.
 	Progress func(string)
+	// Slow runs the mesh in slow motion (slow.go): K times slower on the
+	// wall clock, with the results in the mesh's own time. Below 1: 1.
+	// Warmup, Window and every other duration here are the mesh's.
+	Slow float64
 }
 
 func (c Config) withDefaults() Config {
@@ -116,6 +120,7 @@ func (c Config) withDefaults() Config {
 // microseconds as named; bytes are our payload as gossip.Stats counts it.
 type Result struct {
 	N                   int                `json:"n"`
+	Slow                float64            `json:"slow,omitempty"` // Config.Slow; the rest is in the mesh's time
 	WindowSeconds       float64            `json:"window_seconds"`
 	StoredPerNodePerSec float64            `json:"stored_blocks_per_node_per_second"`
 	SentBytesPerNode    float64            `json:"sent_bytes_per_node_per_second"`
@@ -178,7 +183,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if len(cfg.Requests) == 0 {
 		return Result{}, fmt.Errorf("scale run: no requests")
 	}
-	res := Result{N: cfg.Nodes, PollIntervalMs: float64(poll) / 1e6}
+	res := Result{N: cfg.Nodes, PollIntervalMs: float64(cfg.stretch(poll)) / 1e6} // on the wall clock, as the rest until inMeshTime
 	nodes := make([]*node, 0, cfg.Nodes+1)
 	defer func() {
 		for _, n := range nodes {
@@ -192,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	runtime.ReadMemStats(&base)
 	var seeds []string
 	for i := range cfg.Nodes {
-		jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		jctx, cancel := context.WithTimeout(ctx, cfg.stretch(5*time.Second))
 		n, err := startNode(jctx, cfg, i, seeds)
 		cancel()
 		if err != nil {
@@ -205,7 +210,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	// Memberlist converges in O(log N) gossip rounds, but on a small
 	// shared machine N nodes' probes compete for the CPU: allow more.
-	formWait := 30*time.Second + time.Duration(cfg.Nodes)*500*time.Millisecond
+	formWait := cfg.stretch(30*time.Second + time.Duration(cfg.Nodes)*500*time.Millisecond)
 	if err := waitFor(ctx, formWait, func() bool {
 		for _, n := range nodes {
 			if n.mesh.Members() != cfg.Nodes {
@@ -229,14 +234,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		hits, centralHits, tot float64
 		requests               int
 	)
-	deadline := 2*max(cfg.FullDigestInterval, 10*time.Second) + 5*time.Second
+	deadline := cfg.stretch(2*max(cfg.FullDigestInterval, 10*time.Second) + 5*time.Second)
 
 	// The poller looks up every pending sample in every peer's view.
 	pctx, stopPoll := context.WithCancel(ctx)
 	pollDone := make(chan struct{})
 	go func() { // exits when stopPoll is called
 		defer close(pollDone)
-		t := time.NewTicker(poll)
+		t := time.NewTicker(cfg.stretch(poll))
 		defer t.Stop()
 		for {
 			select {
@@ -299,8 +304,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	// view; the chosen node's engine stores what it lacks. Requests come
 	// as fast as the cluster's block budget allows.
 	start := time.Now()
-	measureFrom := start.Add(cfg.Warmup)
-	end := measureFrom.Add(cfg.Window)
+	measureFrom := start.Add(cfg.stretch(cfg.Warmup))
+	end := measureFrom.Add(cfg.stretch(cfg.Window))
 	budget := 0.0
 	last := start
 	next := 0
@@ -309,7 +314,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var storedBefore uint64
 	var choice []float64
 	long := longPrompt(cfg)
-	rc := route.DefaultConfig() // the claims' depths, as a sidecar's front places them
+	rc := cfg.routeConfig() // the claims' depths, as a sidecar's front places them
 	lastProgress := start
 	lastSample := start
 	for now := range tick.C {
@@ -330,7 +335,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			}
 			cfg.Progress(fmt.Sprintf("N=%d: measuring for %s", cfg.Nodes, cfg.Window))
 		}
-		budget += cfg.BlocksPerSecond * float64(cfg.Nodes) * now.Sub(last).Seconds()
+		budget += cfg.BlocksPerSecond / cfg.slow() * float64(cfg.Nodes) * now.Sub(last).Seconds()
 		last = now
 		for k := 0; budget > 0 && k < 10*cfg.Nodes; k++ {
 			q := cfg.Requests[next%len(cfg.Requests)].HashIDs
@@ -356,7 +361,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				centralHits += float64(ch)
 				tot += float64(len(q))
 			}
-			if measuring && now.Sub(lastSample) >= 50*time.Millisecond {
+			if measuring && now.Sub(lastSample) >= cfg.stretch(50*time.Millisecond) {
 				lastSample = now
 				mu.Lock()
 				if len(added) > 0 {
@@ -390,8 +395,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		// the mesh, sets the pace, and there is nothing to measure.
 		stopPoll()
 		<-pollDone
-		return res, fmt.Errorf("the harness fell behind: the window ended before it opened (%s of warmup took %s); the machine cannot run %d nodes at %g blocks/s each",
-			cfg.Warmup, time.Since(start).Round(time.Second), cfg.Nodes, cfg.BlocksPerSecond)
+		return res, fmt.Errorf("the harness fell behind: the window ended before it opened (%s of warmup took %s); the machine cannot run %d nodes at %g blocks/s each in slow motion ×%g (a larger Slow divides the work)",
+			cfg.stretch(cfg.Warmup), time.Since(start).Round(time.Second), cfg.Nodes, cfg.BlocksPerSecond, cfg.slow())
 	}
 	after := snapAll(nodes[:cfg.Nodes])
 	window := time.Since(measureFrom).Seconds()
@@ -443,7 +448,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	// A joining node: bytes it receives and time until it holds a digest
 	// of every other node.
 	cfg.Progress(fmt.Sprintf("N=%d: timing a joining node", cfg.Nodes))
-	jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	jctx, cancel := context.WithTimeout(ctx, cfg.stretch(5*time.Second))
 	j, err := startNode(jctx, cfg, cfg.Nodes, seeds)
 	cancel()
 	if err != nil {
@@ -471,14 +476,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for _, v := range snapAll([]*node{j})[0].recv {
 		res.JoinBytes += float64(v)
 	}
-	res.DetectSeconds = detect(ctx, nodes, cfg.Nodes-1, deadline)
-	return res, nil
+	res.DetectSeconds = detect(ctx, nodes, cfg.Nodes-1, deadline, cfg.routeConfig())
+	return res.inMeshTime(cfg.slow()), nil
 }
 
 // detect kills nodes[dead] and returns the seconds until every other node
 // excludes it from its choice, NaN when one still did not within deadline.
-func detect(ctx context.Context, nodes []*node, dead int, deadline time.Duration) float64 {
-	name, rc := nodes[dead].name, route.DefaultConfig()
+func detect(ctx context.Context, nodes []*node, dead int, deadline time.Duration, rc route.Config) float64 {
+	name := nodes[dead].name
 	nodes[dead].close()
 	t0 := time.Now()
 	err := waitFor(ctx, deadline, func() bool {

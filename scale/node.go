@@ -92,7 +92,7 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	if cfg.FullDigestInterval > 0 {
 		g.FullDigestInterval = cfg.FullDigestInterval
 	}
-	m, err := gossip.Join(ctx, g)
+	m, err := gossip.Join(ctx, cfg.slowGossip(g))
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
@@ -108,10 +108,10 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 		c.PublishInterval = cfg.DigestInterval
 	}
 	c.Params = bloom.ParamsFor(cfg.CapacityBlocks/cfg.RoutingStride+1, cfg.FPRate) // as the sidecar sizes it
-	cs := cachestate.New(c, ix, m, noFront{}, nil, cfg.Log)
-	rec := route.NewRecent(route.DefaultRecentConfig())
+	cs := cachestate.New(cfg.slowCachestate(c), ix, m, noFront{}, nil, cfg.Log)
+	rec := route.NewRecent(cfg.recentConfig())
 	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),
-		chain: route.DefaultChain(route.DefaultConfig(), rec), recent: rec,
+		chain: route.DefaultChain(cfg.routeConfig(), rec), recent: rec,
 		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{},
 		cap: cfg.idsOf(cfg.CapacityBlocks), stride: cfg.RoutingStride}
 	if cfg.CPUBlocks > 0 {

@@ -48,6 +48,7 @@ type options struct {
 	CPUBlocks          int
 	TierStride         int
 	BlocksPerSecond    float64
+	Slow               float64
 	FullDigestInterval time.Duration
 	DigestInterval     time.Duration
 	FPRate             float64
@@ -100,6 +101,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", 0, "a CPU offload tier of this many blocks behind each engine's GPU cache, sending vLLM's native offload events (GPU evictions stored there, its own evictions removed); the GPU's churn is the same, so the difference is the tier's upkeep and memory; 0: none")
 	fs.IntVar(&o.TierStride, "tier-stride", 0, "with --cpu-blocks, one lower-tier digest entry per this many routing keys (the sidecar's --tier-stride: 1, 2, 4, 8 or 16); 0: the index's default (kvindex.DefaultTierStride)")
 	fs.Float64Var(&o.BlocksPerSecond, "blocks-per-second", 200, "vLLM blocks each node stores (and, with a full cache, evicts) per second")
+	fs.Float64Var(&o.Slow, "slow", 1, "slow motion: each node's mesh runs K times slower on the wall clock (a K-th of the blocks a second, every interval, timeout and TTL of the mesh, memberlist and the choice K times longer), for a K-th of the CPU a wall second, and results are reported in the mesh's own time; for sizes the machine cannot run at 1 (a run then takes K times as long)")
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (gossip.DefaultConfig: 1m)")
 	fs.DurationVar(&o.DigestInterval, "digest-interval", 0, "how often each node sends its digest changes (the sidecar's --digest-interval); 0 keeps its default (cachestate.DefaultConfig: 100ms)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
@@ -157,6 +159,8 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, errors.New("--capacity-blocks must hold at least one routing key (--routing-stride blocks)")
 	case o.BlocksPerSecond <= 0:
 		return o, errors.New("--blocks-per-second must be positive")
+	case !(o.Slow >= 1):
+		return o, errors.New("--slow must be at least 1 (1: real time)")
 	case o.FullDigestInterval < 0 || o.DigestInterval < 0:
 		return o, errors.New("--full-digest-interval and --digest-interval must not be negative")
 	case o.FPRate <= 0 || o.FPRate >= 1:
@@ -232,7 +236,11 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 	trace := scale.Synthetic(o.Requests, o.Seed)
-	fmt.Fprintf(log, "kvscale: sizes %v, %d trace requests, warmup %s, window %s\n", o.Sizes, o.Requests, o.Warmup, o.Window)
+	fmt.Fprintf(log, "kvscale: sizes %v, %d trace requests, warmup %s, window %s", o.Sizes, o.Requests, o.Warmup, o.Window)
+	if o.Slow > 1 {
+		fmt.Fprintf(log, " of the mesh's time, in slow motion ×%g (each run %g times as long)", o.Slow, o.Slow)
+	}
+	fmt.Fprintln(log)
 	rep := report{Command: "kvscale " + strings.Join(os.Args[1:], " "), Started: begin.UTC().Format(time.RFC3339),
 		Options: o}
 	k := 0
@@ -243,8 +251,8 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
 				CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
-				DigestInterval: o.DigestInterval,
-				Requests:       trace, Seed: o.Seed + uint64(r),
+				DigestInterval: o.DigestInterval, Slow: o.Slow,
+				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
 			k++
 			fmt.Fprintf(log, "kvscale: N=%d run %d/%d: starting %d nodes\n", n, r+1, o.Repeats, n)

@@ -23,10 +23,10 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("parseFlags(nil) = %v", err)
 	}
 	if !slices.Equal(o.Sizes, []int{16, 32, 64}) || o.Out != "out/scale" || o.Warmup != 120*time.Second || o.Requests != 240000 || o.RoutingStride != 4 ||
-		o.Window != 20*time.Second || o.CapacityBlocks != 20000 || o.BlocksPerSecond != 200 || o.Repeats != 1 {
+		o.Window != 20*time.Second || o.CapacityBlocks != 20000 || o.BlocksPerSecond != 200 || o.Repeats != 1 || o.Slow != 1 {
 		t.Errorf("defaults = %+v", o)
 	}
-	env := map[string]string{"KVSCALE_SIZES": "8,9", "KVSCALE_WINDOW": "5s", "KVSCALE_SEED": "7"}
+	env := map[string]string{"KVSCALE_SIZES": "8,9", "KVSCALE_WINDOW": "5s", "KVSCALE_SEED": "7", "KVSCALE_SLOW": "4"}
 	o, err = parseFlags([]string{"--sizes", "4, 12", "--full-digest-interval", "2s", "--digest-interval", "250ms", "--out", "x",
 		"--blocks-per-second", "50", "--capacity-blocks", "300", "--warmup", "1s"},
 		func(k string) string { return env[k] }, &out, &errw)
@@ -34,7 +34,8 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("parseFlags = %v", err)
 	}
 	if !slices.Equal(o.Sizes, []int{4, 12}) || o.Window != 5*time.Second || o.Seed != 7 || o.Out != "x" ||
-		o.FullDigestInterval != 2*time.Second || o.DigestInterval != 250*time.Millisecond || o.BlocksPerSecond != 50 || o.CapacityBlocks != 300 || o.Warmup != time.Second {
+		o.FullDigestInterval != 2*time.Second || o.DigestInterval != 250*time.Millisecond || o.BlocksPerSecond != 50 || o.CapacityBlocks != 300 || o.Warmup != time.Second ||
+		o.Slow != 4 {
 		t.Errorf("flags over env = %+v; want the flag to win over its twin, the twin where no flag", o)
 	}
 	// A CPU tier's blocks fill after the GPU's: the default warm-up waits for both.
@@ -43,7 +44,7 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("tier flags: %v, %+v; want 16000 CPU blocks, stride 8, warm-up 120 s (1.15 x 20000 / 200 + 5)", err, o)
 	}
 	for _, bad := range [][]string{{"--sizes", "1"}, {"--sizes", "x"}, {"--sizes", ""}, {"--window", "0s"},
-		{"--blocks-per-second", "0"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"--routing-stride", "0"}, {"--digest-interval", "-1s"}, {"--capacity-blocks", "3", "--routing-stride", "4"}, {"extra"}, {"--no-such-flag"}} {
+		{"--blocks-per-second", "0"}, {"--slow", "0.5"}, {"--slow", "NaN"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"--routing-stride", "0"}, {"--digest-interval", "-1s"}, {"--capacity-blocks", "3", "--routing-stride", "4"}, {"extra"}, {"--no-such-flag"}} {
 		if _, err := parseFlags(bad, noEnv, &out, &errw); err == nil {
 			t.Errorf("parseFlags(%q) = nil; want an error", bad)
 		}

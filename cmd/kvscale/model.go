@@ -359,7 +359,7 @@ func writeJSON(path string, rep report) error {
 			"capacity_blocks": o.CapacityBlocks, "routing_stride": o.RoutingStride, "cpu_blocks": o.CPUBlocks,
 			"tier_stride": o.TierStride, "blocks_per_second": o.BlocksPerSecond,
 			"full_digest_interval": o.FullDigestInterval.String(), "digest_interval": o.DigestInterval.String(), "fp_rate": o.FPRate,
-			"requests": o.Requests, "repeats": o.Repeats, "seed": o.Seed},
+			"requests": o.Requests, "repeats": o.Repeats, "seed": o.Seed, "slow": max(o.Slow, 1)},
 		"results_median": results, "runs": runs, "model": model, "plots": rep.Plots,
 	}
 	b, err := json.MarshalIndent(doc, "", "  ")
@@ -390,6 +390,9 @@ func markdown(rep report) string {
 		fmt.Fprintf(&b, ", a CPU tier of %d blocks", o.CPUBlocks)
 	}
 	fmt.Fprintf(&b, "); warmup %s, window %s", o.Warmup, o.Window)
+	if o.Slow > 1 {
+		fmt.Fprintf(&b, " of the mesh's time, run in slow motion ×%g (every interval, timeout and TTL %g times longer on the wall clock, a %g-th of the blocks a second; rates and times here are the mesh's)", o.Slow, o.Slow, o.Slow)
+	}
 	if o.FullDigestInterval > 0 {
 		fmt.Fprintf(&b, ", full digest every %s", o.FullDigestInterval)
 	}
@@ -566,6 +569,7 @@ func readReport(path string) (report, error) {
 		DigestInterval     string  `json:"digest_interval"`
 		RequestsN          int     `json:"requests"`
 		RepeatsN           int     `json:"repeats"`
+		Slow               float64 `json:"slow"`
 	}
 	if err := json.Unmarshal(ob, &o); err != nil {
 		return report{}, fmt.Errorf("%s options: %w", path, err)
@@ -575,7 +579,7 @@ func readReport(path string) (report, error) {
 	}
 	rep.Options = options{Sizes: o.Sizes, CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride,
 		CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
-		FPRate: o.FPRate, Seed: o.Seed, Requests: o.RequestsN, Repeats: max(o.RepeatsN, 1)}
+		FPRate: o.FPRate, Seed: o.Seed, Requests: o.RequestsN, Repeats: max(o.RepeatsN, 1), Slow: max(o.Slow, 1)}
 	rep.Options.Warmup, _ = time.ParseDuration(o.WarmupS)
 	rep.Options.Window, _ = time.ParseDuration(o.WindowS)
 	rep.Options.FullDigestInterval, _ = time.ParseDuration(o.FullDigestInterval)
