@@ -158,6 +158,9 @@ type Result struct {
 	Requests         int     `json:"requests"`
 	PollIntervalMs   float64 `json:"poll_interval_ms"`
 	InboxDrops, Gaps uint64  `json:"-"`
+	// OutboxDrops are messages a node dropped at a peer's full queue
+	// (gossip.Stats.OutboxDrops): a lost delta, repaired by a full digest.
+	OutboxDrops uint64 `json:"-"`
 }
 
 // poll is how often sampled keys are looked up in every peer's view: the
@@ -421,6 +424,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.SocketBytesPerNode += float64(after[i].sockSent+after[i].sockRecv-before[i].sockSent-before[i].sockRecv) /
 			window / float64(cfg.Nodes)
 		res.InboxDrops += after[i].drops
+		res.OutboxDrops += after[i].outDrops
 		res.Gaps += after[i].gaps
 	}
 	res.Requests = requests
@@ -551,13 +555,14 @@ type statsSnap struct {
 	sent, recv         map[string]uint64
 	sockSent, sockRecv uint64
 	drops, gaps        uint64
+	outDrops           uint64
 }
 
 func snapAll(ns []*node) []statsSnap {
 	out := make([]statsSnap, len(ns))
 	for i, n := range ns {
 		st := n.mesh.Stats()
-		s := statsSnap{sent: map[string]uint64{}, recv: map[string]uint64{}, drops: st.InboxDrops, gaps: st.Gaps,
+		s := statsSnap{sent: map[string]uint64{}, recv: map[string]uint64{}, drops: st.InboxDrops, gaps: st.Gaps, outDrops: st.OutboxDrops,
 			sockSent: st.SocketSent, sockRecv: st.SocketReceived}
 		for k, v := range st.Sent.All {
 			s.sent[k] = v.Bytes

@@ -194,6 +194,8 @@ func TestOutputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := results()
+	rs[1].InboxDrops, rs[1].OutboxDrops, rs[1].Gaps = 2, 7, 11
+	o.Slow = 8
 	rep := report{Options: o, Results: rs, Runs: [][]scale.Result{rs[:1], rs[1:2], rs[2:]}, Model: model(rs, 200)}
 	md := markdown(rep)
 	for _, want := range []string{"| 16 | 52.0 | 62.0 | delta 52.0 |", "## Model", "FAIL", "PASS", "meets target up to N ≈ 478", "no data"} {
@@ -215,6 +217,17 @@ func TestOutputs(t *testing.T) {
 	}
 	if len(doc["results_median"].([]any)) != 3 || len(doc["model"].([]any)) != len(measures) {
 		t.Errorf("results.json = %s", b)
+	}
+	// --from reads back what the checks table and the header need.
+	back, err := readReport(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatalf("readReport = %v", err)
+	}
+	if r := back.Results[1]; r.InboxDrops != 2 || r.OutboxDrops != 7 || r.Gaps != 11 || back.Options.Slow != 8 {
+		t.Errorf("read back: drops %d in, %d out, %d gaps, slow %v; want 2, 7, 11, 8", r.InboxDrops, r.OutboxDrops, r.Gaps, back.Options.Slow)
+	}
+	if !strings.Contains(md, "slow motion ×8") || !strings.Contains(md, "| 32 | 0 (0) | 0 (0) | 190 | 0 | 2 | 7 | 11 |") {
+		t.Errorf("markdown lacks the slow motion or the checks row:\n%s", md)
 	}
 	png := filepath.Join(dir, "traffic.png")
 	if err := plotTraffic(rs, rep.Model, 200, png); err != nil {

@@ -299,7 +299,7 @@ func resultJSON(r scale.Result) map[string]any {
 		}
 		out[name] = finite(v.Field(i).Interface())
 	}
-	out["inbox_drops"], out["gaps"] = r.InboxDrops, r.Gaps
+	out["inbox_drops"], out["outbox_drops"], out["gaps"] = r.InboxDrops, r.OutboxDrops, r.Gaps
 	out["hit_rate_ratio"] = finite(ratio(r))
 	return out
 }
@@ -432,16 +432,16 @@ func markdown(rep report) string {
 			num(r.ChoiceP50Us, 1), num(r.ChoiceP99Us, 1), num(r.HeapPerNodeMiB, 2),
 			num(r.JoinBytes/1e3, 0), num(r.JoinSeconds, 2), num(r.DetectSeconds, 2), num(r.HitRate, 3), num(r.CentralHitRate, 3), num(ratio(r), 3))
 	}
-	b.WriteString("\nSamples and checks per N: stored/evicted propagation samples timed (missed: not every peer agreed within the harness's deadline), blocks stored per node per second, requests, gossip inbox drops and sequence gaps.\n\n")
-	b.WriteString("| N | stored samples (missed) | evicted samples (missed) | stored blocks/s/node | requests | inbox drops | gaps | window s |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("\nSamples and checks per N: stored/evicted propagation samples timed (missed: not every peer agreed within the harness's deadline), blocks stored per node per second, requests, gossip inbox and outbox drops (a message lost at a full queue, either end) and sequence gaps.\n\n")
+	b.WriteString("| N | stored samples (missed) | evicted samples (missed) | stored blocks/s/node | requests | inbox drops | outbox drops | gaps | window s |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.Results {
 		sat := ""
 		if saturated(r, o.BlocksPerSecond) {
 			sat = " (saturated)"
 		}
-		fmt.Fprintf(&b, "| %d%s | %d (%d) | %d (%d) | %.0f | %d | %d | %d | %.1f |\n", r.N, sat, r.StoredSamples, r.StoredMissed,
-			r.EvictedSamples, r.EvictedMissed, r.StoredPerNodePerSec, r.Requests, r.InboxDrops, r.Gaps, r.WindowSeconds)
+		fmt.Fprintf(&b, "| %d%s | %d (%d) | %d (%d) | %.0f | %d | %d | %d | %d | %.1f |\n", r.N, sat, r.StoredSamples, r.StoredMissed,
+			r.EvictedSamples, r.EvictedMissed, r.StoredPerNodePerSec, r.Requests, r.InboxDrops, r.OutboxDrops, r.Gaps, r.WindowSeconds)
 	}
 	b.WriteString("\n## Model\n\n")
 	b.WriteString("Each measure fitted as y = A + B·N (least squares over the measured N, scale.FitLinear), " +
@@ -624,6 +624,9 @@ func resultFromJSON(m map[string]any) (scale.Result, error) {
 	}
 	if x, ok := m["gaps"].(float64); ok {
 		r.Gaps = uint64(x)
+	}
+	if x, ok := m["outbox_drops"].(float64); ok {
+		r.OutboxDrops = uint64(x)
 	}
 	return r, nil
 }
