@@ -33,6 +33,15 @@ func (c Config) stretch(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * c.slow())
 }
 
+// stretchOr stretches *v, def first when *v is 0 or less (a config's
+// "the default").
+func (c Config) stretchOr(v *time.Duration, def time.Duration) {
+	if *v <= 0 {
+		*v = def
+	}
+	*v = c.stretch(*v)
+}
+
 // slowGossip stretches g's intervals and memberlist's timings; a field at
 // 0 takes its default first (gossip.DefaultConfig). Claims pushed at once
 // stay at once, and a hook g already had (membership.Config.Memberlist)
@@ -42,12 +51,7 @@ func (c Config) slowGossip(g gossip.Config) gossip.Config {
 		return g
 	}
 	d := gossip.DefaultConfig()
-	at := func(v *time.Duration, def time.Duration) {
-		if *v <= 0 {
-			*v = def
-		}
-		*v = c.stretch(*v)
-	}
+	at := c.stretchOr
 	at(&g.FullDigestInterval, d.FullDigestInterval)
 	at(&g.MetaInterval, d.MetaInterval)
 	at(&g.LoadPushInterval, d.LoadPushInterval)
@@ -82,17 +86,9 @@ func (c Config) slowCachestate(cs cachestate.Config) cachestate.Config {
 		return cs
 	}
 	d := cachestate.DefaultConfig()
-	for _, f := range []struct {
-		v   *time.Duration
-		def time.Duration
-	}{
-		{&cs.PublishInterval, d.PublishInterval}, {&cs.RebuildEvery, d.RebuildEvery}, {&cs.SilenceWindow, d.SilenceWindow},
-	} {
-		if *f.v <= 0 {
-			*f.v = f.def
-		}
-		*f.v = c.stretch(*f.v)
-	}
+	c.stretchOr(&cs.PublishInterval, d.PublishInterval)
+	c.stretchOr(&cs.RebuildEvery, d.RebuildEvery)
+	c.stretchOr(&cs.SilenceWindow, d.SilenceWindow)
 	return cs
 }
 
