@@ -47,7 +47,11 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		tpk = DefaultTokensPerKey
 	}
 	mr := newMatcher(cfg, req, tpk, now, p.Recent)
-	if len(req.Batch) == 0 {
+	switch {
+	case len(req.Batch) > 0:
+	case req.Prefixes != nil:
+		mr.group = req.Prefixes
+	default:
 		mr.group = groupFor(peers, req.Keys, &sp.group)
 	}
 	a := rate(cfg, req, peers, now, rows)
@@ -73,35 +77,21 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 		r.setMatch(&m, tpk, prompt)
 	}
 	a.bound()
-	dup := dupWeight(cfg, a.waiting)
-	price := cfg.LoadTokens
-	if a.idle && cfg.IdleLoadTokens > price {
-		price = cfg.IdleLoadTokens
-	}
+	pr := pricingOf(&a)
 	rk, _ := rendezvousKey(*cfg, req.Keys)
 	held, heldKeys := -1, 0 // a scored peer with the longest match
 	hi := top{i: -1}        // the best score
 	raised := false         // a peer's load was priced at IdleLoadTokens
-	// The loop's invariants in locals: through cfg and a, every row's
-	// write could have changed them, and each was loaded again.
-	product, base, allOver := cfg.ProductCost, cfg.LoadTokens, a.allOver
+	allOver := a.allOver
 	for i := range rows {
 		r := &rows[i]
 		if !r.inBound(allOver) {
 			continue
 		}
 		r.flags |= rowScored
-		if product {
-			r.score = -max(cfg.work(prompt, r.gpu, r.cpu, r.disk), 1) * (r.load + 1)
-		} else {
-			// This row's price of a request of load: raised for a queue
-			// at the holder while a pod idles.
-			per := base
-			if r.ahead >= idleQueue && price != per {
-				per, raised = price, true
-			}
-			r.score = dup*cfg.saved(r.gpu, r.cpu, r.disk) - wait(cfg, r.queued, r.load, per)
-		}
+		var up bool
+		r.score, up = pr.score(r.gpu, r.cpu, r.disk, r.queued, r.ahead, r.load)
+		raised = raised || up
 		hi.see(i, r.score)
 		if held < 0 || r.keys > heldKeys {
 			held, heldKeys = i, r.keys
@@ -120,16 +110,66 @@ func (p Affinity) weigh(req *Request, peers []PeerView, now time.Time, sp *scrat
 			hr.gpu+hr.cpu+hr.disk, req.PromptTokens, hid, 100*f))
 	}
 	if raised {
-		a.d.Note = addNote(a.d.Note, "a peer idles: a request of load costs "+num(price, 0)+" tokens where requests wait")
+		a.d.Note = addNote(a.d.Note, "a peer idles: a request of load costs "+num(pr.price, 0)+" tokens where requests wait")
 	}
-	if dup > 1 && !cfg.ProductCost {
-		a.d.Note = addNote(a.d.Note, "saved tokens weigh "+num(dup, 2)+": requests wait")
+	if pr.dup > 1 && !cfg.ProductCost {
+		a.d.Note = addNote(a.d.Note, "saved tokens weigh "+num(pr.dup, 2)+": requests wait")
 	}
 	best := a.best(rk, hi)
 	if best != held && rows[best].keys < hr.keys {
 		a.d.Note = addNote(a.d.Note, fmt.Sprintf("load over affinity: %s holds more", hid))
 	}
 	return a.choose(best, ReasonAffinity)
+}
+
+// pricing is what Affinity's score of every peer shares, from the
+// assessment of them all: the one rule the choice and a Shortlist score
+// by.
+type pricing struct {
+	cfg     *Config
+	prompt  int
+	product bool    // Config.ProductCost
+	dup     float64 // dupWeight
+	// base prices a request of load (LoadTokens); price where requests
+	// wait while a peer idles (IdleLoadTokens).
+	base, price float64
+}
+
+func pricingOf(a *assessment) pricing {
+	return pricingFor(a.cfg, a.req.PromptTokens, a.idle, a.waiting)
+}
+
+// pricingFor is the pricing of a prompt of prompt tokens among eligible
+// peers of which one idles or none (idle), and waiting requests wait on
+// average (assessment's).
+func pricingFor(cfg *Config, prompt int, idle bool, waiting float64) pricing {
+	price := cfg.LoadTokens
+	if idle && cfg.IdleLoadTokens > price {
+		price = cfg.IdleLoadTokens
+	}
+	return pricing{cfg: cfg, prompt: prompt, product: cfg.ProductCost,
+		dup: dupWeight(cfg, waiting), base: cfg.LoadTokens, price: price}
+}
+
+// score is Affinity's score of a peer whose match is gpu, cpu and disk
+// tokens, with queued tokens and ahead requests waiting there and load,
+// and whether its load was priced at IdleLoadTokens.
+func (pr *pricing) score(gpu, cpu, disk, queued, ahead int, load float64) (float64, bool) {
+	if pr.product {
+		return -max(pr.cfg.work(pr.prompt, gpu, cpu, disk), 1) * (load + 1), false
+	}
+	return pr.plain(pr.cfg.saved(gpu, cpu, disk), queued, ahead, load)
+}
+
+// plain is score of a peer that saves saved tokens, not ProductCost's.
+func (pr *pricing) plain(saved float64, queued, ahead int, load float64) (float64, bool) {
+	// This peer's price of a request of load: raised for a queue at the
+	// holder while a pod idles.
+	per, raised := pr.base, false
+	if ahead >= idleQueue && pr.price != per {
+		per, raised = pr.price, true
+	}
+	return pr.dup*saved - wait(pr.cfg, queued, load, per), raised
 }
 
 // dupWeight is what a saved token is worth in Affinity's score, against
@@ -166,7 +206,7 @@ type matcher struct {
 	per, cur []match // per prompt: the answer, and digestMatch's scratch
 	// group, if set, holds the prefixes of the request's keys (a single
 	// prompt) in the digests a Group holds.
-	group *grouped
+	group *Prefixes
 	// digestCut is now less Config.DigestTTL: a digest received before
 	// it is stale (computed once, not per peer). ttl says DigestTTL is
 	// set, claims that ClaimTTL is: a peer's claims count.

@@ -109,6 +109,12 @@ func rate(cfg *Config, req *Request, peers []PeerView, now time.Time, rows []row
 		ahead += r.ahead
 		idle = idle || r.idle()
 	}
+	if rs := req.Rest; rs != nil {
+		a.d.Eligible += rs.Eligible
+		sum += rs.Load
+		ahead += rs.Ahead
+		idle = idle || rs.Idle
+	}
 	if a.d.Eligible > 0 {
 		a.idle = idle
 		a.waiting = float64(ahead) / float64(a.d.Eligible)
@@ -183,34 +189,81 @@ type moment struct {
 	now time.Time
 	// A report from before stale is stale (LoadTTL), one from before
 	// silent silent (SilentFor), and a failure after failed recent
-	// (FailFor).
-	stale, silent, failed time.Time
+	// (FailFor); the N's are the same in Unix nanoseconds (nanos), and
+	// digestN is when a digest received before it is stale (DigestTTL).
+	stale                             time.Time
+	staleN, silentN, failedN, digestN int64
 }
 
 func momentOf(cfg *Config, now time.Time) moment {
-	return moment{now: now, stale: now.Add(-cfg.LoadTTL), silent: now.Add(-cfg.SilentFor), failed: now.Add(-cfg.FailFor)}
+	n := now.UnixNano()
+	return moment{now: now, stale: now.Add(-cfg.LoadTTL), staleN: n - int64(cfg.LoadTTL),
+		silentN: n - int64(cfg.SilentFor), failedN: n - int64(cfg.FailFor), digestN: n - int64(cfg.DigestTTL)}
 }
 
 // excluded returns why p may not serve req, or "".
 func excluded(cfg *Config, p *PeerView, req *Request, at *moment) string {
-	switch {
-	case p.Engine != EngineServing:
+	switch barOf(cfg, p.Engine, p.Draining, p.Load.Fronted && !p.Local, nanos(p.LoadAt), nanos(p.LastFailure), at) {
+	case barEngine:
 		return "engine " + p.Engine.String()
-	case p.Draining:
+	case barDraining:
 		return "draining"
-	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && p.LoadAt.IsZero():
+	case barNoPush:
 		return "silent: no push yet"
-	case p.Load.Fronted && !p.Local && cfg.SilentFor > 0 && p.LoadAt.Before(at.silent):
+	case barSilent:
 		return fmt.Sprintf("silent %s", at.now.Sub(p.LoadAt).Round(time.Millisecond))
-	case !p.LastFailure.IsZero() && p.LastFailure.After(at.failed):
+	case barFailed:
 		return fmt.Sprintf("failed %s ago", at.now.Sub(p.LastFailure).Round(time.Millisecond))
-	case req.Model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, req.Model):
+	}
+	if req.Model != "" && len(p.Models) > 0 && !slices.Contains(p.Models, req.Model) {
 		if p.ModelsTruncated && holdsModel(cfg, p, req.Keys, at.now) {
 			return ""
 		}
 		return "model"
 	}
 	return ""
+}
+
+// bar is why a peer may serve no request at all now (barOf), or barNone.
+type bar uint8
+
+const (
+	barNone bar = iota
+	barEngine
+	barDraining
+	barNoPush // watched, and no push yet
+	barSilent // watched, and no push for SilentFor
+	barFailed // a forward failed within FailFor
+)
+
+// barOf is excluded's rule but the model's, from the fields a Brief keeps
+// as well as a PeerView: the engine's state, draining, the time of the
+// last load report (watched: a fronted peer not this one, whose silence
+// means it is gone) and of the last failed forward, in Unix nanoseconds,
+// 0 for never.
+func barOf(cfg *Config, e Engine, draining, watched bool, loadAt, failed int64, at *moment) bar {
+	switch {
+	case e != EngineServing:
+		return barEngine
+	case draining:
+		return barDraining
+	case watched && cfg.SilentFor > 0 && loadAt == 0:
+		return barNoPush
+	case watched && cfg.SilentFor > 0 && loadAt < at.silentN:
+		return barSilent
+	case failed != 0 && failed > at.failedN:
+		return barFailed
+	}
+	return barNone
+}
+
+// nanos is t in Unix nanoseconds, 0 for the zero time: how a Brief keeps
+// its times, and barOf compares them.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // holdsModel reports whether p's digest holds the first MinMatchKeys keys
@@ -262,15 +315,28 @@ func load(cfg *Config, p *PeerView, at *moment) (x float64, queued, ahead int, s
 	// InFlight is what the report cannot count yet: each send raises the
 	// target's load at once, which stops a burst from piling onto one pod
 	// between reports.
-	busy := max(max(l.Running, 0)+max(l.Waiting, 0), l.Serving)
+	x = loadOf(cfg, busy(l), inflight, l.KVUsage)
+	return x, queued + max(l.QueuedPrefillTokens, 0), ahead + max(l.Prefilling, 0), false
+}
+
+// busy is the requests a fresh report counts at the peer: Serving for a
+// Fronted peer, else max(Running+Waiting, Serving).
+func busy(l *Load) int {
 	if l.Fronted {
-		busy = max(l.Serving, 0)
+		return max(l.Serving, 0)
 	}
-	x = float64(busy) + inflight
-	if kv := l.KVUsage; kv > cfg.KVKnee && !math.IsNaN(kv) {
+	return max(max(l.Running, 0)+max(l.Waiting, 0), l.Serving)
+}
+
+// loadOf is load's sum for a fresh report: busy requests, those in
+// flight, and the KV term, rising from 0 at KVKnee usage to KVWeight
+// when full.
+func loadOf(cfg *Config, busy int, inflight, kv float64) float64 {
+	x := float64(busy) + inflight
+	if kv > cfg.KVKnee && !math.IsNaN(kv) {
 		x += cfg.KVWeight * (min(kv, 1) - cfg.KVKnee) / (1 - min(cfg.KVKnee, 0.999))
 	}
-	return x, queued + max(l.QueuedPrefillTokens, 0), ahead + max(l.Prefilling, 0), false
+	return x
 }
 
 // wait is what a request waits for at a peer before its own prefill, in
@@ -307,13 +373,20 @@ func rendezvousDepth(cfg Config, n int) int {
 
 // weight is the highest-random-weight hash of (peer, key): FNV-1a of the ID
 // folded into a splitmix64 finaliser. Every sidecar computes the same value.
-func weight(id string, k blockkey.Key) uint64 {
+func weight(id string, k blockkey.Key) uint64 { return weighed(IDHash(id), k) }
+
+// weighed is weight for the peer whose IDHash is h.
+func weighed(h uint64, k blockkey.Key) uint64 { return mix(h ^ mix(uint64(k))) }
+
+// IDHash is the half of a peer's rendezvous weights that is its ID's
+// alone (FNV-1a), which a Brief keeps.
+func IDHash(id string) uint64 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(id); i++ {
 		h ^= uint64(id[i])
 		h *= 1099511628211
 	}
-	return mix(h ^ mix(uint64(k)))
+	return h
 }
 
 func mix(x uint64) uint64 {

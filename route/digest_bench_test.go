@@ -31,22 +31,29 @@ func BenchmarkChooseBloom(b *testing.B) {
 			b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=4-grouped-recent", peers, tokens), func(b *testing.B) {
 				benchChooseBloomRecent(b, peers, tokens, 4, true)
 			})
+			if peers >= route.ShortlistMin {
+				b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=4-shortlist-recent", peers, tokens), func(b *testing.B) {
+					chooseBloom(b, peers, tokens, 4, true, true, true)
+				})
+			}
 		}
 	}
 }
 
 func benchChooseBloom(b *testing.B, npeers, ntokens, stride int, grouped bool) {
-	chooseBloom(b, npeers, ntokens, stride, grouped, false)
+	chooseBloom(b, npeers, ntokens, stride, grouped, false, false)
 }
 
 // benchChooseBloomRecent is benchChooseBloom with a sidecar's Recent, as
 // the front has one: this sidecar sent other prompts to 16 peers within
 // its TTL.
 func benchChooseBloomRecent(b *testing.B, npeers, ntokens, stride int, grouped bool) {
-	chooseBloom(b, npeers, ntokens, stride, grouped, true)
+	chooseBloom(b, npeers, ntokens, stride, grouped, true, false)
 }
 
-func chooseBloom(b *testing.B, npeers, ntokens, stride int, grouped, recent bool) {
+// chooseBloom is BenchmarkChooseBloom's choice; short: on a Shortlist
+// of the peers' briefs, the Shortlist's making timed with the choice.
+func chooseBloom(b *testing.B, npeers, ntokens, stride int, grouped, recent, short bool) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	scheme := blockkey.Scheme{BlockSize: 16, Stride: stride}
 	tokens := make([]uint32, ntokens)
@@ -72,8 +79,9 @@ func chooseBloom(b *testing.B, npeers, ntokens, stride int, grouped, recent bool
 			Digest: bloom.Build(bloom.Header{Node: id, Params: params}, held), DigestAt: now,
 			Load: route.Load{Running: i % 3}, LoadAt: now}
 	}
+	var g *bloom.Transposed
 	if grouped {
-		g := bloom.NewTransposed()
+		g = bloom.NewTransposed()
 		for i := range views {
 			d := views[i].Digest.(*bloom.Digest)
 			slot, stamp := g.Put(-1, d)
@@ -91,15 +99,36 @@ func chooseBloom(b *testing.B, npeers, ntokens, stride int, grouped, recent bool
 			r.Record(views[i*npeers/16].ID, other, now)
 		}
 	}
-	policy := route.DefaultChain(route.DefaultConfig(), r)
+	cfg := route.DefaultConfig()
+	policy := route.DefaultChain(cfg, r)
 	req := route.Request{Keys: keys, TokensPerKey: scheme.TokensPerKey(), PromptTokens: ntokens}
+	briefs := make([]route.Brief, len(views))
+	for i := range views {
+		briefs[i] = route.BriefOf(&views[i])
+	}
+	view := func(i int, v *route.PeerView) { *v = views[i] }
+	var buf []route.PeerView
 	b.ResetTimer()
 	var d route.Decision
 	var took []float64 // µs per choice: the p50 and p99 the scale targets name
 	for b.Loop() {
 		t0 := time.Now()
-		d = policy.Choose(req, views, now)
+		if short {
+			q := req
+			sl := route.GetShortlist()
+			var ok bool
+			if buf, ok = sl.Make(&cfg, &q, briefs, g, nil, r, now, view, buf); !ok {
+				b.Fatal("no shortlist")
+			}
+			d = policy.Choose(q, buf, now)
+			route.PutShortlist(sl)
+		} else {
+			d = policy.Choose(req, views, now)
+		}
 		took = append(took, float64(time.Since(t0).Nanoseconds())/1e3)
+	}
+	if short {
+		b.ReportMetric(float64(len(buf)), "views-read")
 	}
 	slices.Sort(took)
 	b.ReportMetric(took[len(took)/2], "p50-µs")

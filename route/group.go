@@ -37,8 +37,8 @@ type Member struct {
 // Group implements Grouped.
 func (m *Member) Group() (Group, int, uint64) { return m.G, m.Slot, m.Stamp }
 
-// grouped is one Group's answer for a request's keys.
-type grouped struct {
+// Prefixes is one Group's answer for a request's keys.
+type Prefixes struct {
 	g      Group
 	out    []int
 	stamps []uint64
@@ -47,7 +47,7 @@ type grouped struct {
 // groupFor asks the Group of the first peer whose digest has one for every
 // member's prefix of keys, into r (its slices reused); nil when no peer's
 // digest has a group.
-func groupFor(peers []PeerView, keys []blockkey.Key, r *grouped) *grouped {
+func groupFor(peers []PeerView, keys []blockkey.Key, r *Prefixes) *Prefixes {
 	for i := range peers {
 		gd, ok := peers[i].Digest.(Grouped)
 		if !ok {
@@ -67,7 +67,7 @@ func groupFor(peers []PeerView, keys []blockkey.Key, r *grouped) *grouped {
 
 // prefix returns pv's digest's PrefixLen from the group's answer, and
 // false when the group does not answer for that digest.
-func (r *grouped) prefix(pv *PeerView) (int, bool) {
+func (r *Prefixes) prefix(pv *PeerView) (int, bool) {
 	// A peer table's digest is a *Member: asked for that type, the check
 	// is one comparison, where asking for Grouped looked the pair of types
 	// up in the runtime's table and called Group, every peer.
@@ -82,7 +82,7 @@ func (r *grouped) prefix(pv *PeerView) (int, bool) {
 }
 
 // slot is the group's answer for the digest in slot of g as of stamp.
-func (r *grouped) slot(g Group, slot int, stamp uint64) (int, bool) {
+func (r *Prefixes) slot(g Group, slot int, stamp uint64) (int, bool) {
 	if r == nil || slot < 0 || slot >= len(r.out) || r.stamps[slot] != stamp || g != r.g {
 		return 0, false
 	}

@@ -38,7 +38,7 @@ type weigher interface {
 // choice: a row per peer, and the group's answer (Affinity).
 type scratch struct {
 	rows  []row
-	group grouped
+	group Prefixes
 }
 
 // take returns n rows, grown if need be. assess overwrites them.
@@ -72,6 +72,9 @@ func decide(w weigher, req *Request, peers []PeerView, now time.Time) Decision {
 // not match).
 func (a *assessment) decision(first *assessment) Decision {
 	d := a.d
+	if a.req.Rest != nil {
+		d.Omitted = a.req.Rest.Peers
+	}
 	if a.req.Explain || len(a.rows) <= ListPeers {
 		d.Candidates = make([]Candidate, len(a.rows))
 		for i := range a.rows {
@@ -84,7 +87,7 @@ func (a *assessment) decision(first *assessment) Decision {
 	for j, i := range keep {
 		a.explain(&d.Candidates[j], i, first)
 	}
-	d.Omitted = len(a.rows) - len(keep)
+	d.Omitted += len(a.rows) - len(keep)
 	return d
 }
 

@@ -32,6 +32,7 @@ type Recent struct {
 
 type recentPeer struct {
 	name string
+	hash uint64 // IDHash(name)
 	live map[blockkey.Key]int64
 }
 
@@ -64,7 +65,7 @@ func (r *Recent) Record(peer string, keys []blockkey.Key, now time.Time) {
 	exp := now.Add(r.cfg.TTL).UnixNano()
 	p := r.peers[peer]
 	if p == nil {
-		p = &recentPeer{name: peer, live: make(map[blockkey.Key]int64)}
+		p = &recentPeer{name: peer, hash: IDHash(peer), live: make(map[blockkey.Key]int64)}
 		r.peers[peer] = p
 	}
 	count := 0
@@ -275,4 +276,65 @@ func (r *Recent) compact() {
 		clear(r.queue[n:])
 		r.queue, r.head = r.queue[:n], 0
 	}
+}
+
+// recentSet is whom a Recent knows, for a Shortlist's briefs: a bit per
+// IDHash modulo 4096, so that most briefs are passed over without a
+// lookup of their ID.
+type recentSet struct {
+	r    *Recent // nil: it knows no one
+	bits [64]uint64
+}
+
+// knownNow sets s to whom r knows now (a nil Recent: no one).
+func (r *Recent) knownNow(s *recentSet) {
+	*s = recentSet{}
+	if r == nil || len(r.peers) == 0 {
+		return
+	}
+	s.r = r
+	for _, p := range r.peers {
+		s.bits[p.hash>>6&63] |= 1 << (p.hash & 63)
+	}
+}
+
+// may says s may know the peer whose IDHash is h: false for most
+// peers a Recent does not know, without a lookup.
+func (s *recentSet) may(h uint64) bool { return s.bits[h>>6&63]&(1<<(h&63)) != 0 }
+
+// reaches reports whether the peer of b holds more than depth leading
+// keys by r's own forwards: prefixLen > depth, asked of the one entry
+// that decides it. A forward records every checkpoint of its chain
+// (Record), so the checkpoints it holds of a prompt's keys are a
+// prefix of them, and its prefix passes depth exactly when it holds the
+// first key and the first checkpoint at or past depth.
+func (s *recentSet) reaches(b *Brief, keys []blockkey.Key, depth int, now time.Time) bool {
+	if s.r == nil || depth >= len(keys) || !s.may(b.Hash) {
+		return false
+	}
+	p := s.r.peers[b.ID]
+	if p == nil {
+		return false
+	}
+	t, after := now.UnixNano(), int64(0)
+	if b.Since != 0 {
+		after = b.Since + int64(s.r.cfg.TTL)
+	}
+	has := func(i int) bool {
+		exp, ok := p.live[keys[i]]
+		return ok && exp > t && exp > after
+	}
+	c := ceilCheckpoint(depth)
+	return c < len(keys) && has(0) && has(c)
+}
+
+// ceilCheckpoint is the first checkpoint index at or after i
+// (floorCheckpoint's).
+func ceilCheckpoint(i int) int {
+	n := i + 1
+	if n <= checkpointDense {
+		return i
+	}
+	step := 1 << (bits.Len(uint(n)) - 5)
+	return (n+step-1)/step*step - 1
 }

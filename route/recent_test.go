@@ -227,3 +227,17 @@ func TestRecentKnown(t *testing.T) {
 		}
 	}
 }
+
+// TestCeilCheckpoint: ceilCheckpoint(i) is the first index at or after i
+// that floorCheckpoint keeps, which a Shortlist asks a Recent about.
+func TestCeilCheckpoint(t *testing.T) {
+	for i := range 5000 {
+		want := i
+		for floorCheckpoint(want) != want {
+			want++
+		}
+		if got := ceilCheckpoint(i); got != want {
+			t.Fatalf("ceilCheckpoint(%d) = %d; want %d", i, got, want)
+		}
+	}
+}

@@ -156,6 +156,14 @@ type Request struct {
 	// there are (/debug/route). Otherwise a choice among more than
 	// ListPeers peers lists only those its caller uses (Decision.Omitted).
 	Explain bool
+	// Rest, when set, is what a choice made on a Shortlist's peers knows
+	// of the peers it was not handed: they count in the eligible peers'
+	// mean load and queue (so in the bound and in Decision.Eligible and
+	// Omitted) as if they had been.
+	Rest *Rest
+	// Prefixes, when set, is the Group's answer for Keys that a Shortlist
+	// computed: Affinity reads it rather than ask the Group again.
+	Prefixes *Prefixes
 }
 
 // DefaultTokensPerKey is vLLM's default block size, used when a Request

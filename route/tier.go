@@ -198,10 +198,16 @@ func (r *row) setMatch(m *match, tpk, prompt int) {
 // setGPU is setMatch for groupMatch's match of n keys: on a GPU, one
 // rank, none pinned; its cap at the prompt is the GPU's alone.
 func (r *row) setGPU(n, tpk, prompt int) {
-	r.keys, r.gpu, r.cpu, r.disk, r.rank, r.ranks = n, n*tpk, 0, 0, NoRank, 1
+	r.keys, r.gpu, r.cpu, r.disk, r.rank, r.ranks = n, gpuTokens(n, tpk, prompt), 0, 0, NoRank, 1
+}
+
+// gpuTokens is the tokens n keys of tpk tokens hold on a GPU, capped at
+// the prompt's tokens (prompt > 0).
+func gpuTokens(n, tpk, prompt int) int {
 	if prompt > 0 {
-		r.gpu = min(r.gpu, prompt)
+		return min(n*tpk, prompt)
 	}
+	return n * tpk
 }
 
 // RankOf returns the data-parallel rank the decision pins the request to
