@@ -215,13 +215,16 @@ func BenchmarkRoutePath(b *testing.B) {
 	keys := scheme.Request(blockkey.Root("m", "", ""), tokens)
 	params := bloom.ParamsFor(100_000/4, 0.01)
 	for _, c := range []struct {
-		npeers  int
-		grouped bool
-	}{{8, false}, {64, false}, {1000, false}, {1000, true}} {
+		npeers         int
+		grouped, short bool
+	}{{8, false, false}, {64, false, false}, {1000, false, false}, {1000, true, false}, {1000, true, true}} {
 		npeers := c.npeers
 		name := fmt.Sprintf("peers=%d", npeers)
 		if c.grouped {
 			name += "-grouped" // the digests as the peer table hands them out
+		}
+		if c.short {
+			name += "-shortlist" // and their briefs, as it keeps them (gossip.Mesh.Shortlist)
 		}
 		b.Run(name, func(b *testing.B) {
 			n := newNode(b, "pod-000")
@@ -241,8 +244,8 @@ func BenchmarkRoutePath(b *testing.B) {
 					Digest: bloom.Build(bloom.Header{Node: id, Params: params}, held), DigestAt: now,
 					Load: route.Load{Running: i % 3}, LoadAt: now}
 			}
+			g := bloom.NewTransposed()
 			if c.grouped {
-				g := bloom.NewTransposed()
 				for i := range views {
 					d := views[i].Digest.(*bloom.Digest)
 					slot, stamp := g.Put(-1, d)
@@ -250,6 +253,11 @@ func BenchmarkRoutePath(b *testing.B) {
 				}
 			}
 			n.peers.views = views
+			if c.short {
+				n.h.peers = &shortPeers{fakePeers: n.peers, g: g}
+			} else {
+				n.h.cfg.NoShortlist = true
+			}
 			k := keyed{keys: keys, tokens: len(tokens)}
 			gc, _ := gin.CreateTestContext(httptest.NewRecorder())
 			b.ReportAllocs()

@@ -97,6 +97,11 @@ type Config struct {
 	// Route and Recent configure the choice (route.DefaultConfig).
 	Route  route.Config
 	Recent route.RecentConfig
+	// NoShortlist makes every choice read every peer's view. By default a
+	// choice among route.ShortlistMin peers or more reads the few that
+	// can win it and sums the rest (route.Shortlist), and decides the
+	// same: at a thousand peers a tenth of the time.
+	NoShortlist bool
 	// DialTimeout bounds connecting to a peer or the local vLLM. Default 1 s,
 	// so a dead peer costs little before the next candidate is tried.
 	DialTimeout time.Duration
@@ -223,6 +228,7 @@ type Handler struct {
 	repushDue time.Time
 	share     prefillShare
 	snaps     snapshots // the request path's copies of the peer table
+	also      []string  // choose's scratch: the peers with requests in flight
 
 	draining   atomic.Bool
 	localReady atomic.Bool
@@ -669,13 +675,10 @@ func (h *Handler) routed(c *gin.Context, model string, k keyed) (d route.Decisio
 // choose runs the policy on a snapshot of the peer table, written over
 // buf, with this front's own in-flight requests as the freshest load
 // signal: the local pod's are exact (every request it serves passes here),
-// and for a peer those sent after its last load report.
+// and for a peer those sent after its last load report. Among many peers
+// the snapshot is a shortlist (shortlisted).
 func (h *Handler) choose(model string, k keyed, explain bool, buf []route.PeerView) (route.Decision, []route.PeerView) {
 	now := h.now()
-	var peers []route.PeerView
-	if h.peers != nil {
-		peers = h.peers.AppendSnapshot(buf, now)
-	}
 	if model == "" {
 		model = h.cfg.Model
 	}
@@ -684,12 +687,57 @@ func (h *Handler) choose(model string, k keyed, explain bool, buf []route.PeerVi
 	}
 	req := route.Request{Model: model, Keys: k.keys, Batch: k.batch, TokensPerKey: h.cfg.Scheme.TokensPerKey(),
 		PromptTokens: k.tokens, Explain: explain}
+	if short, peers := h.shortlisted(&req, buf, now); short != nil {
+		defer route.PutShortlist(short) // req reads it until the choice is made
+		defer h.mu.Unlock()
+		d := h.policy.Choose(req, peers, now)
+		d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
+		return d, peers
+	}
+	var peers []route.PeerView
+	if h.peers != nil {
+		peers = h.peers.AppendSnapshot(buf, now)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.freshenLocked(peers, now)
 	d := h.policy.Choose(req, peers, now)
 	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
 	return d, peers
+}
+
+// shortlister is a peer table that can hand a choice among many peers
+// the views it reads (gossip.Mesh.Shortlist, route.Shortlist).
+type shortlister interface {
+	Shortlist(sl *route.Shortlist, cfg *route.Config, req *route.Request, also []string, r *route.Recent,
+		now time.Time, fresh func(*route.PeerView), buf []route.PeerView) ([]route.PeerView, bool)
+}
+
+// shortlisted returns a shortlist for req, which req reads (PutShortlist
+// it after the choice), and its views written over buf, freshened, with mu
+// held; nil, and mu not held, when the table cannot shortlist or it is not
+// worth it (few peers, a batch, an explanation of every peer, turned off).
+func (h *Handler) shortlisted(req *route.Request, buf []route.PeerView, now time.Time) (*route.Shortlist, []route.PeerView) {
+	sl, ok := h.peers.(shortlister)
+	if !ok || req.Explain || h.cfg.NoShortlist {
+		return nil, nil
+	}
+	h.mu.Lock()
+	h.also = h.also[:0]
+	for id := range h.flights {
+		if id != "" {
+			h.also = append(h.also, id)
+		}
+	}
+	short := route.GetShortlist()
+	peers, ok := sl.Shortlist(short, &h.cfg.Route, req, h.also, h.recent, now,
+		func(p *route.PeerView) { h.freshenOneLocked(p, now) }, buf)
+	if !ok {
+		h.mu.Unlock()
+		route.PutShortlist(short)
+		return nil, nil
+	}
+	return short, peers
 }
 
 // freshenLocked puts the front's own counts into a snapshot: the local

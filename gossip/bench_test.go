@@ -3,6 +3,7 @@ package gossip
 import (
 	"fmt"
 	"github.com/hashicorp/memberlist"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -235,5 +236,83 @@ func BenchmarkClaim(b *testing.B) {
 				ms[0].Claim(to, cs)
 			}
 		})
+	}
+}
+
+// BenchmarkTableChoice is a front's choice among a thousand peers on the
+// table as a busy mesh fills it: every peer's digest in the group, its
+// load pushed, and (claimed) a full list of other requests' claims.
+// views: every view, then the choice; shortlist: the briefs and the few
+// views a route.Shortlist reads, then the choice.
+func BenchmarkTableChoice(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	keys := make([]blockkey.Key, 512) // a 32k-token prompt at stride 4
+	for i := range keys {
+		keys[i] = blockkey.Key(rng.Uint64())
+	}
+	for _, claimed := range []bool{false, true} {
+		tb := newTable(4)
+		for i := range 1000 {
+			id := fmt.Sprintf("pod-%03d", i)
+			m := metaAt(1, 1)
+			m.KeyScheme, m.Stride = blockkey.Version, 4
+			tb.upsert(id, m, true, t0)
+			held := slices.Clone(keys[:4])
+			if i == 500 {
+				held = keys[:384]
+			}
+			for range 2000 {
+				held = append(held, blockkey.Key(rng.Uint64()))
+			}
+			tb.applyDigest(bloom.Build(bloom.Header{Node: id, Epoch: 1, Params: bloom.ParamsFor(25_000, 0.01)}, held), t0)
+			tb.applyLoad(loadReport{Node: id, Seq: 1, Load: route.Load{Serving: i % 3, Fronted: true}}, t0)
+			if claimed {
+				for range keepClaims {
+					tb.claim(id, t0, route.Claim{Key: blockkey.Key(rng.Uint64()), Keys: 1 + rng.IntN(600)})
+				}
+			}
+		}
+		self := route.PeerView{ID: "pod-000a", Local: true, KeyScheme: blockkey.Version, LoadAt: t0}
+		cfg := route.DefaultConfig()
+		chain := route.DefaultChain(cfg, nil)
+		req := route.Request{Keys: keys, TokensPerKey: 64, PromptTokens: 32768}
+		for _, short := range []bool{false, true} {
+			name := map[bool]string{false: "views", true: "shortlist"}[short]
+			if claimed {
+				name += "-claimed"
+			}
+			b.Run(name, func(b *testing.B) {
+				var buf []route.PeerView
+				b.ReportAllocs()
+				for b.Loop() {
+					q := req
+					var d route.Decision
+					if short {
+						sl := route.GetShortlist()
+						list, at := tb.briefsWith(&self)
+						var ok bool
+						buf, ok = sl.Make(&cfg, &q, list, tb.group, nil, nil, t0, func(i int, v *route.PeerView) {
+							if i == at {
+								*v = self
+							} else {
+								tb.view(v, tb.briefs.order[i])
+							}
+						}, buf)
+						if !ok {
+							b.Fatal("no shortlist")
+						}
+						d = chain.Choose(q, buf, t0)
+						route.PutShortlist(sl)
+					} else {
+						buf = tb.viewsWith(buf, &self)
+						d = chain.Choose(q, buf, t0)
+					}
+					if d.Target != "pod-500" {
+						b.Fatalf("chose %s (%s)", d.Target, d.Reason)
+					}
+				}
+				b.ReportMetric(float64(len(buf)), "views")
+			})
+		}
 	}
 }

@@ -81,6 +81,7 @@ func (t *table) rebuildGroup() {
 		return
 	}
 	t.group, t.misfits = bloom.NewTransposed(), 0
+	t.unsort() // every brief's slot changes
 	for _, e := range t.sorted {
 		e.p.grouped, e.p.misfit = nil, false
 	}

@@ -24,6 +24,7 @@ type table struct {
 	// peers whose plain digest is of another shape.
 	group   *bloom.Transposed
 	misfits int
+	briefs  briefs // the peers as route.Shortlist reads them (briefs.go)
 }
 
 type peer struct {
@@ -53,6 +54,7 @@ type peer struct {
 	// queue is LIFO), so a burst of deltas routinely arrives reversed.
 	early      map[uint64]bloom.Delta
 	earlySince time.Time // when the oldest held delta arrived; zero if none
+	brief      int       // its place in the table's briefs; -1: none
 }
 
 // maxEarly bounds the deltas held per peer; more means something was lost.
@@ -88,14 +90,19 @@ func newTable(stride int) *table {
 func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped bool) {
 	p := t.peers[id]
 	if p == nil {
-		p = &peer{}
+		p = &peer{brief: -1}
 		t.peers[id] = p
 		i, _ := slices.BinarySearchFunc(t.sorted, id, byID)
 		t.sorted = slices.Insert(t.sorted, i, named{id, p})
+		t.unsort()
 	}
 	if !metaOK {
 		return false
 	}
+	if !p.metaOK {
+		t.unsort() // its first view
+	}
+	defer t.touch(p)
 	if p.digest != nil && p.metaOK && p.meta.HasDigest && m.HasDigest &&
 		p.meta.DigestEpoch != m.DigestEpoch && p.digest.Header().Epoch != m.DigestEpoch {
 		p.digest, p.digestAt, dropped = nil, now, true
@@ -116,6 +123,9 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 // applied are stale (UDP reorders); reports from unknown nodes are dropped.
 func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 	p := t.peers[r.Node]
+	if p != nil {
+		defer t.touch(p)
+	}
 	switch {
 	case p == nil:
 		return unknown
@@ -171,6 +181,7 @@ func (t *table) remove(id string) {
 	p.digest = nil
 	t.regroup(p)
 	delete(t.peers, id)
+	t.unsort()
 	if i, ok := slices.BinarySearchFunc(t.sorted, id, byID); ok {
 		t.sorted = slices.Delete(t.sorted, i, i+1)
 	}
@@ -184,6 +195,7 @@ func (t *table) applyDigest(d *bloom.Digest, now time.Time) outcome {
 	if p == nil {
 		return unknown
 	}
+	defer t.touch(p)
 	if p.digest != nil {
 		c := p.digest.Header()
 		if c.Epoch == h.Epoch && h.Version < c.Version {
@@ -206,6 +218,7 @@ func (t *table) applyDelta(x bloom.Delta, now time.Time) (o outcome, dropped boo
 	if p == nil {
 		return unknown, false
 	}
+	defer t.touch(p)
 	if p.digest == nil {
 		return gap, false
 	}
@@ -270,6 +283,7 @@ func (p *peer) drain(now time.Time) {
 // markFailed records a failed forward to id; unknown peers are ignored.
 func (t *table) markFailed(id string, at time.Time) {
 	if p := t.peers[id]; p != nil && at.After(p.lastFailure) {
+		defer t.touch(p)
 		p.lastFailure = at
 	}
 }
@@ -448,6 +462,7 @@ func addClaims(claims []route.Claim, at time.Time, cs ...route.Claim) []route.Cl
 // claim records claims on a known peer; unknown peers are ignored.
 func (t *table) claim(id string, at time.Time, cs ...route.Claim) {
 	if p := t.peers[id]; p != nil && p.engineState() == route.EngineServing { // a claim on no cache is void
+		defer t.touch(p)
 		p.claims = addClaims(p.claims, at, cs...)
 	}
 }

@@ -80,6 +80,9 @@ type Config struct {
 	// wall clock, with the results in the mesh's own time. Below 1: 1.
 	// Warmup, Window and every other duration here are the mesh's.
 	Slow float64
+	// NoShortlist makes every choice read every view, as a front does
+	// with forward.Config.NoShortlist.
+	NoShortlist bool
 }
 
 func (c Config) withDefaults() Config {
@@ -139,8 +142,13 @@ type Result struct {
 	EvictedP99Ms       float64 `json:"evicted_propagation_p99_ms"`
 	EvictedSamples     int     `json:"evicted_samples"`
 	EvictedMissed      int     `json:"evicted_missed"`
-	ChoiceP50Us        float64 `json:"choice_p50_us"`
-	ChoiceP99Us        float64 `json:"choice_p99_us"`
+	// ChoiceP50Us and ChoiceP99Us time a node's choice for a long prompt
+	// as its front makes it: the views it reads (a shortlist's, or every
+	// peer's snapshot), then the policy; ChoiceViews is how many views it
+	// read on average.
+	ChoiceP50Us float64 `json:"choice_p50_us"`
+	ChoiceP99Us float64 `json:"choice_p99_us"`
+	ChoiceViews float64 `json:"choice_views"`
 	// HeapPerNodeMiB is the process's in-use heap after a GC, less what
 	// it held before the nodes started, over N: each node's index, digests,
 	// mesh and route state, plus its simulated engine's LRU and its share
@@ -316,6 +324,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var before []statsSnap
 	var storedBefore uint64
 	var choice []float64
+	viewsRead := 0 // by the timed choices
 	long := longPrompt(cfg)
 	rc := cfg.routeConfig() // the claims' depths, as a sidecar's front places them
 	lastProgress := start
@@ -345,7 +354,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			next++
 			entry := nodes[rng.IntN(cfg.Nodes)]
 			ks := cfg.keys(q)
-			d := entry.chain.Choose(cfg.request(q, ks), entry.mesh.Snapshot(now), now)
+			d, _ := entry.choose(cfg.request(q, ks), now)
 			t := indexOf(nodes[:cfg.Nodes], d.Target)
 			if t < 0 {
 				t = rng.IntN(cfg.Nodes)
@@ -379,10 +388,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			}
 		}
 		if measuring && len(choice) < 5000 {
-			peers := nodes[0].mesh.Snapshot(now)
 			t0 := time.Now()
-			nodes[0].chain.Choose(long, peers, now)
+			_, n := nodes[0].choose(long, now)
 			choice = append(choice, float64(time.Since(t0))/1e3)
+			viewsRead += n
 		}
 		if now.Sub(lastProgress) >= 5*time.Second {
 			lastProgress = now
@@ -432,6 +441,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.HitRate, res.CentralHitRate = hits/tot, centralHits/tot
 	}
 	res.ChoiceP50Us, res.ChoiceP99Us = quantile(choice, 0.5), quantile(choice, 0.99)
+	if len(choice) > 0 {
+		res.ChoiceViews = float64(viewsRead) / float64(len(choice))
+	}
 
 	// Let the samples taken near the end finish, within their deadline.
 	_ = waitFor(ctx, deadline, func() bool { mu.Lock(); defer mu.Unlock(); return len(samples) == 0 })

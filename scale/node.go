@@ -41,7 +41,9 @@ func (c Config) keys(ids []uint64) []blockkey.Key {
 // request is what a front chooses for: the prompt of ids, keyed by ks
 // (c.keys(ids)).
 func (c Config) request(ids []uint64, ks []blockkey.Key) route.Request {
-	return route.Request{Model: model, Keys: ks, TokensPerKey: blockTokens * c.RoutingStride,
+	// The model unnamed: the base model, which a front names so
+	// (forward.Handler.choose), since every pod serves it.
+	return route.Request{Keys: ks, TokensPerKey: blockTokens * c.RoutingStride,
 		PromptTokens: len(ids)*c.RoutingStride*blockTokens + 1}
 }
 
@@ -58,7 +60,10 @@ type node struct {
 	ix     *kvindex.Index
 	items  chan vllmclient.Item
 	chain  route.Chain
+	rc     route.Config // chain's
 	recent *route.Recent
+	full   bool             // Config.NoShortlist
+	views  []route.PeerView // choose's, over and over
 	stop   context.CancelFunc
 	done   chan struct{}
 	seq    uint64
@@ -111,7 +116,7 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 	cs := cachestate.New(cfg.slowCachestate(c), ix, m, noFront{}, nil, cfg.Log)
 	rec := route.NewRecent(cfg.recentConfig())
 	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),
-		chain: route.DefaultChain(cfg.routeConfig(), rec), recent: rec,
+		chain: route.DefaultChain(cfg.routeConfig(), rec), rc: cfg.routeConfig(), recent: rec, full: cfg.NoShortlist,
 		done: make(chan struct{}), lru: list.New(), at: map[uint64]*list.Element{},
 		cap: cfg.idsOf(cfg.CapacityBlocks), stride: cfg.RoutingStride}
 	if cfg.CPUBlocks > 0 {
@@ -288,4 +293,20 @@ func promptTokens(ids []uint64, stride int) []uint32 {
 		out = append(out, tokens(id, stride)...)
 	}
 	return append(out, 1)
+}
+
+// choose routes req from n as a sidecar's front does: among many peers on
+// a shortlist of its table (gossip.Mesh.Shortlist), else on every view.
+// It returns the Decision and how many views it read.
+func (n *node) choose(req route.Request, now time.Time) (route.Decision, int) {
+	if !n.full {
+		sl := route.GetShortlist()
+		defer route.PutShortlist(sl)
+		var ok bool
+		if n.views, ok = n.mesh.Shortlist(sl, &n.rc, &req, nil, n.recent, now, func(*route.PeerView) {}, n.views); ok {
+			return n.chain.Choose(req, n.views, now), len(n.views)
+		}
+	}
+	n.views = n.mesh.AppendSnapshot(n.views, now)
+	return n.chain.Choose(req, n.views, now), len(n.views)
 }

@@ -49,6 +49,7 @@ type options struct {
 	TierStride         int
 	BlocksPerSecond    float64
 	Slow               float64
+	NoShortlist        bool
 	FullDigestInterval time.Duration
 	DigestInterval     time.Duration
 	FPRate             float64
@@ -112,6 +113,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.IntVar(&o.BasePort, "base-port", 17000, "node i's memberlist listens on this plus i (its API address on +10000); runs rotate it by 1000")
 	fs.StringVar(&o.Out, "out", "out/scale", "directory for results.json, results.md and traffic.png")
 	fs.BoolVar(&o.Plot, "plot", true, "write traffic.png")
+	fs.BoolVar(&o.NoShortlist, "no-shortlist", false, "every choice reads every peer's view, where a sidecar's front (--route-shortlist) reads a shortlist of them among many peers")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write the run's CPU profile (go tool pprof) to this file")
 	fs.StringVar(&o.From, "from", "", "run nothing: read this earlier results.json and write its tables, model and plot (with this version's model) to --out")
 	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
@@ -251,7 +253,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
 				CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
-				DigestInterval: o.DigestInterval, Slow: o.Slow,
+				DigestInterval: o.DigestInterval, Slow: o.Slow, NoShortlist: o.NoShortlist,
 				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
 			k++

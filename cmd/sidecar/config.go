@@ -59,6 +59,9 @@ type config struct {
 	WriteTimeout    time.Duration // each write of an answer to the client; 0: no bound
 	TextPrefixKeys  int           // 0: chat prompts are tokenized on the request path
 	TextPrefixIDs   bool          // learn chat prefixes from the answer's prompt token ids
+	// Shortlist makes a choice among many peers read the few that can win
+	// it (forward.Config.NoShortlist's opposite).
+	Shortlist bool
 	// TextPrefixCompose learns a prefix that extends a known one from its
 	// new messages alone; one in TextPrefixVerify is tokenized whole too.
 	TextPrefixCompose bool
@@ -167,6 +170,7 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.Float64Var(&c.IdleSlack, "route-idle-slack", rd.IdleSlack, "while some pod is idle, a pod with requests waiting for their first token is over max(m*(1+idle-slack), m+idle-headroom): the few pods holding the prefixes every session starts from (agents' system prompts) do not queue while others idle; 0.5 with --route-idle-headroom 2 was measured; a pod whose match reaches further by what was just sent there (a burst) is spared; both 0: off (most of a burst reaches other sidecars before its claim, and is spread)")
 	fs.Float64Var(&c.IdleHeadroom, "route-idle-headroom", rd.IdleHeadroom, "the idle bound's headroom in requests (--route-idle-slack)")
 	fs.Float64Var(&c.IdleLoadTokens, "route-idle-load-tokens", rd.IdleLoadTokens, "while some pod is idle, the price in prefill tokens of a request of load at a pod with two or more requests waiting, when the choice weighs a cached prefix against its queue (64 otherwise): a queued holder of a short shared prefix yields new requests to the idle pod; 0: off")
+	fs.BoolVar(&c.Shortlist, "route-shortlist", true, fmt.Sprintf("among %d peers or more, read the views of only the peers that can win a request (its best matches and scores, the lightest, the failover order's next) and sum the rest, which decides the same: at a thousand peers a tenth of the time; false: read every peer's view", route.ShortlistMin))
 	fs.Float64Var(&c.KVWeight, "route-kv-weight", rd.KVWeight, "the load, in requests, that a peer's full KV cache adds (from 0 at 80% usage): a pod near full evicts what its sessions will ask for next, so a larger weight sends new prefixes to pods with room sooner")
 	fs.Float64Var(&c.CPULoadRate, "cpu-load-rate", route.DefaultCPULoadTokensPerSecond, "how fast the engine loads a token's KV from its CPU tier (vLLM's native offloading, LMCache) back to the GPU, in tokens per second; a CPU-cached token is credited 1 - prefill-rate/cpu-load-rate of a GPU-cached one. The default is Llama-3.1-8B's 128 KiB per token over PCIe Gen5 x16 at 50 GB/s, the simulator's rate; 0: CPU copies are not credited")
 	fs.IntVar(&c.TierStride, "tier-stride", kvindex.DefaultTierStride, "routing keys one lower-tier (CPU, disk) digest entry stands for: 1, 2, 4, 8 or 16. Larger sends peers fewer entries for a CPU tier several times the GPU cache (upkeep) and matches lower tiers more coarsely; 8 is 512 tokens at the default scheme")

@@ -193,6 +193,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger) error {
 	fcfg.ServeRetry = cfg.ServeRetry
 	fcfg.BodyTimeout, fcfg.WriteTimeout = cfg.BodyTimeout, cfg.WriteTimeout
 	fcfg.Ranks, fcfg.PlaceRanks = cfg.DPRanks, cfg.PlaceRanks
+	fcfg.NoShortlist = !cfg.Shortlist
 	switch cfg.RouteLoad {
 	case "requests":
 		fcfg.Route.QueuedWeight = 0
