@@ -31,7 +31,7 @@ func (s *shortPeers) Shortlist(sl *route.Shortlist, cfg *route.Config, req *rout
 			s.briefs[i] = route.BriefOf(&s.views[i])
 		}
 	}
-	return sl.Make(cfg, req, s.briefs, s.g, also, r, now, func(i int, v *route.PeerView) {
+	return sl.Make(cfg, req, s.briefs, s.g, also, r, nil, now, func(i int, v *route.PeerView) {
 		*v = s.views[i]
 		fresh(v)
 	}, buf)

@@ -291,7 +291,7 @@ func BenchmarkTableChoice(b *testing.B) {
 						sl := route.GetShortlist()
 						list, at := tb.briefsWith(&self)
 						var ok bool
-						buf, ok = sl.Make(&cfg, &q, list, tb.group, nil, nil, t0, func(i int, v *route.PeerView) {
+						buf, ok = sl.Make(&cfg, &q, list, tb.group, nil, nil, &tb.claims, t0, func(i int, v *route.PeerView) {
 							if i == at {
 								*v = self
 							} else {

@@ -89,5 +89,5 @@ func (m *Mesh) Shortlist(sl *route.Shortlist, cfg *route.Config, req *route.Requ
 		}
 		fresh(v)
 	}
-	return sl.Make(cfg, req, list, t.group, also, r, now, view, buf)
+	return sl.Make(cfg, req, list, t.group, also, r, &t.claims, now, view, buf)
 }

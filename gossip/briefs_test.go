@@ -61,7 +61,12 @@ func TestBriefsFollowTheTable(t *testing.T) {
 		case op < 9:
 			tb.markFailed(id, now)
 		case op < 10:
-			tb.claim(id, now, route.Claim{Key: chain[5], Keys: 6})
+			var cs []route.Claim
+			for range 1 + rng.IntN(20) { // sometimes more than keepClaims in a list: the oldest go
+				d := 1 + rng.IntN(len(chain))
+				cs = append(cs, route.Claim{Key: chain[d-1], Keys: d})
+			}
+			tb.claim(id, now, cs...)
 		case op < 11:
 			tb.remove(id)
 		default:
@@ -82,6 +87,19 @@ func TestBriefsFollowTheTable(t *testing.T) {
 		}
 		if !sameBriefs(list, want) || views[at].ID != self.ID {
 			t.Fatalf("step %d: briefs\n%+v\nthe views'\n%+v", step, list, want)
+		}
+		// The claims' index holds the claims the peers hold, no more.
+		var fresh route.ClaimIndex
+		held := 0
+		for id, p := range tb.peers {
+			fresh.Add(id, p.claims)
+			held += len(p.claims)
+		}
+		found, all := tb.claims.Peers(chain, nil), fresh.Peers(chain, nil)
+		slices.Sort(found)
+		slices.Sort(all)
+		if tb.claims.Len() != held || !slices.Equal(found, all) {
+			t.Fatalf("step %d: the index holds %d claims, the peers %d; it finds %v, the peers' %v", step, tb.claims.Len(), held, found, all)
 		}
 		if !slices.IsSortedFunc(list, func(a, b route.Brief) int { return cmpID(a.ID, b.ID) }) {
 			t.Fatalf("step %d: briefs out of order", step)

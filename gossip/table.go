@@ -25,6 +25,8 @@ type table struct {
 	group   *bloom.Transposed
 	misfits int
 	briefs  briefs // the peers as route.Shortlist reads them (briefs.go)
+	// claims indexes the claims the peers hold, for route.Shortlist.
+	claims route.ClaimIndex
 }
 
 type peer struct {
@@ -110,7 +112,8 @@ func (t *table) upsert(id string, m Meta, metaOK bool, now time.Time) (dropped b
 	}
 	if m.Engine != route.EngineServing && !p.stated {
 		t.dropDigest(p, now)
-		p.claims, p.since = nil, now
+		t.dropClaims(id, p)
+		p.since = now
 	}
 	p.meta, p.metaOK = m, true
 	if p.loadSeq == 0 { // pushes are fresher than the meta's load
@@ -135,7 +138,7 @@ func (t *table) applyLoad(r loadReport, now time.Time) outcome {
 	p.pushed, p.loadSeq, p.loadAt = r.Load, r.Seq, now
 	if r.HasState {
 		if (p.stated && r.Epoch != p.epoch) || r.Engine != route.EngineServing {
-			p.claims = nil // placed on a cache that is gone, or on no cache
+			t.dropClaims(r.Node, p) // placed on a cache that is gone, or on no cache
 			p.since = now
 		}
 		if r.Engine != route.EngineServing || r.Epoch == 0 {
@@ -180,6 +183,7 @@ func (t *table) remove(id string) {
 	}
 	p.digest = nil
 	t.regroup(p)
+	t.dropClaims(id, p)
 	delete(t.peers, id)
 	t.unsort()
 	if i, ok := slices.BinarySearchFunc(t.sorted, id, byID); ok {
@@ -463,8 +467,19 @@ func addClaims(claims []route.Claim, at time.Time, cs ...route.Claim) []route.Cl
 func (t *table) claim(id string, at time.Time, cs ...route.Claim) {
 	if p := t.peers[id]; p != nil && p.engineState() == route.EngineServing { // a claim on no cache is void
 		defer t.touch(p)
-		p.claims = addClaims(p.claims, at, cs...)
+		old := p.claims
+		p.claims = addClaims(old, at, cs...)
+		// addClaims keeps a tail of the old list and appends the new.
+		kept := len(p.claims) - min(len(cs), len(p.claims))
+		t.claims.Drop(id, old[:len(old)-kept])
+		t.claims.Add(id, p.claims[kept:])
 	}
+}
+
+// dropClaims forgets every claim p holds, in its list and in the index.
+func (t *table) dropClaims(id string, p *peer) {
+	t.claims.Drop(id, p.claims)
+	p.claims = nil
 }
 
 // load is the peer's newest load: pushed, or from its meta before any push.

@@ -117,7 +117,7 @@ func chooseBloom(b *testing.B, npeers, ntokens, stride int, grouped, recent, sho
 			q := req
 			sl := route.GetShortlist()
 			var ok bool
-			if buf, ok = sl.Make(&cfg, &q, briefs, g, nil, r, now, view, buf); !ok {
+			if buf, ok = sl.Make(&cfg, &q, briefs, g, nil, r, nil, now, view, buf); !ok {
 				b.Fatal("no shortlist")
 			}
 			d = policy.Choose(q, buf, now)

@@ -133,7 +133,8 @@ type Shortlist struct {
 	rows     []brow
 	must     []row // the rows of the views that must be read (weighMust)
 	totals   totals
-	picked   []int // the rows read: those that must be, then those picked
+	picked   []int    // the rows read: those that must be, then those picked
+	claimed  []string // the peers whose claims may match (ClaimIndex.Peers)
 }
 
 // brow is a Brief as the shortlist weighs it.
@@ -151,6 +152,7 @@ const (
 	browMust               // its view is read whatever it scores
 	browOver               // over the bound (before any spare)
 	browPicked
+	browClaims // its claims may match (ClaimIndex): read them
 )
 
 var shortlists = sync.Pool{New: func() any { return new(Shortlist) }}
@@ -164,13 +166,14 @@ func PutShortlist(sl *Shortlist) { shortlists.Put(sl) }
 // views its choice reads, appended to out[:0] in the briefs' order, with
 // req's Rest and Prefixes set: g is the Group that holds the briefs' plain
 // digests, also the IDs of peers to read whole, r this sidecar's Recent
-// (nil: none), and view sets v to the view of briefs[i] as the choice
+// (nil: none), claims an index of the briefs' claims (nil: every brief's
+// claims are read), and view sets v to the view of briefs[i] as the choice
 // must see it (a front's own counts in it). Briefs must be in the order
 // of the caller's views, by ID. It reports false when no shortlist is
 // worth making (no Group, a batch, fewer than ShortlistMin peers, more
 // than maxShort to read): the caller then reads every view.
-func (sl *Shortlist) Make(cfg *Config, req *Request, briefs []Brief, g Group, also []string, r *Recent, now time.Time,
-	view func(i int, v *PeerView), out []PeerView) ([]PeerView, bool) {
+func (sl *Shortlist) Make(cfg *Config, req *Request, briefs []Brief, g Group, also []string, r *Recent, claims *ClaimIndex,
+	now time.Time, view func(i int, v *PeerView), out []PeerView) ([]PeerView, bool) {
 	sl.Rest = Rest{}
 	if g == nil || len(req.Batch) > 0 || len(briefs) < ShortlistMin {
 		return out, false
@@ -190,11 +193,19 @@ func (sl *Shortlist) Make(cfg *Config, req *Request, briefs []Brief, g Group, al
 	sl.totals, sl.picked = totals{}, sl.picked[:0]
 	clear(rows)
 	for _, id := range also {
-		if i, ok := slices.BinarySearchFunc(briefs, id, func(b Brief, id string) int { return strings.Compare(b.ID, id) }); ok {
+		if i, ok := briefAt(briefs, id); ok {
 			rows[i].f = browMust
 		}
 	}
-	sl.assess(cfg, req, briefs, rows, r, &at)
+	if claims != nil {
+		sl.claimed = claims.Peers(req.Keys, sl.claimed[:0])
+		for _, id := range sl.claimed {
+			if i, ok := briefAt(briefs, id); ok {
+				rows[i].f |= browClaims
+			}
+		}
+	}
+	sl.assess(cfg, req, briefs, rows, r, claims == nil, &at)
 	if len(sl.picked) > maxShort {
 		return out, false
 	}
@@ -247,6 +258,11 @@ func (sl *Shortlist) Make(cfg *Config, req *Request, briefs []Brief, g Group, al
 	return out, true
 }
 
+// briefAt returns the place of peer id's brief in briefs, by ID.
+func briefAt(briefs []Brief, id string) (int, bool) {
+	return slices.BinarySearchFunc(briefs, id, func(b Brief, id string) int { return strings.Compare(b.ID, id) })
+}
+
 // totals are the eligible peers' count, load and queue summed, and how
 // many of them idle.
 type totals struct {
@@ -266,7 +282,7 @@ func (t *totals) add(load float64, ahead int) {
 // assess fills a row per brief: eligibility, load, the digest's prefix,
 // and whether its view must be read (must, set already for those the
 // caller names), and sums the totals of those that need not.
-func (sl *Shortlist) assess(cfg *Config, req *Request, briefs []Brief, rows []brow, r *Recent, at *moment) {
+func (sl *Shortlist) assess(cfg *Config, req *Request, briefs []Brief, rows []brow, r *Recent, allClaims bool, at *moment) {
 	p, t := &sl.Prefixes, &sl.totals
 	keys := req.Keys
 	var recent recentSet
@@ -285,7 +301,7 @@ func (sl *Shortlist) assess(cfg *Config, req *Request, briefs []Brief, rows []br
 			b.LoadAt, b.Failed, at) != barNone:
 			continue // never chosen, nor counted
 		}
-		w.f = browEligible
+		w.f = browEligible | w.f&browClaims
 		switch {
 		case b.Flags&BriefNoMatch != 0, ttl && b.DigestAt < at.digestN:
 		case b.G != p.g || b.Slot < 0 || int(b.Slot) >= len(p.out) || p.stamps[b.Slot] != b.Stamp:
@@ -293,7 +309,8 @@ func (sl *Shortlist) assess(cfg *Config, req *Request, briefs []Brief, rows []br
 		default:
 			w.depth = int32(p.out[b.Slot])
 		}
-		if w.f&browMust != 0 || (claims && len(b.Claims) > 0 && claimedLen(b.Claims, keys, at.now, cfg.ClaimTTL) > int(w.depth)) ||
+		if w.f&browMust != 0 || (claims && len(b.Claims) > 0 && (allClaims || w.f&browClaims != 0) &&
+			claimedLen(b.Claims, keys, at.now, cfg.ClaimTTL) > int(w.depth)) ||
 			(recent.r != nil && recent.may(b.Hash) && recent.reaches(b, keys, int(w.depth), at.now)) {
 			w.f = browMust
 			sl.picked = append(sl.picked, i)

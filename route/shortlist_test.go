@@ -23,6 +23,7 @@ type shortMesh struct {
 	g      *bloom.Transposed
 	also   []string
 	recent *route.Recent
+	claims route.ClaimIndex // of every view's claims
 	req    route.Request
 }
 
@@ -79,6 +80,7 @@ func newShortMesh(rng *rand.Rand, chains [][]blockkey.Key, params bloom.Params, 
 			c := chains[rng.IntN(len(chains))]
 			n := 1 + rng.IntN(len(c))
 			v.Claims = []route.Claim{{Key: c[n-1], Keys: n, At: ago(8 * time.Second)}}
+			m.claims.Add(id, v.Claims)
 		}
 		if rng.IntN(15) == 0 {
 			c := chains[rng.IntN(len(chains))]
@@ -121,7 +123,7 @@ func newShortMesh(rng *rand.Rand, chains [][]blockkey.Key, params bloom.Params, 
 // load bound and mean, the eligible count, the chosen candidate, the
 // failover order at every length Attempts is exact for; under several
 // configurations, over meshes with every kind of peer a Brief cannot
-// judge alone.
+// judge alone, its claims read from an index of them or one by one.
 func TestShortlistDecidesAsAll(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	now := time.Unix(1_800_000_000, 0)
@@ -142,7 +144,11 @@ func TestShortlistDecidesAsAll(t *testing.T) {
 			want := policy.Choose(m.req, m.views, now)
 			req := m.req
 			sl := route.GetShortlist()
-			short, ok := sl.Make(&cfg, &req, m.briefs, m.g, m.also, m.recent, now,
+			claims := &m.claims // every other case: every brief's claims read
+			if n%2 == 0 {
+				claims = nil
+			}
+			short, ok := sl.Make(&cfg, &req, m.briefs, m.g, m.also, m.recent, claims, now,
 				func(i int, v *route.PeerView) { *v = m.views[i] }, nil)
 			if !ok {
 				t.Fatalf("%s, case %d: no shortlist of %d peers", name, n, len(m.views))
