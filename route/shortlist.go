@@ -364,7 +364,7 @@ func (sl *Shortlist) pick(cfg *Config, req *Request, briefs []Brief, rows []brow
 		return
 	}
 	m := (t.load + 1) / float64(t.eligible)
-	k := picker{cfg: cfg, briefs: briefs, rows: rows, held: -1, heldAll: -1, lightest: math.Inf(1),
+	k := picker{cfg: cfg, briefs: briefs, rows: rows, held: -1, heldAll: -1, heldDepth: -1, heldAllDepth: -1,
 		bound: max(m*(1+cfg.Slack), m+cfg.MinHeadroom), tight: math.Inf(1), price: cfg.price(),
 		pr:  pricingFor(cfg, req.PromptTokens, t.idle > 0, float64(t.ahead)/float64(t.eligible)),
 		tpk: cmp.Or(max(req.TokensPerKey, 0), DefaultTokensPerKey)}
@@ -416,10 +416,12 @@ type picker struct {
 	tpk                 int
 	rk                  blockkey.Key
 	keyed               bool
-	lightest            float64 // the least wait in bound (Rendezvous)
-	held, heldAll       int     // the longest match in bound, and of all eligible
-	aff, next           few[scored]
-	fail                few[light]
+	// held is the longest match in bound, heldAll of all eligible, and
+	// their depths (-1 while none).
+	held, heldAll           int
+	heldDepth, heldAllDepth int32
+	aff, next               few[scored]
+	fail                    few[light]
 }
 
 // first weighs eligible row i as if some row were in bound, and reports
@@ -433,13 +435,10 @@ func (k *picker) first(i int, w *brow) bool {
 		w.f |= browOver
 	}
 	if w.f&browMust != 0 {
-		if !over {
-			k.lightest = min(k.lightest, wait(k.cfg, int(w.queued), w.load, k.price))
-		}
 		return over
 	}
-	if k.heldAll < 0 || w.depth > k.rows[k.heldAll].depth {
-		k.heldAll = i
+	if w.depth > k.heldAllDepth {
+		k.heldAll, k.heldAllDepth = i, w.depth
 	}
 	if l := (light{over, w.load}); !k.fail.full() || l.ahead(k.fail.last()) {
 		k.fail.offer(i, l, light.ahead)
@@ -452,12 +451,11 @@ func (k *picker) first(i int, w *brow) bool {
 
 // inBound weighs eligible row i, in bound, for Affinity and Rendezvous.
 func (k *picker) inBound(i int, w *brow) {
-	k.lightest = min(k.lightest, wait(k.cfg, int(w.queued), w.load, k.price))
 	if w.f&browMust != 0 {
 		return
 	}
-	if k.held < 0 || w.depth > k.rows[k.held].depth {
-		k.held = i
+	if w.depth > k.heldDepth {
+		k.held, k.heldDepth = i, w.depth
 	}
 	var s float64
 	if gpu := gpuTokens(int(w.depth), k.tpk, k.pr.prompt); k.pr.product {
@@ -491,7 +489,13 @@ func (k *picker) decided(req *Request) bool {
 // within ColdHeadroom of the least wait) or, for a prompt without keys,
 // which Rendezvous declines, LeastLoad (the least waits).
 func (k *picker) cold(allOver bool) {
-	reach := k.lightest + k.price*max(k.cfg.ColdHeadroom, 0)
+	lightest := math.Inf(1) // the least wait in bound
+	for i := range k.rows {
+		if w := &k.rows[i]; w.f&browEligible != 0 && (w.f&browOver == 0 || allOver) {
+			lightest = min(lightest, wait(k.cfg, int(w.queued), w.load, k.price))
+		}
+	}
+	reach := lightest + k.price*max(k.cfg.ColdHeadroom, 0)
 	for i := range k.rows {
 		w := &k.rows[i]
 		if w.f&(browEligible|browMust) != browEligible {
