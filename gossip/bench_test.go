@@ -239,8 +239,8 @@ func BenchmarkClaim(b *testing.B) {
 	}
 }
 
-// BenchmarkTableChoice is a front's choice among a thousand peers on the
-// table as a busy mesh fills it: every peer's digest in the group, its
+// BenchmarkTableChoice is a front's choice among 128 to a thousand peers
+// on the table as a busy mesh fills it: every peer's digest in the group, its
 // load pushed, and (claimed) a full list of other requests' claims.
 // views: every view, then the choice; shortlist: the briefs and the few
 // views a route.Shortlist reads, then the choice.
@@ -250,15 +250,19 @@ func BenchmarkTableChoice(b *testing.B) {
 	for i := range keys {
 		keys[i] = blockkey.Key(rng.Uint64())
 	}
-	for _, claimed := range []bool{false, true} {
+	for _, c := range []struct {
+		npeers  int
+		claimed bool
+	}{{128, false}, {256, false}, {1000, false}, {1000, true}} {
+		claimed := c.claimed
 		tb := newTable(4)
-		for i := range 1000 {
+		for i := range c.npeers {
 			id := fmt.Sprintf("pod-%03d", i)
 			m := metaAt(1, 1)
 			m.KeyScheme, m.Stride = blockkey.Version, 4
 			tb.upsert(id, m, true, t0)
 			held := slices.Clone(keys[:4])
-			if i == 500 {
+			if i == c.npeers/2 {
 				held = keys[:384]
 			}
 			for range 2000 {
@@ -277,7 +281,7 @@ func BenchmarkTableChoice(b *testing.B) {
 		chain := route.DefaultChain(cfg, nil)
 		req := route.Request{Keys: keys, TokensPerKey: 64, PromptTokens: 32768}
 		for _, short := range []bool{false, true} {
-			name := map[bool]string{false: "views", true: "shortlist"}[short]
+			name := fmt.Sprintf("peers=%d/%s", c.npeers, map[bool]string{false: "views", true: "shortlist"}[short])
 			if claimed {
 				name += "-claimed"
 			}
@@ -307,7 +311,7 @@ func BenchmarkTableChoice(b *testing.B) {
 						buf = tb.viewsWith(buf, &self)
 						d = chain.Choose(q, buf, t0)
 					}
-					if d.Target != "pod-500" {
+					if d.Target != fmt.Sprintf("pod-%03d", c.npeers/2) {
 						b.Fatalf("chose %s (%s)", d.Target, d.Reason)
 					}
 				}
