@@ -76,14 +76,25 @@ func (b *briefs) selfID() string { return b.order[b.self].id }
 // Make's. The table is held throughout: the views are of one moment.
 func (m *Mesh) Shortlist(sl *route.Shortlist, cfg *route.Config, req *route.Request, also []string, r *route.Recent,
 	now time.Time, fresh func(*route.PeerView), buf []route.PeerView) ([]route.PeerView, bool) {
+	m.tableMu.Lock()
+	few := len(m.table.sorted)+1 < route.ShortlistMin
+	m.tableMu.Unlock()
+	if few { // most meshes: no shortlist, and nothing built for one
+		return buf, false
+	}
 	self := m.self(now)
 	m.tableMu.Lock()
 	defer m.tableMu.Unlock()
-	t := m.table
-	list, at := t.briefsWith(&self)
+	return m.table.shortlist(sl, cfg, req, also, r, &self, now, fresh, buf)
+}
+
+// shortlist is Mesh.Shortlist on the table, self this node's view.
+func (t *table) shortlist(sl *route.Shortlist, cfg *route.Config, req *route.Request, also []string, r *route.Recent,
+	self *route.PeerView, now time.Time, fresh func(*route.PeerView), buf []route.PeerView) ([]route.PeerView, bool) {
+	list, at := t.briefsWith(self)
 	view := func(i int, v *route.PeerView) {
 		if i == at {
-			*v = self
+			*v = *self
 		} else {
 			t.view(v, t.briefs.order[i])
 		}

@@ -1,6 +1,8 @@
 package gossip
 
 import (
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -165,6 +167,78 @@ func TestBriefsAfterRegroup(t *testing.T) {
 	for i := range views {
 		if want := route.BriefOf(&views[i]); !sameBriefs(list[i:i+1], []route.Brief{want}) {
 			t.Errorf("%s: brief %+v; its view's %+v", views[i].ID, list[i], want)
+		}
+	}
+}
+
+// TestTableShortlistIsTheViews: the default chain decides on the table's
+// shortlist, this node's view in its place and the caller's counts added
+// to each view it reads, as on every view the table hands out.
+func TestTableShortlistIsTheViews(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	tb := newTable(4)
+	chains := make([][]blockkey.Key, 5)
+	for i := range chains {
+		chains[i] = make([]blockkey.Key, 30)
+		for j := range chains[i] {
+			chains[i][j] = blockkey.Key(rng.Uint64())
+		}
+		copy(chains[i][:3], chains[0][:3])
+	}
+	now := t0.Add(time.Minute)
+	for i := range 150 {
+		id := fmt.Sprintf("pod-%03d", i)
+		m := metaAt(1, 1)
+		m.KeyScheme, m.Stride = blockkey.Version, 4
+		tb.upsert(id, m, true, now)
+		c := chains[rng.IntN(len(chains))]
+		tb.applyDigest(bloom.Build(bloom.Header{Node: id, Epoch: 1, Params: bloom.ParamsFor(500, 0.01)},
+			append(slices.Clone(chains[0][:3]), c[:rng.IntN(len(c))]...)), now)
+		tb.applyLoad(loadReport{Node: id, Seq: 1, Load: route.Load{Serving: rng.IntN(4), Fronted: true,
+			QueuedPrefillTokens: rng.IntN(2) * 3000}}, now.Add(-time.Duration(rng.IntN(800))*time.Millisecond))
+		if rng.IntN(4) == 0 {
+			d := 4 + rng.IntN(20)
+			tb.claim(id, now, route.Claim{Key: c[d-1], Keys: d})
+		}
+	}
+	// This node drains: out of the choice, as its view (not a brief) says.
+	self := route.PeerView{ID: "pod-077a", Local: true, KeyScheme: blockkey.Version, LoadAt: now,
+		Load: route.Load{Serving: 1, Fronted: true}, Draining: true}
+	cfg := route.DefaultConfig()
+	chain := route.DefaultChain(cfg, nil)
+	// The caller's own counts: a burst in flight at every tenth peer,
+	// which puts it over the bound.
+	fresh := func(v *route.PeerView) {
+		if !v.Local && v.ID[len(v.ID)-1] == '0' {
+			v.Load.InFlight, v.Load.InFlightPrefillTokens = 20, 9000
+		}
+	}
+	also := []string{}
+	for i := 0; i < 150; i += 10 {
+		also = append(also, fmt.Sprintf("pod-%03d", i))
+	}
+	for q := range 100 {
+		c := chains[rng.IntN(len(chains))]
+		req := route.Request{Keys: c[:1+rng.IntN(len(c))], TokensPerKey: 64}
+		req.PromptTokens = 64 * len(req.Keys)
+		views := tb.viewsWith(nil, &self)
+		for i := range views {
+			fresh(&views[i])
+		}
+		want := chain.Choose(req, views, now)
+		sl := route.GetShortlist()
+		short, ok := tb.shortlist(sl, &cfg, &req, also, nil, &self, now, fresh, nil)
+		if !ok {
+			t.Fatal("no shortlist among 151 peers")
+		}
+		got := chain.Choose(req, short, now)
+		route.PutShortlist(sl)
+		if got.Target != want.Target || got.Reason != want.Reason || got.Eligible != want.Eligible ||
+			math.Abs(got.Mean-want.Mean) > 1e-9 || !slices.Equal(route.Attempts(got, 4), route.Attempts(want, 4)) ||
+			len(short) >= len(views) {
+			t.Fatalf("request %d: shortlisted %s (%s, %d eligible, mean %v, %v) on %d views; every view %s (%s, %d, %v, %v)", q,
+				got.Target, got.Reason, got.Eligible, got.Mean, route.Attempts(got, 4), len(short),
+				want.Target, want.Reason, want.Eligible, want.Mean, route.Attempts(want, 4))
 		}
 	}
 }

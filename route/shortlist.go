@@ -150,7 +150,6 @@ type browFlags uint8
 const (
 	browEligible browFlags = 1 << iota
 	browMust               // its view is read whatever it scores
-	browOver               // over the bound (before any spare)
 	browPicked
 	browClaims // its claims may match (ClaimIndex): read them
 )
@@ -365,6 +364,7 @@ func (sl *Shortlist) pick(cfg *Config, req *Request, briefs []Brief, rows []brow
 	}
 	m := (t.load + 1) / float64(t.eligible)
 	k := picker{cfg: cfg, briefs: briefs, rows: rows, held: -1, heldAll: -1, heldDepth: -1, heldAllDepth: -1,
+		best: newBest(), nextBest: newBest(),
 		bound: max(m*(1+cfg.Slack), m+cfg.MinHeadroom), tight: math.Inf(1), price: cfg.price(),
 		pr:  pricingFor(cfg, req.PromptTokens, t.idle > 0, float64(t.ahead)/float64(t.eligible)),
 		tpk: cmp.Or(max(req.TokensPerKey, 0), DefaultTokensPerKey)}
@@ -397,6 +397,8 @@ func (sl *Shortlist) pick(cfg *Config, req *Request, briefs []Brief, rows []brow
 	}
 	mark(k.held)
 	mark(k.heldAll)
+	mark(k.best.i)
+	mark(k.nextBest.i)
 	for _, l := range [][]int{k.aff.i[:k.aff.n], k.fail.i[:k.fail.n], k.next.i[:k.next.n]} {
 		for _, i := range l {
 			mark(i)
@@ -420,8 +422,12 @@ type picker struct {
 	// their depths (-1 while none).
 	held, heldAll           int
 	heldDepth, heldAllDepth int32
-	aff, next               few[scored]
-	fail                    few[light]
+	// aff and next are Affinity's, and Rendezvous's or LeastLoad's, best
+	// scores as a Decision lists them; best and nextBest the rows they
+	// choose.
+	aff, next      few[byScore]
+	best, nextBest best
+	fail           few[light]
 }
 
 // first weighs eligible row i as if some row were in bound, and reports
@@ -430,10 +436,7 @@ type picker struct {
 // whole), and a row read whole that is marked over here may be in bound
 // there, which only makes the pick more than it needs.
 func (k *picker) first(i int, w *brow) bool {
-	over := w.load+1 > k.bound || (w.ahead > 0 && w.load+1 > k.tight)
-	if over {
-		w.f |= browOver
-	}
+	over := k.over(w)
 	if w.f&browMust != 0 {
 		return over
 	}
@@ -449,7 +452,13 @@ func (k *picker) first(i int, w *brow) bool {
 	return over
 }
 
-// inBound weighs eligible row i, in bound, for Affinity and Rendezvous.
+// over reports whether row w is over the bound, as bound marks it
+// before a match may spare a row.
+func (k *picker) over(w *brow) bool {
+	return w.load+1 > k.bound || (w.ahead > 0 && w.load+1 > k.tight)
+}
+
+// inBound weighs eligible row i, in bound, for Affinity.
 func (k *picker) inBound(i int, w *brow) {
 	if w.f&browMust != 0 {
 		return
@@ -457,21 +466,28 @@ func (k *picker) inBound(i int, w *brow) {
 	if w.depth > k.heldDepth {
 		k.held, k.heldDepth = i, w.depth
 	}
+	k.score(i, w)
+}
+
+// score offers row i, in bound, to Affinity's best scores.
+func (k *picker) score(i int, w *brow) {
 	var s float64
 	if gpu := gpuTokens(int(w.depth), k.tpk, k.pr.prompt); k.pr.product {
 		s, _ = k.pr.score(gpu, 0, 0, int(w.queued), int(w.ahead), w.load)
 	} else {
 		s, _ = k.pr.plain(k.cfg.saved(gpu, 0, 0), int(w.queued), int(w.ahead), w.load)
 	}
-	if k.aff.full() && s <= k.aff.last().score {
-		// Most rows stop here: below the fourth best, or tied with it
-		// (an idle mesh's rows tie by the dozen) and lighter by weight.
-		if last := k.aff.last(); s < last.score || weighed(k.briefs[i].Hash, k.rk) <= last.w {
-			return
-		}
+	// Most rows stop at the first comparison of each: below the fourth
+	// best score, and below the best (an idle mesh's rows tie by the
+	// dozen: then their weights are compared).
+	if !k.aff.full() || s > float64(k.aff.last()) {
+		k.aff.offer(i, byScore(s), byScore.ahead)
 	}
-	k.aff.offer(i, scored{s, weighed(k.briefs[i].Hash, k.rk)}, scored.ahead)
+	k.best.see(i, s, k.weight)
 }
+
+// weight is row i's rendezvous weight for the request.
+func (k *picker) weight(i int) uint64 { return weighed(k.briefs[i].Hash, k.rk) }
 
 // decided reports whether Affinity surely decides: the longest match in
 // bound is long enough (the rows read whole may only match further).
@@ -491,7 +507,7 @@ func (k *picker) decided(req *Request) bool {
 func (k *picker) cold(allOver bool) {
 	lightest := math.Inf(1) // the least wait in bound
 	for i := range k.rows {
-		if w := &k.rows[i]; w.f&browEligible != 0 && (w.f&browOver == 0 || allOver) {
+		if w := &k.rows[i]; w.f&browEligible != 0 && (allOver || !k.over(w)) {
 			lightest = min(lightest, wait(k.cfg, int(w.queued), w.load, k.price))
 		}
 	}
@@ -503,22 +519,46 @@ func (k *picker) cold(allOver bool) {
 		}
 		wt := wait(k.cfg, int(w.queued), w.load, k.price)
 		switch {
-		case !k.keyed:
-			k.next.offer(i, scored{-wt, weighed(k.briefs[i].Hash, k.rk)}, scored.ahead)
-		case (w.f&browOver == 0 || allOver) && wt <= reach:
-			k.next.offer(i, scored{0, weighed(k.briefs[i].Hash, k.rk)}, scored.ahead)
+		case !k.keyed: // LeastLoad's score
+			k.next.offer(i, byScore(-wt), byScore.ahead)
+			k.nextBest.see(i, -wt, k.weight)
+		case (allOver || !k.over(w)) && wt <= reach: // Rendezvous's
+			u := unit(k.weight(i))
+			k.next.offer(i, byScore(u), byScore.ahead)
+			k.nextBest.see(i, u, k.weight)
 		}
 	}
 }
 
-// scored orders rows as a policy ranks them (assessment.better): higher
-// score, then higher rendezvous weight (then the first offered).
-type scored struct {
+// byScore orders rows as a Decision lists the best scores (listed):
+// higher first, then the first offered.
+type byScore float64
+
+func (a byScore) ahead(b byScore) bool { return a > b }
+
+// best is the row a policy chooses among those it is shown
+// (assessment.better): the highest score, then the highest rendezvous
+// weight, then the first shown. -1: none yet.
+type best struct {
+	i     int
 	score float64
 	w     uint64
 }
 
-func (s scored) ahead(o scored) bool { return s.score > o.score || (s.score == o.score && s.w > o.w) }
+func newBest() best { return best{i: -1} }
+
+// see shows best row i of score, its weight computed only on a tie.
+func (b *best) see(i int, score float64, weight func(int) uint64) {
+	switch {
+	case b.i >= 0 && score < b.score:
+	case b.i < 0 || score > b.score:
+		*b = best{i: i, score: score, w: weight(i)}
+	default:
+		if w := weight(i); w > b.w {
+			*b = best{i: i, score: score, w: w}
+		}
+	}
+}
 
 // light orders rows as the failover order does (before): in bound first,
 // then lighter (then the first offered, the smaller ID).

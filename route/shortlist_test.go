@@ -173,6 +173,24 @@ func TestShortlistDecidesAsAll(t *testing.T) {
 			if want.Target != "" && !reflect.DeepEqual(chosen(got), chosen(want)) {
 				t.Fatalf("%s: the chosen candidate is\n%+v\nwith every view\n%+v", where, chosen(got), chosen(want))
 			}
+			// What every view's Decision lists (the failover order's
+			// next, the best scores, the longest match) the shortlist
+			// read, and weighed alike.
+			for _, c := range want.Candidates {
+				j := slices.IndexFunc(got.Candidates, func(g route.Candidate) bool { return g.ID == c.ID })
+				if j < 0 {
+					t.Fatalf("%s: %s, listed with every view, is not on the shortlist\n%s", where, c.ID, want.Table())
+				}
+				g := got.Candidates[j]
+				g.Index, c.Index = 0, 0
+				if !near(g.Score, c.Score) || !near(g.Load, c.Load) {
+					t.Fatalf("%s: %s is\n%+v\nwith every view\n%+v", where, c.ID, g, c)
+				}
+				g.Score, c.Score = 0, 0
+				if !reflect.DeepEqual(g, c) {
+					t.Fatalf("%s: %s is\n%+v\nwith every view\n%+v", where, c.ID, g, c)
+				}
+			}
 			for k := 1; k <= 9; k++ {
 				if a, b := route.Attempts(got, k), route.Attempts(want, k); !slices.Equal(a, b) {
 					t.Fatalf("%s: failover order %v; every view %v", where, a, b)
@@ -183,6 +201,7 @@ func TestShortlistDecidesAsAll(t *testing.T) {
 	if shortened < 300 {
 		t.Errorf("only %d of 450 choices read fewer views than peers", shortened)
 	}
+
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(b)) }
