@@ -321,6 +321,10 @@ func RunScenario(ctx context.Context, cfg RunConfig) (*Result, error) {
 		Endpoints: []loadgen.Endpoint{{URL: svc.URL()}}, Client: client, Seed: cfg.Seed,
 		Stop: cfg.Duration, RequestTimeout: cfg.RequestTimeout, PlainEvery: cfg.PlainEvery, RequestIDs: true,
 		Progress: cfg.Progress, ProgressEvery: 5 * time.Second,
+		// The faults' clock: a request that ended as its entry's sidecar
+		// was killed counted as before the kill when the run's clock
+		// started a few milliseconds later (a servable loss that was not).
+		Start: r.start,
 	}, sched)
 	end := r.since()
 	burstWG.Wait()

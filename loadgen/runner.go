@@ -25,6 +25,10 @@ type RunConfig struct {
 	Concurrency int
 	// Seed seeds the endpoint choice.
 	Seed uint64
+	// Start is the moment the run's offsets count from (the schedule,
+	// Sample.Sent): a caller timing other things against the samples
+	// (faults, probes) passes its own; zero: when Run starts.
+	Start time.Time
 	// Stop: no later turn of a session is sent after this offset from the
 	// start (it is dropped, not counted); first turns are always sent, so
 	// every run of a schedule sends the same arrivals. 0 means no limit.
@@ -127,7 +131,10 @@ func Run(ctx context.Context, c RunConfig, s Schedule) ([]Sample, error) {
 	if c.ProgressEvery <= 0 {
 		c.ProgressEvery = 5 * time.Second
 	}
-	r := &run{cfg: c, start: time.Now(), sem: make(chan struct{}, c.Concurrency),
+	if c.Start.IsZero() {
+		c.Start = time.Now()
+	}
+	r := &run{cfg: c, start: c.Start, sem: make(chan struct{}, c.Concurrency),
 		rng: rand.New(rand.NewPCG(c.Seed, 0x6b76))}
 
 	progDone := make(chan struct{})

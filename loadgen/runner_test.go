@@ -381,3 +381,22 @@ func TestRunSendsSessionModel(t *testing.T) {
 		t.Errorf("models sent = %v; want %v", got, want)
 	}
 }
+
+// TestRunStart: a run given the moment its caller's clock started counts
+// its samples' offsets from it, as the caller counts its own events.
+func TestRunStart(t *testing.T) {
+	srv := httptest.NewServer(newStub("pod-a"))
+	defer srv.Close()
+	s := completionSchedule(2, randomTokens(rng(1), 16))
+	start := time.Now().Add(-300 * time.Millisecond) // the caller's clock, started before
+	samples, err := Run(context.Background(), RunConfig{Endpoints: []Endpoint{{URL: srv.URL}}, Client: NewClient(srv.Client(), "m"),
+		Start: start}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range samples {
+		if x.Sent < 300*time.Millisecond {
+			t.Errorf("%s sent at %v from the caller's start; want at least 300ms", x.Session, x.Sent)
+		}
+	}
+}
