@@ -129,6 +129,7 @@ type pricing struct {
 	cfg     *Config
 	prompt  int
 	product bool    // Config.ProductCost
+	qw      float64 // Config.queuedWeight
 	dup     float64 // dupWeight
 	// base prices a request of load (LoadTokens); price where requests
 	// wait while a peer idles (IdleLoadTokens).
@@ -147,7 +148,7 @@ func pricingFor(cfg *Config, prompt int, idle bool, waiting float64) pricing {
 	if idle && cfg.IdleLoadTokens > price {
 		price = cfg.IdleLoadTokens
 	}
-	return pricing{cfg: cfg, prompt: prompt, product: cfg.ProductCost,
+	return pricing{cfg: cfg, prompt: prompt, product: cfg.ProductCost, qw: cfg.queuedWeight(),
 		dup: dupWeight(cfg, waiting), base: cfg.LoadTokens, price: price}
 }
 
@@ -169,7 +170,7 @@ func (pr *pricing) plain(saved float64, queued, ahead int, load float64) (float6
 	if ahead >= idleQueue && pr.price != per {
 		per, raised = pr.price, true
 	}
-	return pr.dup*saved - wait(pr.cfg, queued, load, per), raised
+	return pr.dup*saved - waitAt(pr.qw, queued, load, per), raised
 }
 
 // dupWeight is what a saved token is worth in Affinity's score, against

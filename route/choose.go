@@ -344,8 +344,17 @@ func loadOf(cfg *Config, busy int, inflight, kv float64) float64 {
 // tokens for each request of load. It is the one cost that Affinity (at
 // LoadTokens), Rendezvous and LeastLoad (at Config.price) rank by.
 func wait(cfg *Config, queued int, load, price float64) float64 {
-	return max(cfg.QueuedWeight, 0)*float64(queued) + price*load
+	return waitAt(cfg.queuedWeight(), queued, load, price)
 }
+
+// waitAt is wait with the queue's weight qw (Config.queuedWeight) worked
+// out once, for a loop over many peers.
+func waitAt(qw float64, queued int, load, price float64) float64 {
+	return qw*float64(queued) + price*load
+}
+
+// queuedWeight is QueuedWeight, at least 0.
+func (cfg *Config) queuedWeight() float64 { return max(cfg.QueuedWeight, 0) }
 
 // price is LoadTokens for ranking by load alone: at least 1 token.
 func (cfg Config) price() float64 { return max(cfg.LoadTokens, 1) }

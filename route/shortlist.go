@@ -443,13 +443,20 @@ func (k *picker) first(i int, w *brow) bool {
 	if w.depth > k.heldAllDepth {
 		k.heldAll, k.heldAllDepth = i, w.depth
 	}
-	if l := (light{over, w.load}); !k.fail.full() || l.ahead(k.fail.last()) {
-		k.fail.offer(i, l, light.ahead)
+	if !k.fail.full() || k.ahead(over, w.load, k.fail.last()) {
+		k.fail.offer(i, light{over, w.load}, light.ahead)
 	}
 	if !over {
 		k.inBound(i, w)
 	}
 	return over
+}
+
+// ahead is light.ahead for a row over or not, of load, against last:
+// lighter's order with the loads compared plainly (a load is never NaN),
+// which most rows fail.
+func (k *picker) ahead(over bool, load float64, last light) bool {
+	return (!over && last.over) || (over == last.over && load < last.load)
 }
 
 // over reports whether row w is over the bound, as bound marks it
@@ -483,7 +490,9 @@ func (k *picker) score(i int, w *brow) {
 	if !k.aff.full() || s > float64(k.aff.last()) {
 		k.aff.offer(i, byScore(s), byScore.ahead)
 	}
-	k.best.see(i, s, k.weight)
+	if k.best.i < 0 || s >= k.best.score {
+		k.best.see(i, s, k.weight)
+	}
 }
 
 // weight is row i's rendezvous weight for the request.
