@@ -106,10 +106,11 @@ const ShortlistMin = 2 * ListPeers
 const maxShort = 256
 
 // Shortlist makes a choice among many peers cost the few that can win it
-// (docs/design.md, "A thousand peers"). Every peer's Brief is read, in
-// one pass over compact data; only the peers that could be chosen, or
-// next in the failover order, or listed, are read whole and handed to
-// the policy, the rest summed into Request.Rest:
+// (docs/design.md, "The blocked Bloom layout", its last paragraphs).
+// Every peer's Brief is read, in one pass over compact data; only the
+// peers that could be chosen, be next in the failover order, or be
+// listed are read whole and handed to the policy, the rest summed into
+// Request.Rest:
 //
 //   - the local peer, and those the caller names (its own requests in
 //     flight there change their load);
@@ -118,14 +119,16 @@ const maxShort = 256
 //     or this sidecar's own forwards (Recent) reaching further than the
 //     digest;
 //   - of the rest, by the rules the policies apply to them: Affinity's
-//     best scores and its longest match, Rendezvous's highest weights
-//     within the headroom and its least wait, LeastLoad's shortest waits,
-//     and the failover order's first peers (listFailover).
+//     best scores (as listed, and the one chosen) and its longest match,
+//     the failover order's next peers (listFailover+1), and only where
+//     Affinity may decline, Rendezvous's highest weights within its
+//     headroom or LeastLoad's least waits.
 //
 // A DefaultChain's Decision on the shortlist, with Rest, is the one it
 // makes on every view: its target, reason, load bound, mean, eligible
-// count and failover order (TestShortlistDecidesAsAll). Its Note may
-// count fewer tightened peers, and it lists the shortlist's peers.
+// count, failover order and every candidate that Decision lists
+// (TestShortlistDecidesAsAll). Its Note may count fewer tightened peers,
+// and it lists the shortlist's peers.
 type Shortlist struct {
 	// Rest and Prefixes are for the Request (Make sets them there).
 	Rest     Rest
