@@ -94,8 +94,17 @@ func (x deltaMsg) encode() ([]byte, error) { return encodeDelta(x.Delta) }
 func (x deltaMsg) apply(m *Mesh, now time.Time) {
 	m.tableMu.Lock()
 	defer m.tableMu.Unlock()
+	p := m.table.peers[x.Node]
+	noCopy := p != nil && p.digest == nil
 	o, dropped := m.table.applyDelta(x.Delta, now)
 	m.count(o)
+	switch {
+	case o != gap:
+	case noCopy:
+		m.stats.gapsNoCopy.Add(1)
+	case dropped:
+		m.stats.gapsEpoch.Add(1)
+	}
 	m.reportApplied(o, x.Node)
 	if dropped {
 		m.stats.epochDrops.Add(1)

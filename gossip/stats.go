@@ -32,11 +32,16 @@ type Stats struct {
 	UnknownOrigin  uint64 // digests or deltas from nodes not in the table
 	Held           uint64 // deltas that arrived early and waited for their predecessor
 	Gaps           uint64 // deltas that could not follow our copy (lost, or no copy)
-	Stale          uint64 // digests or deltas older than our copy
-	EpochDrops     uint64 // copies dropped because their origin's epoch changed
-	FullRequests   uint64 // need-full requests we sent
-	FullServed     uint64 // need-full requests we answered
-	MetaUpdates    uint64 // node-meta broadcasts (memberlist UpdateNode calls)
+	// GapsNoCopy and GapsEpoch are the Gaps of deltas that came with no
+	// copy to follow (before the first full digest, or after one was
+	// dropped) and of another epoch than our copy's; the rest broke the
+	// copy's chain (a delta lost, or too many waiting).
+	GapsNoCopy, GapsEpoch uint64
+	Stale                 uint64 // digests or deltas older than our copy
+	EpochDrops            uint64 // copies dropped because their origin's epoch changed
+	FullRequests          uint64 // need-full requests we sent
+	FullServed            uint64 // need-full requests we answered
+	MetaUpdates           uint64 // node-meta broadcasts (memberlist UpdateNode calls)
 
 	// NewerDropped counts user messages of a newer wire version this
 	// build cannot read (ErrNewer: an unknown kind, a format or version
@@ -58,6 +63,7 @@ type counters struct {
 	inboxDrops, outboxDrops, unknownOrigin atomic.Uint64
 	streamWaits                            atomic.Uint64
 	held, gaps, stale, epochDrops          atomic.Uint64
+	gapsNoCopy, gapsEpoch                  atomic.Uint64
 	fullRequests, fullServed               atomic.Uint64
 	metaUpdates                            atomic.Uint64
 }
@@ -99,6 +105,8 @@ func (c *counters) snapshot(ms membership.Stats) Stats {
 		UnknownOrigin: c.unknownOrigin.Load(),
 		Held:          c.held.Load(),
 		Gaps:          c.gaps.Load(),
+		GapsNoCopy:    c.gapsNoCopy.Load(),
+		GapsEpoch:     c.gapsEpoch.Load(),
 		Stale:         c.stale.Load(),
 		MetaUpdates:   c.metaUpdates.Load(),
 		EpochDrops:    c.epochDrops.Load(),

@@ -534,3 +534,22 @@ func TestViewsAfter(t *testing.T) {
 		t.Errorf("walked %d views %v; want 40 in order, p16 gone and p15a seen", len(ids), ids)
 	}
 }
+
+// TestGapCauses: a solo mesh counts the deltas that cannot follow its copy
+// by why: no copy yet, another epoch.
+func TestGapCauses(t *testing.T) {
+	m := start(t, testConfig("solo"))
+	now := time.Now()
+	m.tableMu.Lock()
+	m.table.upsert("p", metaAt(1, 1), true, now)
+	m.tableMu.Unlock()
+	deltaMsg{bloom.Delta{Node: "p", Epoch: 1, From: 1, To: 2}}.apply(m, now) // no copy yet
+	digestMsg{testDigest("p", 1, 1)}.apply(m, now)
+	deltaMsg{bloom.Delta{Node: "p", Epoch: 1, From: 1, To: 2}}.apply(m, now) // follows: no gap
+	deltaMsg{bloom.Delta{Node: "p", Epoch: 2, From: 1, To: 2}}.apply(m, now) // another epoch: the copy goes
+	deltaMsg{bloom.Delta{Node: "p", Epoch: 2, From: 2, To: 3}}.apply(m, now) // and then no copy
+	s := m.Stats()
+	if s.Gaps != 3 || s.GapsNoCopy != 2 || s.GapsEpoch != 1 {
+		t.Errorf("gaps %d: no copy %d, epoch %d; want 3: 2, 1", s.Gaps, s.GapsNoCopy, s.GapsEpoch)
+	}
+}

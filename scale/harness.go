@@ -169,6 +169,9 @@ type Result struct {
 	// OutboxDrops are messages a node dropped at a peer's full queue
 	// (gossip.Stats.OutboxDrops): a lost delta, repaired by a full digest.
 	OutboxDrops uint64 `json:"-"`
+	// GapsNoCopy and GapsEpoch are the Gaps of deltas with no copy to
+	// follow, and of another epoch (gossip.Stats).
+	GapsNoCopy, GapsEpoch uint64 `json:"-"`
 }
 
 // poll is how often sampled keys are looked up in every peer's view: the
@@ -435,6 +438,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.InboxDrops += after[i].drops
 		res.OutboxDrops += after[i].outDrops
 		res.Gaps += after[i].gaps
+		res.GapsNoCopy += after[i].gapsNoCopy // since the start, as Gaps
+		res.GapsEpoch += after[i].gapsEp
 	}
 	res.Requests = requests
 	if tot > 0 {
@@ -567,6 +572,7 @@ type statsSnap struct {
 	sent, recv         map[string]uint64
 	sockSent, sockRecv uint64
 	drops, gaps        uint64
+	gapsNoCopy, gapsEp uint64
 	outDrops           uint64
 }
 
@@ -575,6 +581,7 @@ func snapAll(ns []*node) []statsSnap {
 	for i, n := range ns {
 		st := n.mesh.Stats()
 		s := statsSnap{sent: map[string]uint64{}, recv: map[string]uint64{}, drops: st.InboxDrops, gaps: st.Gaps, outDrops: st.OutboxDrops,
+			gapsNoCopy: st.GapsNoCopy, gapsEp: st.GapsEpoch,
 			sockSent: st.SocketSent, sockRecv: st.SocketReceived}
 		for k, v := range st.Sent.All {
 			s.sent[k] = v.Bytes

@@ -300,6 +300,7 @@ func resultJSON(r scale.Result) map[string]any {
 		out[name] = finite(v.Field(i).Interface())
 	}
 	out["inbox_drops"], out["outbox_drops"], out["gaps"] = r.InboxDrops, r.OutboxDrops, r.Gaps
+	out["gaps_no_copy"], out["gaps_epoch"] = r.GapsNoCopy, r.GapsEpoch
 	out["hit_rate_ratio"] = finite(ratio(r))
 	return out
 }
@@ -624,6 +625,12 @@ func resultFromJSON(m map[string]any) (scale.Result, error) {
 	}
 	if x, ok := m["gaps"].(float64); ok {
 		r.Gaps = uint64(x)
+	}
+	if x, ok := m["gaps_no_copy"].(float64); ok {
+		r.GapsNoCopy = uint64(x)
+	}
+	if x, ok := m["gaps_epoch"].(float64); ok {
+		r.GapsEpoch = uint64(x)
 	}
 	if x, ok := m["outbox_drops"].(float64); ok {
 		r.OutboxDrops = uint64(x)
