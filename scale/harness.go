@@ -170,8 +170,9 @@ type Result struct {
 	// (gossip.Stats.OutboxDrops): a lost delta, repaired by a full digest.
 	OutboxDrops uint64 `json:"-"`
 	// GapsNoCopy and GapsEpoch are the Gaps of deltas with no copy to
-	// follow, and of another epoch (gossip.Stats).
-	GapsNoCopy, GapsEpoch uint64 `json:"-"`
+	// follow, and of another epoch (gossip.Stats); GapsWindow the Gaps
+	// within the window (Gaps counts from the start, joins included).
+	GapsNoCopy, GapsEpoch, GapsWindow uint64 `json:"-"`
 }
 
 // poll is how often sampled keys are looked up in every peer's view: the
@@ -440,6 +441,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.Gaps += after[i].gaps
 		res.GapsNoCopy += after[i].gapsNoCopy // since the start, as Gaps
 		res.GapsEpoch += after[i].gapsEp
+		res.GapsWindow += after[i].gaps - before[i].gaps
 	}
 	res.Requests = requests
 	if tot > 0 {

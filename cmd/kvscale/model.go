@@ -300,7 +300,7 @@ func resultJSON(r scale.Result) map[string]any {
 		out[name] = finite(v.Field(i).Interface())
 	}
 	out["inbox_drops"], out["outbox_drops"], out["gaps"] = r.InboxDrops, r.OutboxDrops, r.Gaps
-	out["gaps_no_copy"], out["gaps_epoch"] = r.GapsNoCopy, r.GapsEpoch
+	out["gaps_no_copy"], out["gaps_epoch"], out["gaps_window"] = r.GapsNoCopy, r.GapsEpoch, r.GapsWindow
 	out["hit_rate_ratio"] = finite(ratio(r))
 	return out
 }
@@ -631,6 +631,9 @@ func resultFromJSON(m map[string]any) (scale.Result, error) {
 	}
 	if x, ok := m["gaps_epoch"].(float64); ok {
 		r.GapsEpoch = uint64(x)
+	}
+	if x, ok := m["gaps_window"].(float64); ok {
+		r.GapsWindow = uint64(x)
 	}
 	if x, ok := m["outbox_drops"].(float64); ok {
 		r.OutboxDrops = uint64(x)
