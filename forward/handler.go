@@ -100,7 +100,7 @@ type Config struct {
 	// NoShortlist makes every choice read every peer's view. By default a
 	// choice among route.ShortlistMin peers or more reads the few that
 	// can win it and sums the rest (route.Shortlist), and decides the
-	// same: at a thousand peers a tenth of the time.
+	// same: at a thousand peers under half the time (docs/scale).
 	NoShortlist bool
 	// DialTimeout bounds connecting to a peer or the local vLLM. Default 1 s,
 	// so a dead peer costs little before the next candidate is tried.
