@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,7 +104,7 @@ func TestBriefsFollowTheTable(t *testing.T) {
 		if tb.claims.Len() != held || !slices.Equal(found, all) {
 			t.Fatalf("step %d: the index holds %d claims, the peers %d; it finds %v, the peers' %v", step, tb.claims.Len(), held, found, all)
 		}
-		if !slices.IsSortedFunc(list, func(a, b route.Brief) int { return cmpID(a.ID, b.ID) }) {
+		if !slices.IsSortedFunc(list, func(a, b route.Brief) int { return strings.Compare(a.ID, b.ID) }) {
 			t.Fatalf("step %d: briefs out of order", step)
 		}
 	}
@@ -126,16 +127,6 @@ func sameBriefs(a, b []route.Brief) bool {
 		}
 	}
 	return true
-}
-
-func cmpID(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // TestBriefsAfterRegroup: a digest of a new shape that makes the group be

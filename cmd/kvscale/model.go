@@ -299,8 +299,9 @@ func resultJSON(r scale.Result) map[string]any {
 		}
 		out[name] = finite(v.Field(i).Interface())
 	}
-	out["inbox_drops"], out["outbox_drops"], out["gaps"] = r.InboxDrops, r.OutboxDrops, r.Gaps
-	out["gaps_no_copy"], out["gaps_epoch"], out["gaps_window"] = r.GapsNoCopy, r.GapsEpoch, r.GapsWindow
+	for name, c := range counts(&r) {
+		out[name] = *c
+	}
 	out["hit_rate_ratio"] = finite(ratio(r))
 	return out
 }
@@ -620,23 +621,18 @@ func resultFromJSON(m map[string]any) (scale.Result, error) {
 			v.Field(i).SetFloat(math.NaN())
 		}
 	}
-	if x, ok := m["inbox_drops"].(float64); ok {
-		r.InboxDrops = uint64(x)
-	}
-	if x, ok := m["gaps"].(float64); ok {
-		r.Gaps = uint64(x)
-	}
-	if x, ok := m["gaps_no_copy"].(float64); ok {
-		r.GapsNoCopy = uint64(x)
-	}
-	if x, ok := m["gaps_epoch"].(float64); ok {
-		r.GapsEpoch = uint64(x)
-	}
-	if x, ok := m["gaps_window"].(float64); ok {
-		r.GapsWindow = uint64(x)
-	}
-	if x, ok := m["outbox_drops"].(float64); ok {
-		r.OutboxDrops = uint64(x)
+	for name, c := range counts(&r) {
+		if x, ok := m[name].(float64); ok {
+			*c = uint64(x)
+		}
 	}
 	return r, nil
+}
+
+// counts are the Result's counters that its JSON tags leave out, by the
+// names results.json gives them: resultJSON writes them, resultFromJSON
+// reads them back.
+func counts(r *scale.Result) map[string]*uint64 {
+	return map[string]*uint64{"inbox_drops": &r.InboxDrops, "outbox_drops": &r.OutboxDrops, "gaps": &r.Gaps,
+		"gaps_no_copy": &r.GapsNoCopy, "gaps_epoch": &r.GapsEpoch, "gaps_window": &r.GapsWindow}
 }
