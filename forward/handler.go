@@ -687,20 +687,17 @@ func (h *Handler) choose(model string, k keyed, explain bool, buf []route.PeerVi
 	}
 	req := route.Request{Model: model, Keys: k.keys, Batch: k.batch, TokensPerKey: h.cfg.Scheme.TokensPerKey(),
 		PromptTokens: k.tokens, Explain: explain}
-	if short, peers := h.shortlisted(&req, buf, now); short != nil {
+	short, peers := h.shortlisted(&req, buf, now) // mu held when short is set
+	if short != nil {
 		defer route.PutShortlist(short) // req reads it until the choice is made
-		defer h.mu.Unlock()
-		d := h.policy.Choose(req, peers, now)
-		d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
-		return d, peers
+	} else {
+		if h.peers != nil {
+			peers = h.peers.AppendSnapshot(buf, now)
+		}
+		h.mu.Lock()
+		h.freshenLocked(peers, now)
 	}
-	var peers []route.PeerView
-	if h.peers != nil {
-		peers = h.peers.AppendSnapshot(buf, now)
-	}
-	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.freshenLocked(peers, now)
 	d := h.policy.Choose(req, peers, now)
 	d.Attempts = route.Attempts(d, h.cfg.Retry.MaxAttempts)
 	return d, peers

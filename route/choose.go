@@ -67,9 +67,12 @@ const (
 
 func (r *row) is(f flags) bool { return r.flags&f != 0 }
 
-// idle says the peer has no request, nor one waiting: its load is at
-// most its KV pressure's.
-func (r *row) idle() bool { return r.load < 1 && r.ahead == 0 }
+// idle says the peer has no request, nor one waiting (idles).
+func (r *row) idle() bool { return idles(r.load, r.ahead) }
+
+// idles says a peer of load with ahead requests waiting has no request,
+// nor one waiting: its load is at most its KV pressure's.
+func idles(load float64, ahead int) bool { return load < 1 && ahead == 0 }
 
 // assess checks eligibility and computes load and the bound for every
 // peer, in rows (one per peer, overwritten): rate, then bound. It does

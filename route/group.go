@@ -54,15 +54,20 @@ func groupFor(peers []PeerView, keys []blockkey.Key, r *Prefixes) *Prefixes {
 			continue
 		}
 		g, _, _ := gd.Group()
-		n := g.Slots()
-		if cap(r.out) < n {
-			r.out, r.stamps = make([]int, n), make([]uint64, n)
-		}
-		r.g, r.out, r.stamps = g, r.out[:n], r.stamps[:n]
-		g.PrefixLens(keys, r.out, r.stamps)
+		r.ask(g, keys)
 		return r
 	}
 	return nil
+}
+
+// ask sets r to g's answer for keys, in r's slices (grown if need be).
+func (r *Prefixes) ask(g Group, keys []blockkey.Key) {
+	n := g.Slots()
+	if cap(r.out) < n {
+		r.out, r.stamps = make([]int, n), make([]uint64, n)
+	}
+	r.g, r.out, r.stamps = g, r.out[:n], r.stamps[:n]
+	g.PrefixLens(keys, r.out, r.stamps)
 }
 
 // prefix returns pv's digest's PrefixLen from the group's answer, and

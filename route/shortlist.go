@@ -180,13 +180,8 @@ func (sl *Shortlist) Make(cfg *Config, req *Request, briefs []Brief, g Group, al
 	if g == nil || len(req.Batch) > 0 || len(briefs) < ShortlistMin {
 		return out, false
 	}
-	n := g.Slots()
 	p := &sl.Prefixes
-	if cap(p.out) < n {
-		p.out, p.stamps = make([]int, n), make([]uint64, n)
-	}
-	p.g, p.out, p.stamps = g, p.out[:n], p.stamps[:n]
-	g.PrefixLens(req.Keys, p.out, p.stamps)
+	p.ask(g, req.Keys)
 	if cap(sl.rows) < len(briefs) {
 		sl.rows = make([]brow, len(briefs))
 	}
@@ -250,7 +245,7 @@ func (sl *Shortlist) Make(cfg *Config, req *Request, briefs []Brief, g Group, al
 			rs.Eligible--
 			rs.Load -= w.load
 			rs.Ahead -= int(w.ahead)
-			if w.load < 1 && w.ahead == 0 {
+			if idles(w.load, int(w.ahead)) {
 				idle--
 			}
 		}
@@ -276,7 +271,7 @@ func (t *totals) add(load float64, ahead int) {
 	t.eligible++
 	t.load += load
 	t.ahead += ahead
-	if load < 1 && ahead == 0 {
+	if idles(load, ahead) {
 		t.idle++
 	}
 }
