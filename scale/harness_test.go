@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/kvindex"
 )
 
@@ -129,5 +130,54 @@ func TestTierEventsIndexed(t *testing.T) {
 	}
 	if g, c := tiers(second); g != 0 || c != 4 {
 		t.Errorf("second: gpu %d cpu %d; want 0 and 4", g, c)
+	}
+}
+
+// TestWarmStart: a node started warm has its engine's cache indexed before
+// it serves, so its first digest, full, carries it: a peer that joins
+// holds every warm key in its view of the node, and the node sent no
+// delta for them.
+func TestWarmStart(t *testing.T) {
+	ctx := meshContext(t, "starts a 2-node mesh")
+	cfg := Config{Addr: "127.0.96.9", BasePort: 27400, CapacityBlocks: 400, FPRate: 0.01}.withDefaults()
+	reqs := Synthetic(200, 1)
+	var warmed [][]blockkey.Key
+	a, err := startWarm(ctx, cfg, 0, nil, func(n *node) blockkey.Key {
+		var last blockkey.Key
+		for _, q := range reqs {
+			if n.lru.Len() >= n.cap {
+				break
+			}
+			ks := cfg.keys(q.HashIDs)
+			n.serve(q.HashIDs, ks)
+			warmed, last = append(warmed, ks), ks[len(ks)-1]
+		}
+		return last
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	if a.lru.Len() != a.cap || a.ix.Len() == 0 {
+		t.Fatalf("warm engine holds %d of %d ids, index %d keys; want full", a.lru.Len(), a.cap, a.ix.Len())
+	}
+	b, err := startNode(ctx, cfg, 1, []string{a.addr(cfg, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	last := warmed[len(warmed)-1]
+	if err := waitFor(ctx, 10*time.Second, func() bool {
+		for _, v := range b.mesh.Snapshot(time.Now()) {
+			if v.ID == a.name && v.Digest != nil {
+				return v.Digest.PrefixLen(last) == len(last)
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatalf("the joiner's view of the warm node never held its last prompt: %v", err)
+	}
+	if d := a.mesh.Stats().Sent.All["delta"].Bytes; d != 0 {
+		t.Errorf("the warm node sent %d bytes of deltas; want its cache in its first, full digest", d)
 	}
 }

@@ -22,15 +22,15 @@ import (
 // model is the one model every node serves.
 const model = "scale-model"
 
-// blockTokens is tokens per vLLM block.
-const blockTokens = 16
+// BlockTokens is tokens per vLLM block, the simulated engines' own.
+const BlockTokens = 16
 
 // scheme is the sidecar's routing at c's stride. A trace id stands for one
 // routing key's worth of vLLM blocks (RoutingStride of them), which the
 // simulated engine stores, touches and evicts together: the digests then
 // carry the keys a sidecar at that stride would, for the same vLLM churn.
 func (c Config) scheme() blockkey.Scheme {
-	return blockkey.Scheme{BlockSize: blockTokens, Stride: c.RoutingStride}
+	return blockkey.Scheme{BlockSize: BlockTokens, Stride: c.RoutingStride}
 }
 
 // keys are the routing keys of ids' prefixes, one per id.
@@ -43,8 +43,8 @@ func (c Config) keys(ids []uint64) []blockkey.Key {
 func (c Config) request(ids []uint64, ks []blockkey.Key) route.Request {
 	// The model unnamed: the base model, which a front names so
 	// (forward.Handler.choose), since every pod serves it.
-	return route.Request{Keys: ks, TokensPerKey: blockTokens * c.RoutingStride,
-		PromptTokens: len(ids)*c.RoutingStride*blockTokens + 1}
+	return route.Request{Keys: ks, TokensPerKey: BlockTokens * c.RoutingStride,
+		PromptTokens: len(ids)*c.RoutingStride*BlockTokens + 1}
 }
 
 // idsOf is how many trace ids hold blocks vLLM blocks: a cache's size in
@@ -84,6 +84,14 @@ type noFront struct{}
 func (noFront) SetLocalReady(bool) {}
 
 func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, error) {
+	return startWarm(ctx, cfg, i, seeds, nil)
+}
+
+// startWarm is startNode whose engine first runs warm: its blocks are in
+// the index before the engine serves, so its first digest, full, carries
+// them (as a sidecar started beside a running engine replays its cache),
+// not a delta as large as the cache to every member.
+func startWarm(ctx context.Context, cfg Config, i int, seeds []string, warm func(*node) blockkey.Key) (*node, error) {
 	name := fmt.Sprintf("n%03d", i)
 	g := gossip.DefaultConfig()
 	g.NodeName = name
@@ -123,13 +131,20 @@ func startNode(ctx context.Context, cfg Config, i int, seeds []string) (*node, e
 		n.cpu, n.cpuAt, n.cpuCap = list.New(), map[uint64]*list.Element{}, cfg.idsOf(cfg.CPUBlocks)
 	}
 	eng := make(chan engine.Transition, 1)
-	eng <- engine.Transition{From: route.EngineStarting, To: route.EngineServing, Reason: "scale harness", At: time.Now()}
 	rctx, stop := context.WithCancel(context.Background())
 	n.stop = stop
 	go func() { // exits when stop is called
 		defer close(n.done)
 		cs.Run(rctx, n.items, eng, nil)
 	}()
+	if warm != nil {
+		last := warm(n)
+		if err := waitFor(ctx, cfg.stretch(30*time.Second), func() bool { return ix.Contains(last) }); err != nil {
+			n.close()
+			return nil, fmt.Errorf("node %s: warm cache never indexed: %w", name, err)
+		}
+	}
+	eng <- engine.Transition{From: route.EngineStarting, To: route.EngineServing, Reason: "scale harness", At: time.Now()}
 	return n, nil
 }
 
@@ -188,7 +203,7 @@ func (n *node) serve(ids []uint64, ks []blockkey.Key) (h int, added []uint64, re
 	h, added, removed = n.cache(ids, ks)
 	var evs []kvevent.Event
 	if len(added) > 0 {
-		ev := kvevent.Event{Kind: kvevent.BlockStored, Tag: kvevent.BlockStored.String(), BlockSize: blockTokens}
+		ev := kvevent.Event{Kind: kvevent.BlockStored, Tag: kvevent.BlockStored.String(), BlockSize: BlockTokens}
 		if h > 0 {
 			hs := blockHashes(ids[h-1], n.stride)
 			p := hs[len(hs)-1]
@@ -274,7 +289,7 @@ func blockHashes(id uint64, stride int) []uint64 {
 // tokens are a trace id's stride blocks' token ids: distinct per id, as
 // the blocks of a prefix-unique id are.
 func tokens(id uint64, stride int) []uint32 {
-	t := make([]uint32, stride*blockTokens)
+	t := make([]uint32, stride*BlockTokens)
 	x := id*0x9e3779b97f4a7c15 + 1
 	for i := range t {
 		x ^= x >> 29
@@ -288,7 +303,7 @@ func tokens(id uint64, stride int) []uint32 {
 // vLLM recomputes the last prompt token and so reuses only full blocks
 // before it.
 func promptTokens(ids []uint64, stride int) []uint32 {
-	out := make([]uint32, 0, len(ids)*stride*blockTokens+1)
+	out := make([]uint32, 0, len(ids)*stride*BlockTokens+1)
 	for _, id := range ids {
 		out = append(out, tokens(id, stride)...)
 	}

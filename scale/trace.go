@@ -35,6 +35,28 @@ func ReadTrace(r io.Reader) ([]Request, error) {
 	return out, nil
 }
 
+// Subdivide returns reqs with each id split into per ids, its prefix's
+// next per pieces: a Mooncake trace's 512-token blocks as the harness's
+// units (one routing key's blocks, Config.RoutingStride of 16 tokens), 8
+// each at stride 4. Piece j of id is id·per+j, so equal ids still mean an
+// equal prefix, and a request's new blocks are per times as many.
+func Subdivide(reqs []Request, per int) []Request {
+	if per <= 1 {
+		return reqs
+	}
+	out := make([]Request, len(reqs))
+	for i, q := range reqs {
+		ids := make([]uint64, 0, len(q.HashIDs)*per)
+		for _, id := range q.HashIDs {
+			for j := range per {
+				ids = append(ids, id*uint64(per)+uint64(j))
+			}
+		}
+		out[i] = Request{HashIDs: ids}
+	}
+	return out
+}
+
 // Synthetic returns n requests with shared prefixes, seeded: a few system
 // prompts, each with conversations that grow turn by turn, the shape of
 // Mooncake's conversation trace without its file.

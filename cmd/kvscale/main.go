@@ -50,16 +50,21 @@ type options struct {
 	BlocksPerSecond    float64
 	Slow               float64
 	NoShortlist        bool
+	WarmCaches         bool
 	FullDigestInterval time.Duration
 	DigestInterval     time.Duration
 	FPRate             float64
 	Requests           int
-	Repeats            int
-	Seed               uint64
-	Addr               string
-	BasePort           int
-	Out                string
-	Plot               bool
+	// Trace is a Mooncake JSON-lines trace to replay instead of the
+	// synthetic one; TraceBlockTokens its tokens per hash id.
+	Trace            string
+	TraceBlockTokens int
+	Repeats          int
+	Seed             uint64
+	Addr             string
+	BasePort         int
+	Out              string
+	Plot             bool
 	// From re-renders an earlier results.json instead of running.
 	From string
 	// CPUProfile, if set, is where the whole run's CPU profile goes: what
@@ -106,13 +111,16 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (gossip.DefaultConfig: 1m)")
 	fs.DurationVar(&o.DigestInterval, "digest-interval", 0, "how often each node sends its digest changes (the sidecar's --digest-interval); 0 keeps its default (cachestate.DefaultConfig: 100ms)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
-	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks / routing-stride (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing)")
+	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks / routing-stride (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing); with --trace, its first this many (0: all)")
+	fs.StringVar(&o.Trace, "trace", "", "replay this Mooncake JSON-lines trace (hash_ids per line, e.g. FAST'25's conversation_trace.jsonl) in a loop instead of the synthetic one: its requests' sizes then set how many requests a node routes for its blocks a second")
+	fs.IntVar(&o.TraceBlockTokens, "trace-block-tokens", 512, "tokens per hash id of --trace (Mooncake's: 512); a multiple of 16 × --routing-stride")
 	fs.IntVar(&o.Repeats, "repeats", 1, "runs per N; the table and model use each measure's median over them")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the trace and of the request placement")
 	fs.StringVar(&o.Addr, "addr", "127.0.96.1", "loopback address every node binds")
 	fs.IntVar(&o.BasePort, "base-port", 17000, "node i's memberlist listens on this plus i (its API address on +10000); runs rotate it by 1000")
 	fs.StringVar(&o.Out, "out", "out/scale", "directory for results.json, results.md and traffic.png")
 	fs.BoolVar(&o.Plot, "plot", true, "write traffic.png")
+	fs.BoolVar(&o.WarmCaches, "warm-caches", false, "fill each engine's cache from the trace before its node serves (its first digest, full, carries it), so the warm-up settles the mesh instead of filling caches at --blocks-per-second: for large caches in slow motion")
 	fs.BoolVar(&o.NoShortlist, "no-shortlist", false, "every choice reads every peer's view, where a sidecar's front (--route-shortlist) reads a shortlist of them among many peers")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write the run's CPU profile (go tool pprof) to this file")
 	fs.StringVar(&o.From, "from", "", "run nothing: read this earlier results.json and write its tables, model and plot (with this version's model) to --out")
@@ -171,17 +179,25 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, errors.New("--cpu-blocks must not be negative")
 	case o.TierStride != 0 && !bloom.TierStrideOK(o.TierStride):
 		return o, fmt.Errorf("--tier-stride %d: want 1, 2, 4, 8 or 16", o.TierStride)
+	case o.Trace != "" && (o.TraceBlockTokens < 1 || o.TraceBlockTokens%(scale.BlockTokens*o.RoutingStride) != 0):
+		return o, fmt.Errorf("--trace-block-tokens %d: want a multiple of a routing key's %d tokens", o.TraceBlockTokens, scale.BlockTokens*o.RoutingStride)
 	case o.Requests < 0 || o.Repeats < 1:
 		return o, errors.New("--requests must not be negative, --repeats must be at least 1")
 	case o.BasePort < 1024 || o.BasePort+4000+10000+maxInt(o.Sizes) > 65535:
 		return o, fmt.Errorf("--base-port %d: the ports of the largest run do not fit", o.BasePort)
 	}
-	if o.Warmup == 0 {
+	switch {
+	case o.Warmup == 0 && o.WarmCaches && o.CPUBlocks == 0:
+		// Caches full from the start: long enough for a digest's first
+		// rebuild (an eighth of the cache evicted, cachestate's
+		// RebuildRemoved) and the placement to settle.
+		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks)/8/o.BlocksPerSecond*float64(time.Second)) + 10*time.Second).Round(time.Second)
+	case o.Warmup == 0:
 		// Long enough for the CPU tier, which the GPU's evictions fill, to
 		// fill and evict too.
 		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks+o.CPUBlocks)/o.BlocksPerSecond*float64(time.Second)) + 5*time.Second).Round(time.Second)
 	}
-	if o.Requests == 0 {
+	if o.Requests == 0 && o.Trace == "" {
 		o.Requests = max(20000, 3*maxInt(o.Sizes)*o.CapacityBlocks/o.RoutingStride/4)
 	}
 	return o, nil
@@ -237,8 +253,11 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	trace := scale.Synthetic(o.Requests, o.Seed)
-	fmt.Fprintf(log, "kvscale: sizes %v, %d trace requests, warmup %s, window %s", o.Sizes, o.Requests, o.Warmup, o.Window)
+	trace, err := requests(o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "kvscale: sizes %v, %d trace requests, warmup %s, window %s", o.Sizes, len(trace), o.Warmup, o.Window)
 	if o.Slow > 1 {
 		fmt.Fprintf(log, " of the mesh's time, in slow motion ×%g (each run %g times as long)", o.Slow, o.Slow)
 	}
@@ -253,7 +272,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
 				CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
-				DigestInterval: o.DigestInterval, Slow: o.Slow, NoShortlist: o.NoShortlist,
+				DigestInterval: o.DigestInterval, Slow: o.Slow, NoShortlist: o.NoShortlist, WarmCaches: o.WarmCaches,
 				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
 			k++
@@ -273,6 +292,30 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 	rep.Model = model(rep.Results, o.BlocksPerSecond)
 	rep.Seconds = time.Since(begin).Seconds()
 	return writeReport(rep, out, log)
+}
+
+// requests is the trace the runs replay: --trace's, each hash id cut into
+// routing keys, or the synthetic one.
+func requests(o options) ([]scale.Request, error) {
+	if o.Trace == "" {
+		return scale.Synthetic(o.Requests, o.Seed), nil
+	}
+	f, err := os.Open(o.Trace)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	reqs, err := scale.ReadTrace(f)
+	if err != nil {
+		return nil, fmt.Errorf("--trace %s: %w", o.Trace, err)
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("--trace %s: no requests with hash_ids", o.Trace)
+	}
+	if o.Requests > 0 && o.Requests < len(reqs) {
+		reqs = reqs[:o.Requests]
+	}
+	return scale.Subdivide(reqs, o.TraceBlockTokens/(scale.BlockTokens*o.RoutingStride)), nil
 }
 
 // writeReport writes results.json, results.md and the plot to the

@@ -44,7 +44,8 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("tier flags: %v, %+v; want 16000 CPU blocks, stride 8, warm-up 120 s (1.15 x 20000 / 200 + 5)", err, o)
 	}
 	for _, bad := range [][]string{{"--sizes", "1"}, {"--sizes", "x"}, {"--sizes", ""}, {"--window", "0s"},
-		{"--blocks-per-second", "0"}, {"--slow", "0.5"}, {"--slow", "NaN"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"--routing-stride", "0"}, {"--digest-interval", "-1s"}, {"--capacity-blocks", "3", "--routing-stride", "4"}, {"extra"}, {"--no-such-flag"}} {
+		{"--blocks-per-second", "0"}, {"--slow", "0.5"}, {"--slow", "NaN"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"--routing-stride", "0"}, {"--digest-interval", "-1s"}, {"--capacity-blocks", "3", "--routing-stride", "4"}, {"extra"}, {"--no-such-flag"},
+		{"--trace", "t.jsonl", "--trace-block-tokens", "100"}, {"--trace", "t.jsonl", "--trace-block-tokens", "128", "--routing-stride", "16"}} {
 		if _, err := parseFlags(bad, noEnv, &out, &errw); err == nil {
 			t.Errorf("parseFlags(%q) = nil; want an error", bad)
 		}
@@ -54,6 +55,62 @@ func TestParseFlags(t *testing.T) {
 	}, &out, &errw); err == nil || !strings.Contains(err.Error(), "KVSCALE_WINDOW") {
 		t.Errorf("bad twin: %v; want an error naming KVSCALE_WINDOW", err)
 	}
+}
+
+// TestTraceRequests reads a Mooncake trace as the runs replay it: at
+// stride 4 each 512-token hash id is 8 routing keys' ids, requests that
+// shared a block still share its keys, and --requests takes the first.
+func TestTraceRequests(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	lines := `{"timestamp": 0, "input_length": 1000, "output_length": 9, "hash_ids": [0, 1]}
+{"timestamp": 5, "input_length": 600, "output_length": 9, "hash_ids": [0, 2]}
+{"timestamp": 9, "input_length": 0, "output_length": 9, "hash_ids": []}
+{"timestamp": 9, "input_length": 512, "output_length": 9, "hash_ids": [3]}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errw bytes.Buffer
+	o, err := parseFlags([]string{"--trace", path}, noEnv, &out, &errw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := requests(o)
+	if err != nil || len(reqs) != 3 {
+		t.Fatalf("requests = %d, %v; want the 3 lines with hash_ids", len(reqs), err)
+	}
+	a, b := reqs[0].HashIDs, reqs[1].HashIDs
+	if len(a) != 16 || len(b) != 16 || !slices.Equal(a[:8], b[:8]) || a[8] == b[8] {
+		t.Errorf("requests %v, %v; want 16 ids each, the first 8 (hash id 0) shared, then apart", a, b)
+	}
+	seen := map[uint64]bool{}
+	for _, q := range reqs {
+		for _, id := range q.HashIDs[len(q.HashIDs)-8:] {
+			if seen[id] {
+				t.Errorf("id %d twice: distinct hash ids must stay distinct", id)
+			}
+			seen[id] = true
+		}
+	}
+	o, _ = parseFlags([]string{"--trace", path, "--requests", "1", "--routing-stride", "16"}, noEnv, &out, &errw)
+	if reqs, err = requests(o); err != nil || len(reqs) != 1 || len(reqs[0].HashIDs) != 4 {
+		t.Errorf("--requests 1 at stride 16 = %v, %v; want one request of 4 ids (512 tokens is 2 keys of 256)", reqs, err)
+	}
+	for _, bad := range []string{filepath.Join(t.TempDir(), "none.jsonl"), writeFile(t, "{\"hash_ids\": [1,"), writeFile(t, "{}\n")} {
+		o.Trace = bad
+		if _, err := requests(o); err == nil {
+			t.Errorf("requests(--trace %s) = nil error; want one", bad)
+		}
+	}
+}
+
+// writeFile writes s to a new file and returns its path.
+func writeFile(t *testing.T, s string) string {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func TestHelpAndVersion(t *testing.T) {
@@ -195,6 +252,7 @@ func TestOutputs(t *testing.T) {
 	}
 	rs := results()
 	rs[1].InboxDrops, rs[1].OutboxDrops, rs[1].Gaps = 2, 7, 11
+	rs[1].Requests, rs[1].WindowSeconds = 1600, 20 // 2.5 a node a second
 	o.Slow = 8
 	rep := report{Options: o, Results: rs, Runs: [][]scale.Result{rs[:1], rs[1:2], rs[2:]}, Model: model(rs, 200)}
 	md := markdown(rep)
@@ -226,7 +284,8 @@ func TestOutputs(t *testing.T) {
 	if r := back.Results[1]; r.InboxDrops != 2 || r.OutboxDrops != 7 || r.Gaps != 11 || back.Options.Slow != 8 {
 		t.Errorf("read back: drops %d in, %d out, %d gaps, slow %v; want 2, 7, 11, 8", r.InboxDrops, r.OutboxDrops, r.Gaps, back.Options.Slow)
 	}
-	if !strings.Contains(md, "slow motion ×8") || !strings.Contains(md, "| 32 | 0 (0) | 0 (0) | 190 | 0 | 2 | 7 | 11 |") {
+	if !strings.Contains(md, "slow motion ×8") || !strings.Contains(md, "| 32 | 0 (0) | 0 (0) | 190 | 1600 | 2.50 | 2 | 7 | 11 | 20.0 |") ||
+		!strings.Contains(md, "requests from the synthetic trace") {
 		t.Errorf("markdown lacks the slow motion or the checks row:\n%s", md)
 	}
 	png := filepath.Join(dir, "traffic.png")

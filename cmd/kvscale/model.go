@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -401,6 +402,11 @@ func markdown(rep report) string {
 	if o.DigestInterval > 0 {
 		fmt.Fprintf(&b, ", changes sent every %s", o.DigestInterval)
 	}
+	if o.Trace != "" {
+		fmt.Fprintf(&b, "; requests from %s (%d tokens a hash id)", filepath.Base(o.Trace), o.TraceBlockTokens)
+	} else {
+		b.WriteString("; requests from the synthetic trace (scale.Synthetic: a turn adds 1–4 routing keys)")
+	}
 	fmt.Fprintf(&b, "; %d run(s) per N", o.Repeats)
 	if o.Repeats > 1 {
 		b.WriteString(", each cell the median over the runs")
@@ -435,15 +441,15 @@ func markdown(rep report) string {
 			num(r.JoinBytes/1e3, 0), num(r.JoinSeconds, 2), num(r.DetectSeconds, 2), num(r.HitRate, 3), num(r.CentralHitRate, 3), num(ratio(r), 3))
 	}
 	b.WriteString("\nSamples and checks per N: stored/evicted propagation samples timed (missed: not every peer agreed within the harness's deadline), blocks stored per node per second, requests, gossip inbox and outbox drops (a message lost at a full queue, either end) and sequence gaps.\n\n")
-	b.WriteString("| N | stored samples (missed) | evicted samples (missed) | stored blocks/s/node | requests | inbox drops | outbox drops | gaps | window s |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| N | stored samples (missed) | evicted samples (missed) | stored blocks/s/node | requests | requests/s/node | inbox drops | outbox drops | gaps | window s |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.Results {
 		sat := ""
 		if saturated(r, o.BlocksPerSecond) {
 			sat = " (saturated)"
 		}
-		fmt.Fprintf(&b, "| %d%s | %d (%d) | %d (%d) | %.0f | %d | %d | %d | %d | %.1f |\n", r.N, sat, r.StoredSamples, r.StoredMissed,
-			r.EvictedSamples, r.EvictedMissed, r.StoredPerNodePerSec, r.Requests, r.InboxDrops, r.OutboxDrops, r.Gaps, r.WindowSeconds)
+		fmt.Fprintf(&b, "| %d%s | %d (%d) | %d (%d) | %.0f | %d | %s | %d | %d | %d | %.1f |\n", r.N, sat, r.StoredSamples, r.StoredMissed,
+			r.EvictedSamples, r.EvictedMissed, r.StoredPerNodePerSec, r.Requests, num(r.RequestsPerNode(), 2), r.InboxDrops, r.OutboxDrops, r.Gaps, r.WindowSeconds)
 	}
 	b.WriteString("\n## Model\n\n")
 	b.WriteString("Each measure fitted as y = A + B·N (least squares over the measured N, scale.FitLinear), " +
