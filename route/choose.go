@@ -374,12 +374,13 @@ func rendezvousKey(cfg Config, keys []blockkey.Key) (blockkey.Key, bool) {
 	if len(keys) == 0 {
 		return 0, false
 	}
-	return keys[rendezvousDepth(cfg, len(keys))-1], true
+	return keys[RendezvousDepth(cfg, len(keys))-1], true
 }
 
-// rendezvousDepth is how many leading keys of an n-key prompt (n > 0) the
-// rendezvous key stands for.
-func rendezvousDepth(cfg Config, n int) int {
+// RendezvousDepth is how many leading keys of an n-key prompt (n > 0) the
+// rendezvous key stands for: a cold prompt's home is its weights' top at
+// that depth (kvscale's central index breaks its ties so too).
+func RendezvousDepth(cfg Config, n int) int {
 	return min(n, max(cfg.RendezvousKeys, 1, int(math.Ceil(cfg.MinMatchFraction*float64(n)))))
 }
 

@@ -65,7 +65,7 @@ func ClaimsFor(cfg Config, keys []blockkey.Key, held int) []Claim {
 	}
 	var buf [48]int
 	depths := buf[:0]
-	depth := rendezvousDepth(cfg, n)
+	depth := RendezvousDepth(cfg, n)
 	for d := depth; d < n; d = (3*d + 1) / 2 {
 		depths = append(depths, d)
 	}

@@ -68,7 +68,7 @@ func TestClaimsKeepSharedPrefix(t *testing.T) {
 		for i := range claims {
 			claims[i].At = t0
 		}
-		depth := rendezvousDepth(cfg, n)
+		depth := RendezvousDepth(cfg, n)
 		for s := 1; s <= n; s++ {
 			other := slices.Concat(keys[:s], keysN(1_000_000, n-s)) // its own end: n-s keys
 			got := claimedLen(claims, other, t0, time.Second)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/blockkey"
 	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/route"
 )
 
 // meshContext skips a test that starts a mesh in -short mode (why) and
@@ -179,5 +180,40 @@ func TestWarmStart(t *testing.T) {
 	}
 	if d := a.mesh.Stats().Sent.All["delta"].Bytes; d != 0 {
 		t.Errorf("the warm node sent %d bytes of deltas; want its cache in its first, full digest", d)
+	}
+}
+
+// TestCentral: the comparison applies a front's rule to exact knowledge.
+// Prompts that share only a first block spread (the longest prefix alone
+// sent them all to the engine that held it first); a conversation's next
+// turn goes where its earlier turns are, with their blocks as hits.
+func TestCentral(t *testing.T) {
+	rc := route.DefaultConfig()
+	c := newCentral(4, 1000, rc)
+	used := map[int]bool{}
+	for i := range 64 {
+		ids := []uint64{0}
+		for j := range 15 {
+			ids = append(ids, uint64(1000+100*i+j))
+		}
+		if h := c.serve(ids); i > 0 && h > 1 {
+			t.Fatalf("prompt %d: %d blocks held; want at most the shared first", i, h)
+		}
+	}
+	for i, e := range c.engines {
+		if e.lru.Len() > 0 {
+			used[i] = true
+		}
+	}
+	if len(used) < 3 {
+		t.Errorf("64 prompts sharing a first block went to %d of 4 engines; want spread", len(used))
+	}
+	turn := []uint64{0}
+	for j := range 15 {
+		turn = append(turn, uint64(1000+100*7+j))
+	}
+	turn = append(turn, 5000, 5001)
+	if h := c.serve(turn); h != 16 {
+		t.Errorf("the next turn of prompt 7 found %d blocks held; want its 16", h)
 	}
 }
