@@ -64,6 +64,10 @@ type Config struct {
 	// only has to settle the mesh, not fill caches at BlocksPerSecond
 	// (120 s of the mesh's time for 20,000 blocks).
 	WarmCaches bool
+	// RebuildRemoved is cachestate.Config.RebuildRemoved: removals carried
+	// in deltas before a digest is rebuilt and sent whole; 0 its default
+	// (an eighth of the keys the digest is sized for).
+	RebuildRemoved int
 	// FPRate is the digests' false-positive rate. Default 0.01.
 	FPRate float64
 	// FullDigestInterval overrides gossip's default (gossip.DefaultConfig:

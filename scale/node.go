@@ -121,6 +121,7 @@ func startWarm(ctx context.Context, cfg Config, i int, seeds []string, warm func
 		c.PublishInterval = cfg.DigestInterval
 	}
 	c.Params = bloom.ParamsFor(cfg.CapacityBlocks/cfg.RoutingStride+1, cfg.FPRate) // as the sidecar sizes it
+	c.RebuildRemoved = cfg.RebuildRemoved
 	cs := cachestate.New(cfg.slowCachestate(c), ix, m, noFront{}, nil, cfg.Log)
 	rec := route.NewRecent(cfg.recentConfig())
 	n := &node{name: name, mesh: m, ix: ix, items: make(chan vllmclient.Item, 256),

@@ -51,6 +51,7 @@ type options struct {
 	Slow               float64
 	NoShortlist        bool
 	WarmCaches         bool
+	RebuildRemoved     int
 	FullDigestInterval time.Duration
 	DigestInterval     time.Duration
 	FPRate             float64
@@ -111,6 +112,7 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	fs.DurationVar(&o.FullDigestInterval, "full-digest-interval", 0, "gossip's full-digest interval; 0 keeps gossip's default (gossip.DefaultConfig: 1m)")
 	fs.DurationVar(&o.DigestInterval, "digest-interval", 0, "how often each node sends its digest changes (the sidecar's --digest-interval); 0 keeps its default (cachestate.DefaultConfig: 100ms)")
 	fs.Float64Var(&o.FPRate, "fp-rate", 0.01, "the digests' Bloom false-positive rate")
+	fs.IntVar(&o.RebuildRemoved, "rebuild-removed", 0, "removals a node's deltas carry before its digest is rebuilt and sent whole (cachestate.Config.RebuildRemoved); more: fewer full digests, more removed keys each peer holds beside the bits and more false positives between rebuilds; 0: its default, an eighth of the keys a digest is sized for")
 	fs.IntVar(&o.Requests, "requests", 0, "requests in the synthetic trace, replayed in a loop; 0: 3/4 × largest size × capacity-blocks / routing-stride (about 1.8× the cluster's cache in distinct blocks, so a replay misses and engines keep storing); with --trace, its first this many (0: all)")
 	fs.StringVar(&o.Trace, "trace", "", "replay this Mooncake JSON-lines trace (hash_ids per line, e.g. FAST'25's conversation_trace.jsonl) in a loop instead of the synthetic one: its requests' sizes then set how many requests a node routes for its blocks a second")
 	fs.IntVar(&o.TraceBlockTokens, "trace-block-tokens", 512, "tokens per hash id of --trace (Mooncake's: 512); a multiple of 16 × --routing-stride")
@@ -181,6 +183,8 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return o, fmt.Errorf("--tier-stride %d: want 1, 2, 4, 8 or 16", o.TierStride)
 	case o.Trace != "" && (o.TraceBlockTokens < 1 || o.TraceBlockTokens%(scale.BlockTokens*o.RoutingStride) != 0):
 		return o, fmt.Errorf("--trace-block-tokens %d: want a multiple of a routing key's %d tokens", o.TraceBlockTokens, scale.BlockTokens*o.RoutingStride)
+	case o.RebuildRemoved < 0:
+		return o, errors.New("--rebuild-removed must not be negative")
 	case o.Requests < 0 || o.Repeats < 1:
 		return o, errors.New("--requests must not be negative, --repeats must be at least 1")
 	case o.BasePort < 1024 || o.BasePort+4000+10000+maxInt(o.Sizes) > 65535:
@@ -189,9 +193,13 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	switch {
 	case o.Warmup == 0 && o.WarmCaches && o.CPUBlocks == 0:
 		// Caches full from the start: long enough for a digest's first
-		// rebuild (an eighth of the cache evicted, cachestate's
-		// RebuildRemoved) and the placement to settle.
-		o.Warmup = (time.Duration(1.15*float64(o.CapacityBlocks)/8/o.BlocksPerSecond*float64(time.Second)) + 10*time.Second).Round(time.Second)
+		// rebuild (RebuildRemoved's removals, by default an eighth of the
+		// cache) and the placement to settle.
+		rebuild := float64(o.CapacityBlocks) / 8
+		if o.RebuildRemoved > 0 {
+			rebuild = float64(o.RebuildRemoved * o.RoutingStride)
+		}
+		o.Warmup = (time.Duration(1.15*rebuild/o.BlocksPerSecond*float64(time.Second)) + 10*time.Second).Round(time.Second)
 	case o.Warmup == 0:
 		// Long enough for the CPU tier, which the GPU's evictions fill, to
 		// fill and evict too.
@@ -272,7 +280,7 @@ func run(ctx context.Context, o options, out, log io.Writer) error {
 			cfg := scale.Config{Nodes: n, Addr: o.Addr, BasePort: o.BasePort + 1000*(k%4),
 				CapacityBlocks: o.CapacityBlocks, RoutingStride: o.RoutingStride, CPUBlocks: o.CPUBlocks, TierStride: o.TierStride, BlocksPerSecond: o.BlocksPerSecond,
 				Warmup: o.Warmup, Window: o.Window, FPRate: o.FPRate, FullDigestInterval: o.FullDigestInterval,
-				DigestInterval: o.DigestInterval, Slow: o.Slow, NoShortlist: o.NoShortlist, WarmCaches: o.WarmCaches,
+				DigestInterval: o.DigestInterval, Slow: o.Slow, NoShortlist: o.NoShortlist, WarmCaches: o.WarmCaches, RebuildRemoved: o.RebuildRemoved,
 				Requests: trace, Seed: o.Seed + uint64(r),
 				Progress: func(s string) { fmt.Fprintf(log, "kvscale: %s\n", s) }}
 			k++

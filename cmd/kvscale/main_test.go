@@ -45,7 +45,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"--sizes", "1"}, {"--sizes", "x"}, {"--sizes", ""}, {"--window", "0s"},
 		{"--blocks-per-second", "0"}, {"--slow", "0.5"}, {"--slow", "NaN"}, {"--cpu-blocks", "-1"}, {"--tier-stride", "3"}, {"--routing-stride", "0"}, {"--digest-interval", "-1s"}, {"--capacity-blocks", "3", "--routing-stride", "4"}, {"extra"}, {"--no-such-flag"},
-		{"--trace", "t.jsonl", "--trace-block-tokens", "100"}, {"--trace", "t.jsonl", "--trace-block-tokens", "128", "--routing-stride", "16"}} {
+		{"--trace", "t.jsonl", "--trace-block-tokens", "100"}, {"--rebuild-removed", "-1"}, {"--trace", "t.jsonl", "--trace-block-tokens", "128", "--routing-stride", "16"}} {
 		if _, err := parseFlags(bad, noEnv, &out, &errw); err == nil {
 			t.Errorf("parseFlags(%q) = nil; want an error", bad)
 		}

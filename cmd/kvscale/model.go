@@ -399,6 +399,9 @@ func markdown(rep report) string {
 	if o.FullDigestInterval > 0 {
 		fmt.Fprintf(&b, ", full digest every %s", o.FullDigestInterval)
 	}
+	if o.RebuildRemoved > 0 {
+		fmt.Fprintf(&b, ", digests rebuilt after %d removals", o.RebuildRemoved)
+	}
 	if o.DigestInterval > 0 {
 		fmt.Fprintf(&b, ", changes sent every %s", o.DigestInterval)
 	}
