@@ -187,12 +187,14 @@ var liveEngine = []string{FaultHangEngine, FaultKillSidecar, FaultRestartSidecar
 //   - netns only: a servable follow-up lost while its pod was partitioned
 //     away longer than the clients' retries;
 //   - a servable follow-up whose stream is cut while its pod's sidecar
-//     restarts: sent as the sidecar's drain ends (2 runs in 11 or so
-//     on loopback, at the same turn each time, from f1cf8f5 on at
-//     least), the hop probably reaches the sidecar after its wait
-//     for in-flight requests returned, and the sidecar exits under it.
-//     The entry should have sent it to the draining pod's vLLM directly;
-//     why it did not is not known yet.
+//     restarts: the harness kills a sidecar whose drain outlasts its 3 s
+//     grace (Kubernetes gives 30 s), and a stream through that sidecar
+//     dies with it. Entries send a draining pod's stored requests to its
+//     vLLM directly, also those a probe located (the map had not heard
+//     of the response: made a moment ago, or past a sidecar that could
+//     not announce it), which went through the sidecar and made most of
+//     these. What is left is a hop sent before the entry heard of the
+//     drain (a gossip round) whose stream outlives the grace.
 func knownStoredBug(f RequestRecord, faults []FaultResult, end float64, netns bool) bool {
 	const grace, detect, retries = 10, 3, 6 // s: respown.DefaultGrace, memberlist's, three held attempts
 	for _, fr := range faults {

@@ -27,6 +27,10 @@ import (
 type Stored interface {
 	// AnnounceResponses tells every member that this pod holds ids.
 	AnnounceResponses(ids ...string)
+	// AnnounceResponsesOf tells every member that node's pod holds ids:
+	// its vLLM made them when this front sent it their requests directly,
+	// past a sidecar that is away or draining and never saw them.
+	AnnounceResponsesOf(node string, ids ...string)
 	// LookupResponse returns the node that created id, whether it is in
 	// the mesh, away (left a moment ago: it may be back with its store)
 	// or gone, and when the entry was recorded; ok is false when no node
@@ -216,14 +220,8 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 				id, l.Node, h.now().Sub(l.Left).Round(100*time.Millisecond))
 	}
 	tg, pv, found := h.peerTarget(l.Node)
-	if found && tg.Peer != "" && pv.Draining && pv.Engine == route.EngineServing {
-		// Its sidecar is going away (a restart, or the pod's deletion,
-		// whose vLLM serves on through the drain): a stream through it
-		// would be cut when it exits, and each one it takes makes its
-		// drain longer.
-		if d, _, ok := h.directTarget(l.Node); ok {
-			return d, 0, ""
-		}
+	if d, ok := h.pastDrain(tg, pv); found && ok {
+		return d, 0, ""
 	}
 	switch {
 	case !found:
@@ -281,6 +279,20 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		fmt.Sprintf("the pod that stores response '%s' (%s) did not answer: retry", id, l.Node)
 }
 
+// pastDrain is the vLLM itself of tg's pod when tg is its sidecar and that
+// sidecar drains (a restart, or the pod's deletion, whose vLLM serves on
+// through the drain) while the engine serves: a stream through the sidecar
+// would be cut when it exits, and each one it takes makes its drain
+// longer. Every way the front finds a stored response's pod (the map, a
+// probe) asks it.
+func (h *Handler) pastDrain(tg target, pv route.PeerView) (target, bool) {
+	if tg.Peer == "" || tg.Direct || !pv.Draining || pv.Engine != route.EngineServing {
+		return target{}, false
+	}
+	d, _, ok := h.directTarget(tg.Peer)
+	return d, ok
+}
+
 // storedDirect asks node's vLLM itself about response id (askEngine): ok
 // when it told, with the target that serves it or the final 404.
 func (h *Handler) storedDirect(ctx context.Context, node, id string) (tg target, status int, msg string, ok bool) {
@@ -326,9 +338,12 @@ func (h *Handler) peerTarget(node string) (target, route.PeerView, bool) {
 
 // probeUnknown locates a response the map does not know (locateStored).
 func (h *Handler) probeUnknown(ctx context.Context, id string) (target, int, string) {
-	tg, found, complete := h.probe(ctx, id)
+	tg, pv, found, complete := h.probe(ctx, id)
 	switch {
 	case found:
+		if d, ok := h.pastDrain(tg, pv); ok {
+			return d, 0, ""
+		}
 		return tg, 0, ""
 	case !complete:
 		return target{}, http.StatusServiceUnavailable,
@@ -344,30 +359,34 @@ func (h *Handler) probeUnknown(ctx context.Context, id string) (target, int, str
 
 // probe asks the local vLLM and every peer with an address, at once,
 // whether it holds id (GET /v1/responses/{id}); the first to answer 200 is
-// the target. complete is true when every one answered that it does not
-// (404).
-func (h *Handler) probe(ctx context.Context, id string) (tg target, found, complete bool) {
+// the target, with its view. complete is true when every one answered that
+// it does not (404).
+func (h *Handler) probe(ctx context.Context, id string) (tg target, pv route.PeerView, found, complete bool) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	tgs := []target{{URL: h.cfg.VLLM}}
+	type asked struct {
+		tg target
+		pv route.PeerView
+	}
+	tgs := []asked{{tg: target{URL: h.cfg.VLLM}}}
 	if h.peers != nil {
 		for _, pv := range h.peers.AppendSnapshot(nil, h.now()) {
 			// Whatever its engine's state: a sidecar restarting serves a
 			// read of its store before it is ready, and one that cannot
 			// answer makes the probe incomplete.
 			if !pv.Local && pv.Addr != "" {
-				tgs = append(tgs, target{Peer: pv.ID, URL: &url.URL{Scheme: "http", Host: pv.Addr}})
+				tgs = append(tgs, asked{target{Peer: pv.ID, URL: &url.URL{Scheme: "http", Host: pv.Addr}}, pv})
 			}
 		}
 	}
 	type answer struct {
-		tg target
-		h  holding
+		asked
+		h holding
 	}
 	answers := make(chan answer, len(tgs))
-	for _, tg := range tgs {
+	for _, a := range tgs {
 		go func() { // ends within probeTimeout
-			answers <- answer{tg, h.holds(ctx, tg, id)}
+			answers <- answer{a, h.holds(ctx, a.tg, id)}
 		}()
 	}
 	complete = true
@@ -376,7 +395,7 @@ func (h *Handler) probe(ctx context.Context, id string) (tg target, found, compl
 		switch a.h {
 		case held:
 			h.metrics.storedProbes.WithLabelValues("found").Inc()
-			return a.tg, true, false
+			return a.tg, a.pv, true, false
 		case unknown:
 			complete = false
 		}
@@ -386,7 +405,7 @@ func (h *Handler) probe(ctx context.Context, id string) (tg target, found, compl
 	} else {
 		h.metrics.storedProbes.WithLabelValues("incomplete").Inc()
 	}
-	return target{}, false, complete
+	return target{}, route.PeerView{}, false, complete
 }
 
 // holding is what a pod answered about a stored response.

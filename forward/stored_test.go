@@ -25,7 +25,7 @@ import (
 // fakeStored is the mesh's map of stored responses, shared by the nodes
 // of a test as the mesh would share it.
 type fakeStored struct {
-	mu    sync.Mutex
+	mu    *sync.Mutex // shared by the views
 	owner map[string]string
 	gone  map[string]bool      // owner → left long ago
 	away  map[string]time.Time // owner → left at, within the grace
@@ -34,18 +34,20 @@ type fakeStored struct {
 }
 
 func newFakeStored() *fakeStored {
-	return &fakeStored{owner: map[string]string{}, gone: map[string]bool{}, away: map[string]time.Time{}, at: map[string]time.Time{}}
+	return &fakeStored{mu: new(sync.Mutex), owner: map[string]string{}, gone: map[string]bool{}, away: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
 func (f *fakeStored) view(node string) *fakeStored {
-	return &fakeStored{owner: f.owner, gone: f.gone, away: f.away, at: f.at, by: node}
+	return &fakeStored{mu: f.mu, owner: f.owner, gone: f.gone, away: f.away, at: f.at, by: node}
 }
 
-func (f *fakeStored) AnnounceResponses(ids ...string) {
+func (f *fakeStored) AnnounceResponses(ids ...string) { f.AnnounceResponsesOf(f.by, ids...) }
+
+func (f *fakeStored) AnnounceResponsesOf(node string, ids ...string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, id := range ids {
-		f.owner[id] = f.by
+		f.owner[id] = node
 	}
 }
 
@@ -523,6 +525,17 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 		// already exited. The direct attempt is refused where it was
 		// reached before: the store is gone, and the 404 says so at once
 		// (it was a retryable 503 until the sidecar left the mesh).
+		// The same when the map has not heard of the response yet (it was
+		// made a moment ago, or while no sidecar of p1's announced it): the
+		// probe finds it through p1's sidecar, and the request still goes
+		// to the vLLM. Through the sidecar, chaos agentic-faults saw a
+		// stream cut when a restarting sidecar was killed at its grace's
+		// end.
+		{name: "sidecar draining, response found by the probe", reach: true, status: 200, direct: true,
+			setup: func(_ *storeNode, s *fakeStored, v *route.PeerView, _ *httptest.Server) {
+				v.Draining = true
+				delete(s.owner, id)
+			}},
 		{name: "sidecar draining, its vLLM gone", reach: true, status: 404, msg: "p1, which is gone (its engine no longer listens", direct: true,
 			setup: func(_ *storeNode, _ *fakeStored, v *route.PeerView, engine *httptest.Server) {
 				v.Draining = true
@@ -596,6 +609,14 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 						resp.Header.Get(ServedByHeader), resp.Header.Get("X-Pod"))
 				case tt.status != 200 && !strings.Contains(body, tt.msg):
 					t.Errorf("%s %s: %d %s; want a message containing %q", c.method, c.path, resp.StatusCode, body, tt.msg)
+				case tt.status == 200 && c.method == "POST":
+					// The new response is p1's in the map, whoever could say so:
+					// p1's sidecar, or node 0 when it went past it.
+					var made struct{ ID string }
+					json.Unmarshal([]byte(body), &made)
+					if l, ok := shared.LookupResponse(made.ID); !ok || l.Node != "p1" {
+						t.Errorf("the response %q that p1's engine made is %+v, %v in the map; want p1's", made.ID, l, ok)
+					}
 				}
 			}
 			if got := count(direct) - before; tt.direct && got != 2 {

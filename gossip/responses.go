@@ -81,6 +81,10 @@ type responsesMsg struct {
 	Entries []respown.Entry
 }
 
+// maxOwnerName is the longest node name an entry can carry (one length
+// byte).
+const maxOwnerName = 255
+
 func encodeResponses(r responsesMsg) ([]byte, error) {
 	if len(r.Entries) > maxRespEntries {
 		return nil, fmt.Errorf("encode responses: %d entries, at most %d", len(r.Entries), maxRespEntries)
@@ -89,7 +93,7 @@ func encodeResponses(r responsesMsg) ([]byte, error) {
 	var names []string
 	size := 16
 	for _, e := range r.Entries {
-		if e.Node == "" || len(e.Node) > 255 || !respown.Valid(e.ID) {
+		if e.Node == "" || len(e.Node) > maxOwnerName || !respown.Valid(e.ID) {
 			return nil, fmt.Errorf("encode responses: id of %d bytes on node %q", len(e.ID), e.Node)
 		}
 		if _, ok := index[e.Node]; !ok {
@@ -232,8 +236,8 @@ func (r responsesMsg) apply(m *Mesh, now time.Time) {
 type responses struct {
 	mu         sync.Mutex
 	table      *respown.Table
-	pending    []string // announced, for the next flush
-	recent     []string // the last respReplay announced, a ring at recentNext
+	pending    []respown.Entry // announced, for the next flush
+	recent     []respown.Entry // the last respReplay announced, a ring at recentNext
 	recentNext int
 	newcomers  []string      // peers joined since the last flush: replay recent to them
 	kick       chan struct{} // wakes responsesLoop
@@ -255,24 +259,40 @@ func (r *responses) wake() {
 // tells every member, reliably, within LoadPushDelay to LoadPushInterval.
 // This node's own ResponseOwner knows them at once. Ids that are not
 // respown.Valid are ignored: such a response is routed like any request.
-func (m *Mesh) AnnounceResponses(ids ...string) {
+func (m *Mesh) AnnounceResponses(ids ...string) { m.announce(m.cfg.NodeName, ids) }
+
+// AnnounceResponsesOf is AnnounceResponses for responses that node's vLLM
+// stored when this sidecar sent it their requests directly: node's own
+// sidecar, away or draining, never saw them pass, and without this the
+// mesh would learn of them only by asking every pod (forward's probe).
+func (m *Mesh) AnnounceResponsesOf(node string, ids ...string) {
+	if node == "" || len(node) > maxOwnerName {
+		return
+	}
+	m.announce(node, ids)
+}
+
+func (m *Mesh) announce(node string, ids []string) {
 	r := &m.responses
 	now := m.now()
 	r.mu.Lock()
-	r.table.Add(m.cfg.NodeName, ids, now)
+	r.table.Add(node, ids, now)
+	if !m.isMember(node) {
+		r.table.Gone(node, now) // away: its entries age out unless it is back
+	}
 	for _, id := range ids {
 		if !respown.Valid(id) {
 			continue
 		}
-		id = strings.Clone(id) // not a piece of the caller's body
+		e := respown.Entry{ID: strings.Clone(id), Node: node} // not a piece of the caller's body
 		if len(r.pending) == respPending {
 			r.pending = r.pending[1:]
 		}
-		r.pending = append(r.pending, id)
+		r.pending = append(r.pending, e)
 		if len(r.recent) < respReplay {
-			r.recent = append(r.recent, id)
+			r.recent = append(r.recent, e)
 		} else {
-			r.recent[r.recentNext] = id
+			r.recent[r.recentNext] = e
 			r.recentNext = (r.recentNext + 1) % respReplay
 		}
 	}
@@ -425,7 +445,7 @@ func (m *Mesh) flushResponses() {
 	r.mu.Lock()
 	pending, newcomers := r.pending, r.newcomers
 	r.pending, r.newcomers = nil, nil
-	var replay []string
+	var replay []respown.Entry
 	if len(newcomers) > 0 {
 		replay = slices.Concat(r.recent[r.recentNext:], r.recent[:r.recentNext]) // oldest first
 	}
@@ -446,18 +466,17 @@ func (m *Mesh) flushResponses() {
 	}
 }
 
-// announcements encodes this node's ids in messages of respBatch.
-func (m *Mesh) announcements(ids []string, state bool) [][]byte {
+// announcements encodes es in messages of respBatch, each owner's entries
+// together (responsesMsg.apply takes a run of one owner's at a time).
+func (m *Mesh) announcements(es []respown.Entry, state bool) [][]byte {
+	es = slices.Clone(es)
+	slices.SortStableFunc(es, func(a, b respown.Entry) int { return strings.Compare(a.Node, b.Node) })
 	var bs [][]byte
-	for len(ids) > 0 {
-		n := min(len(ids), respBatch)
-		es := make([]respown.Entry, n)
-		for i, id := range ids[:n] {
-			es[i] = respown.Entry{ID: id, Node: m.cfg.NodeName}
-		}
-		ids = ids[n:]
-		b, err := encodeResponses(responsesMsg{State: state, Entries: es})
-		if err != nil { // ids were checked by AnnounceResponses, the name by validate
+	for len(es) > 0 {
+		n := min(len(es), respBatch)
+		b, err := encodeResponses(responsesMsg{State: state, Entries: es[:n]})
+		es = es[n:]
+		if err != nil { // ids were checked by announce, the names by validate and AnnounceResponsesOf
 			m.log.Error().Err(err).Msg("encode response announcement")
 			continue
 		}

@@ -184,6 +184,38 @@ func TestMeshAnnounceResponses(t *testing.T) {
 	}
 }
 
+// A response that n2's vLLM made while n0 sent it the request directly
+// (n2's sidecar draining or away) is n2's on every member, announced by n0,
+// mixed in one flush with n0's own; one for a node that is no member is
+// away at once, so it ages out unless that node comes back.
+func TestMeshAnnounceResponsesOf(t *testing.T) {
+	ms := cluster(t, 3, nil)
+	ms[0].AnnounceResponses(vid(1))
+	ms[0].AnnounceResponsesOf("n2", vid(2), vid(3))
+	ms[0].AnnounceResponsesOf("left-a-moment-ago", vid(4))
+	ms[0].AnnounceResponsesOf("", vid(5))
+	waitFor(t, 2*time.Second, "n0's and n2's responses on n1 and n2", func() bool {
+		for _, m := range ms[1:] {
+			if ownerOf(m, vid(1)) != (owner{"n0", true, true}) || ownerOf(m, vid(3)) != (owner{"n2", true, true}) ||
+				ownerOf(m, vid(4)).Node != "left-a-moment-ago" {
+				return false
+			}
+		}
+		return true
+	})
+	for _, m := range ms {
+		if got := ownerOf(m, vid(2)); got != (owner{"n2", true, true}) {
+			t.Errorf("%s: owner of a response n2 made for n0 = %+v; want n2, alive", m.cfg.NodeName, got)
+		}
+		if l, _ := m.LookupResponse(vid(4)); l.Status != respown.Away {
+			t.Errorf("%s: a non-member's announced response is %+v; want away", m.cfg.NodeName, l)
+		}
+		if got := ownerOf(m, vid(5)); got.OK {
+			t.Errorf("%s: a response announced for no node has owner %+v", m.cfg.NodeName, got)
+		}
+	}
+}
+
 func TestMeshResponsesOfALeaver(t *testing.T) {
 	ms := cluster(t, 3, nil)
 	ms[2].AnnounceResponses(vid(1), vid(2))
