@@ -220,6 +220,12 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 				id, l.Node, h.now().Sub(l.Left).Round(100*time.Millisecond))
 	}
 	tg, pv, found := h.peerTarget(l.Node)
+	if found && pv.StoreGone {
+		// Its sidecar said so as it left, and the leaving has not reached
+		// us yet (a gossip round; seconds when the message is lost).
+		return target{}, http.StatusNotFound,
+			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone (its vLLM exited)", id, l.Node)
+	}
 	if d, ok := h.pastDrain(tg, pv); found && ok {
 		return d, 0, ""
 	}

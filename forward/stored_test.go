@@ -557,6 +557,14 @@ func TestStoredAtTheEngineWhileItsSidecarIsAway(t *testing.T) {
 				p1.es.Close()
 				v.Engine = route.EngineDown
 			}},
+		// Its vLLM exited, then its sidecar, saying so as it left; the
+		// leaving has not reached node 0 yet (a lost gossip message): its
+		// meta is the proof, reached or not.
+		{name: "sidecar gone after saying its vLLM exited, its leaving not yet here", status: 404, msg: "p1, which is gone (its vLLM exited)",
+			setup: func(p1 *storeNode, _ *fakeStored, v *route.PeerView, _ *httptest.Server) {
+				p1.srv.Close()
+				v.Engine, v.StoreGone = route.EngineDown, true
+			}},
 		{name: "never reached: a refusal proves nothing", status: 503, msg: "may be back",
 			setup: func(p1 *storeNode, s *fakeStored, _ *route.PeerView, engine *httptest.Server) {
 				p1.srv.Close()

@@ -187,10 +187,10 @@ func (m *Mesh) SetRanks(n int) {
 }
 
 // SetStoreGone advertises that this node's vLLM no longer listens, so its
-// stored responses are gone (Meta.StoreGone), and waits up to maxMetaWait
-// for the update to leave: call it just before Leave, whose peers then
-// answer those responses' follow-ups with the final 404 at once rather
-// than after respown's grace.
+// stored responses are gone (Meta.StoreGone), and waits up to
+// storeGoneWait for the update to have gone out: call it just before
+// Leave, whose peers then answer those responses' follow-ups with the
+// final 404 at once rather than after respown's grace.
 func (m *Mesh) SetStoreGone() {
 	a := &m.advert
 	a.mu.Lock()
@@ -201,8 +201,16 @@ func (m *Mesh) SetStoreGone() {
 		m.log.Error().Err(err).Msg("encode node meta")
 		return
 	}
-	m.updateMeta(maxMetaWait)
+	m.updateMeta(storeGoneWait)
 }
+
+// storeGoneWait bounds SetStoreGone's wait for its update to be sent as
+// often as memberlist sends a broadcast. It is longer than maxMetaWait
+// because Leave follows at once, and the leave's message about this node
+// drops from memberlist's queue every message about it not yet done with
+// (broadcast.go, Invalidates): an update still queued then never reaches
+// anyone. Only a pod whose vLLM has exited waits it, once.
+const storeGoneWait = 3 * time.Second
 
 // updateMeta broadcasts the encoded meta, waiting up to wait for it to
 // leave.

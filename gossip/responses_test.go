@@ -261,6 +261,20 @@ func TestMeshResponsesOfALeaverWhoseStoreIsGone(t *testing.T) {
 		return ownerOf(ms[0], vid(1)).Alive && ownerOf(ms[1], vid(1)).Alive
 	})
 	ms[2].SetStoreGone()
+	// Before it leaves, its view says so: a peer that has the meta but not
+	// yet the leaving answers the 404 all the same (forward).
+	waitFor(t, 2*time.Second, "n2's view with its store gone on n0 and n1", func() bool {
+		for _, m := range ms[:2] {
+			gone := false
+			for _, v := range m.Snapshot(time.Now()) {
+				gone = gone || v.ID == "n2" && v.StoreGone
+			}
+			if !gone {
+				return false
+			}
+		}
+		return true
+	})
 	if err := ms[2].Leave(time.Second); err != nil {
 		t.Fatalf("Leave error %v", err)
 	}

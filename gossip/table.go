@@ -409,6 +409,7 @@ func (t *table) view(v *route.PeerView, e named) bool {
 		Addr: p.meta.APIAddr,
 		// Kept by forward after the peer leaves (forward/direct.go).
 		EngineAddr: p.meta.EngineAddr,
+		StoreGone:  p.meta.StoreGone,
 		// Shared: a meta is replaced whole, never modified.
 		Models: p.meta.Models,
 		// Models lists only what fits the meta; route knows what that means.

@@ -133,6 +133,11 @@ type PeerView struct {
 	// front asks it only about a stored response while the peer's sidecar
 	// is away.
 	EngineAddr string
+	// StoreGone: the peer's sidecar said, leaving, that its vLLM no longer
+	// listens, so the stored responses in its memory are gone. Never read
+	// by a choice: the front answers their follow-ups' final 404 by it
+	// while the peer's leaving is still on its way.
+	StoreGone bool
 }
 
 // Request is what a policy needs to know about one request.
