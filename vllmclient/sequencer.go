@@ -160,9 +160,13 @@ func (sq *sequencer) replayed(m msg, topicSent bool) step {
 // error; both release the held live batches. After a replay that delivered
 // something, a hole among the held batches (a batch lost while the replay
 // ran) may be replayed again: each new replay needs progress, so this ends.
+// So may one after the start-up replay, which asks as the subscriber
+// starts: answered empty by a publisher that had sent nothing yet, it says
+// nothing of a first batch lost a moment later (as a SUB that connects
+// late loses it), and the one replay after it is a plain one.
 func (sq *sequencer) replayDone() step {
 	var s step
-	sq.finish(&s, sq.rp != nil && sq.rp.progress)
+	sq.finish(&s, sq.rp != nil && (sq.rp.progress || sq.rp.startup))
 	return s
 }
 

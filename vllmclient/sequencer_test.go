@@ -199,6 +199,21 @@ func TestSequencer(t *testing.T) {
 			want:   []string{"replay 0", "gap t 0 3", "b t 3", "abort", "b t 4"},
 		},
 		{
+			// The start-up replay is answered before the publisher sent
+			// anything; its first batch is lost live, the second held:
+			// one more replay from 0 fetches the first.
+			name:   "start-up replay answered empty while a batch is held: replayed from 0",
+			replay: true,
+			ops:    []op{start, live("t", 1), done, rep("t", 0), rep("t", 1), done},
+			want:   []string{"replay 0", "replay 0", "r t 0", "r t 1", "dup"},
+		},
+		{
+			name:   "start-up replay empty, and the one after it too: a gap",
+			replay: true,
+			ops:    []op{start, live("t", 3), done, done},
+			want:   []string{"replay 0", "replay 0", "gap t 0 3", "b t 3"},
+		},
+		{
 			name:   "new stream after start-up asks for replay from 0",
 			replay: true,
 			ops:    []op{start, done, live("t", 2), rep("t", 0), rep("t", 1), rep("t", 2), done},
