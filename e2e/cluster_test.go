@@ -128,7 +128,11 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 	cfg.Model = model
 	cfg.Subnet = subnet(s.subnet)
 	cfg.Sidecars = true
-	cfg.StopGrace = 2 * time.Second
+	// A sidecar whose vLLM has exited waits up to 3 s for the meta that
+	// says so to go out before it leaves (gossip storeGoneWait): a grace
+	// shorter than that kills it before its leave under a loaded -race
+	// run. Kubernetes gives 30 s.
+	cfg.StopGrace = 5 * time.Second
 	// A large cache keeps KV usage, which counts as load, near zero.
 	cfg.Sim.NumGPUBlocks = 16384
 	cfg.Sim.BlockSize = blockSize
