@@ -560,9 +560,11 @@ func TestStoredResponseOfAPodDeletedGracefully(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f, err := startCluster(ctx, clusterSpec{pods: 2, subnet: 6, timeScale: 20,
-		args:    []string{"--engine-advertise-addr", "none"},
+		// Debug: what the other sidecar answered, and when it heard the
+		// owner go, are in the log tails of a failure.
+		args:    []string{"--engine-advertise-addr", "none", "--log-level", "debug"},
 		simEnv:  []string{"VLLM_ENABLE_RESPONSES_API_STORE=1"},
-		simArgs: []string{"--enable-scale-out"}}, t.Cleanup)
+		simArgs: []string{"--enable-scale-out"}, failed: t}, t.Cleanup)
 	if err != nil {
 		t.Fatal(err)
 	}

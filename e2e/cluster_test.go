@@ -112,6 +112,10 @@ type clusterSpec struct {
 	podCPUs   []string   // chaos.ClusterConfig.PodCPUs
 	env       []string   // chaos.ClusterConfig.SidecarEnv
 	progress  io.Writer
+	// failed, when set, is the test a cleanup-stopped cluster belongs to:
+	// if it failed, the tail of every process's log goes to its output
+	// (CI's only account of a flake) and the logs stay on disk.
+	failed testing.TB
 }
 
 // startCluster starts a cluster with sidecars. Its processes are stopped
@@ -170,7 +174,14 @@ func startCluster(ctx context.Context, s clusterSpec, cleanup func(func())) (*fi
 		return nil, err
 	}
 	f.c = c
-	stop := func() { c.Stop(); os.RemoveAll(dir) }
+	stop := func() {
+		c.Stop()
+		if t := s.failed; t != nil && t.Failed() {
+			logTails(t, filepath.Join(dir, "logs"), 40)
+			return
+		}
+		os.RemoveAll(dir)
+	}
 	if cleanup != nil {
 		cleanup(stop)
 	} else {
@@ -477,4 +488,17 @@ func (f *fixture) warm(t *testing.T, r *mrand.Rand, n int) (int, []uint32) {
 		f.waitRoute(t, i, probe, first.ServedBy, n)
 	}
 	return x, prefix
+}
+
+// logTails logs the last n lines of every log in dir, and where they are.
+func logTails(t testing.TB, dir string, n int) {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		t.Logf("%s, its last %d lines:\n%s", p, min(n, len(lines)), strings.Join(lines[max(0, len(lines)-n):], "\n"))
+	}
 }
