@@ -1025,17 +1025,13 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		}}
 		resp.Body = &st.usage
 	}
-	if resp.StatusCode == http.StatusOK && st.creates && h.stored != nil {
-		switch {
-		case served == h.cfg.Self:
-			// This pod's vLLM made the response: the mesh learns that it is
-			// here as soon as its id passes, before the client has the answer.
-			resp.Body = &idTap{rc: resp.Body, found: func(id string) { h.stored.AnnounceResponses(id) }}
-		case p.targets[p.served].Direct:
-			// A peer's vLLM made it, reached past its sidecar (away or
-			// draining), which cannot say so: this front does.
-			resp.Body = &idTap{rc: resp.Body, found: func(id string) { h.stored.AnnounceResponsesOf(served, id) }}
-		}
+	// This pod's vLLM made the response, or a peer's reached past its
+	// sidecar (away or draining), which cannot say so: the mesh learns
+	// where it is as soon as its id passes, before the client has the
+	// answer.
+	if resp.StatusCode == http.StatusOK && st.creates && h.stored != nil &&
+		(served == h.cfg.Self || p.targets[p.served].Direct) {
+		resp.Body = &idTap{rc: resp.Body, found: func(id string) { h.stored.AnnounceResponsesOf(served, id) }}
 	}
 	if e := h.log.Debug(); e.Enabled() {
 		e = e.Stringer("req", &st.id).Str("served_by", served).Str("decision", reason).

@@ -25,11 +25,9 @@ import (
 // cancel are served correctly by that pod alone: routing them there is
 // serving, not an optimisation (docs/design.md D11).
 type Stored interface {
-	// AnnounceResponses tells every member that this pod holds ids.
-	AnnounceResponses(ids ...string)
 	// AnnounceResponsesOf tells every member that node's pod holds ids:
-	// its vLLM made them when this front sent it their requests directly,
-	// past a sidecar that is away or draining and never saw them.
+	// this one's, or a peer's whose vLLM made them when this front sent it
+	// their requests directly, past a sidecar that never saw them.
 	AnnounceResponsesOf(node string, ids ...string)
 	// LookupResponse returns the node that created id, whether it is in
 	// the mesh, away (left a moment ago: it may be back with its store)
@@ -226,7 +224,7 @@ func (h *Handler) locateStored(ctx context.Context, id string) (tg target, statu
 		return target{}, http.StatusNotFound,
 			fmt.Sprintf("Response with id '%s' not found: it was stored on pod %s, which is gone (its vLLM exited)", id, l.Node)
 	}
-	if d, ok := h.pastDrain(tg, pv); found && ok {
+	if d, ok := h.pastDrain(tg, pv); ok { // not found: tg has no Peer
 		return d, 0, ""
 	}
 	switch {

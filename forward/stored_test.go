@@ -30,18 +30,17 @@ type fakeStored struct {
 	gone  map[string]bool      // owner → left long ago
 	away  map[string]time.Time // owner → left at, within the grace
 	at    map[string]time.Time // id → recorded; zero: the zero time
-	by    string               // the node this view announces for
 }
 
 func newFakeStored() *fakeStored {
 	return &fakeStored{mu: new(sync.Mutex), owner: map[string]string{}, gone: map[string]bool{}, away: map[string]time.Time{}, at: map[string]time.Time{}}
 }
 
+// view is the map as node's mesh shares it (every announcement names its
+// owner, so the views are alike).
 func (f *fakeStored) view(node string) *fakeStored {
-	return &fakeStored{mu: f.mu, owner: f.owner, gone: f.gone, away: f.away, at: f.at, by: node}
+	return &fakeStored{mu: f.mu, owner: f.owner, gone: f.gone, away: f.away, at: f.at}
 }
-
-func (f *fakeStored) AnnounceResponses(ids ...string) { f.AnnounceResponsesOf(f.by, ids...) }
 
 func (f *fakeStored) AnnounceResponsesOf(node string, ids ...string) {
 	f.mu.Lock()
