@@ -41,6 +41,11 @@ func BenchmarkChooseBloom(b *testing.B) {
 				b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=4-shortlist-recent-control", peers, tokens), func(b *testing.B) {
 					chooseBloom(b, peers, tokens, 4, true, true, shortlistedBesideControl)
 				})
+				// Stride 16, a key per 256 tokens: the stride of a mesh of
+				// a thousand pods (docs/scale/README.md, run I).
+				b.Run(fmt.Sprintf("peers=%d/tokens=%d/stride=16-shortlist-recent", peers, tokens), func(b *testing.B) {
+					chooseBloom(b, peers, tokens, 16, true, true, shortlisted)
+				})
 			}
 		}
 	}
