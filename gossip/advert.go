@@ -21,6 +21,14 @@ type advert struct {
 	// from the meta alone.
 	pushed bool
 	kick   chan struct{}
+	// updating serialises the meta's broadcasts (updateMeta). memberlist
+	// drops a queued alive message about this node when another is
+	// queued (broadcast.go, Invalidates) and wakes the first one's waiter
+	// as if it had been sent: SetStoreGone's wait ended the moment
+	// metaLoop's repeat of a drain went out, and the leave that followed
+	// dropped the repeat, StoreGone and all (e2e
+	// TestStoredResponseOfAPodDeletedGracefully, a loaded make test).
+	updating sync.Mutex
 }
 
 // edit applies f to the meta; f reports whether it changed anything, and
@@ -213,8 +221,10 @@ func (m *Mesh) SetStoreGone() {
 const storeGoneWait = 3 * time.Second
 
 // updateMeta broadcasts the encoded meta, waiting up to wait for it to
-// leave.
+// leave, one update at a time (advert.updating).
 func (m *Mesh) updateMeta(wait time.Duration) {
+	m.advert.updating.Lock()
+	defer m.advert.updating.Unlock()
 	m.stats.metaUpdates.Add(1)
 	if err := m.ms.Load().UpdateMeta(wait); err != nil {
 		m.log.Debug().Err(err).Msg("update node meta")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/memberlist"
 
 	"github.com/kvroute/kvroute/respown"
 )
@@ -415,5 +416,48 @@ func TestResponseState(t *testing.T) {
 	responsesMsg{Entries: []respown.Entry{{ID: ids[0], Node: "ghost"}}}.apply(m, time.Now())
 	if got := ownerOf(m, ids[0]); got.Node != "ghost" {
 		t.Errorf("after an announcement by another owner: %+v; want ghost", got)
+	}
+}
+
+// A pod being deleted says its store is gone and leaves at once, as the
+// sidecar's shutdown does, while other updates of its meta go out (the
+// drain's repeat, its engine's state): those must not end SetStoreGone's
+// wait before its update is sent. memberlist drops a queued alive message
+// about a node when another one is queued and wakes the first one's
+// waiter as if it had been sent; the leave then drops the newer one, and
+// peers hold the responses as away (for the grace), not gone.
+func TestMeshStoreGoneOutlivesOtherMetaUpdates(t *testing.T) {
+	// Gossip rounds far apart, so that little goes out by chance between
+	// an update replaced and the leave: SetStoreGone's own must.
+	slow := func(_ int, c *Config) {
+		c.Memberlist = func(mc *memberlist.Config) { fastDetection(mc); mc.GossipInterval = 300 * time.Millisecond }
+	}
+	for i := range 3 {
+		ms := cluster(t, 2, slow)
+		ms[1].AnnounceResponses(vid(i))
+		waitFor(t, 2*time.Second, "n1's response on n0", func() bool { return ownerOf(ms[0], vid(i)).Alive })
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { // other updates, each replacing the one before
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					ms[1].updateMeta(time.Millisecond)
+				}
+			}
+		}()
+		ms[1].SetStoreGone()
+		close(stop)
+		<-done
+		if err := ms[1].Leave(time.Second); err != nil {
+			t.Fatalf("Leave error %v", err)
+		}
+		ms[1].Shutdown()
+		waitFor(t, 5*time.Second, fmt.Sprintf("round %d: n1's response gone on n0", i), func() bool {
+			l, ok := ms[0].LookupResponse(vid(i))
+			return ok && l.Status == respown.Gone
+		})
 	}
 }
