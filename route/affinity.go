@@ -170,7 +170,13 @@ func (pr *pricing) plain(saved float64, queued, ahead int, load float64) (float6
 	if ahead >= idleQueue && pr.price != per {
 		per, raised = pr.price, true
 	}
-	return pr.dup*saved - waitAt(pr.qw, queued, load, per), raised
+	return pr.at(saved, queued, load, per), raised
+}
+
+// at is plain's score at a price per request of load: the one formula
+// plain and the shortlist's pass (firstPass) both use.
+func (pr *pricing) at(saved float64, queued int, load, per float64) float64 {
+	return pr.dup*saved - waitAt(pr.qw, queued, load, per)
 }
 
 // dupWeight is what a saved token is worth in Affinity's score, against

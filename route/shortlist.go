@@ -458,8 +458,7 @@ func (k *picker) firstPass() (allOver bool) {
 			continue
 		}
 		// score's, for a plain score at the base price.
-		s := k.pr.dup*float64(gpuTokens(int(w.depth), k.tpk, k.pr.prompt)) -
-			waitAt(k.pr.qw, int(w.queued), w.load, k.pr.base)
+		s := k.pr.at(float64(gpuTokens(int(w.depth), k.tpk, k.pr.prompt)), int(w.queued), w.load, k.pr.base)
 		if !k.aff.full() || s > float64(k.aff.last()) {
 			k.aff.offer(i, byScore(s), byScore.ahead)
 		}
