@@ -158,6 +158,13 @@ type Result struct {
 	ChoiceP50Us float64 `json:"choice_p50_us"`
 	ChoiceP99Us float64 `json:"choice_p99_us"`
 	ChoiceViews float64 `json:"choice_views"`
+	// QuietChoiceP50Us and QuietChoiceP99Us time the same choice after
+	// the window, the load stopped and the engines idle: its own cost on
+	// the table the run built, with only the meshes' background beside
+	// it, where ChoiceP50Us's choices waited for the CPU N meshes under
+	// load hold. 0 in runs before it was measured.
+	QuietChoiceP50Us float64 `json:"quiet_choice_p50_us,omitempty"`
+	QuietChoiceP99Us float64 `json:"quiet_choice_p99_us,omitempty"`
 	// HeapPerNodeMiB is the process's in-use heap after a GC, less what
 	// it held before the nodes started, over N: each node's index, digests,
 	// mesh and route state, plus its simulated engine's LRU and its share
@@ -505,6 +512,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	res.HeapPerNodeMiB = float64(int64(ms.HeapInuse)-int64(base.HeapInuse)) / float64(cfg.Nodes) / (1 << 20)
+	cfg.Progress(fmt.Sprintf("N=%d: timing the choice with the load stopped", cfg.Nodes))
+	res.QuietChoiceP50Us, res.QuietChoiceP99Us = quietChoice(nodes[0], long)
 
 	// A joining node: bytes it receives and time until it holds a digest
 	// of every other node.
@@ -540,6 +549,26 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res.DetectSeconds = detect(ctx, nodes, cfg.Nodes-1, deadline, cfg.routeConfig())
 	return res.inMeshTime(cfg.slow()), nil
 }
+
+// quietChoice times n's choice of req, quietChoices of them after
+// quietWarm untimed ones (the first of a loop pay for caches the mesh's
+// work left cold), and returns their p50 and p99 in µs.
+func quietChoice(n *node, req route.Request) (p50, p99 float64) {
+	for range quietWarm {
+		n.choose(req, time.Now())
+	}
+	took := make([]float64, 0, quietChoices)
+	for range quietChoices {
+		t0 := time.Now()
+		n.choose(req, t0)
+		took = append(took, float64(time.Since(t0))/1e3)
+	}
+	return quantile(took, 0.5), quantile(took, 0.99)
+}
+
+// The quiet choice's loop: as BenchmarkChooseBloom's (route), 500
+// untimed choices and 3,000 timed.
+const quietWarm, quietChoices = 500, 3000
 
 // detect kills nodes[dead] and returns the seconds until every other node
 // excludes it from its choice, NaN when one still did not within deadline.

@@ -60,8 +60,8 @@ var measures = []measure{
 		func(r scale.Result) float64 { return r.StoredP99Ms }},
 	{"evicted block gone from every peer, p99", "ms", targetEvictedP99Ms, false, []float64{256, 1000},
 		func(r scale.Result) float64 { return r.EvictedP99Ms }},
-	{"choice for a 32k-token prompt, p99", "µs", targetChoiceP99Us, false, []float64{256, 1000},
-		func(r scale.Result) float64 { return r.ChoiceP99Us }},
+	{"choice for a 32k-token prompt, p99, the load stopped", "µs", targetChoiceP99Us, false, []float64{256, 1000},
+		choiceP99},
 	{"heap per sidecar", "MiB", targetHeapMiB, false, []float64{256, 1000},
 		func(r scale.Result) float64 { return r.HeapPerNodeMiB }},
 	{"join: time to every peer's digest", "s", targetJoinSeconds, false, []float64{256, 1000},
@@ -72,6 +72,15 @@ var measures = []measure{
 		func(r scale.Result) float64 { return r.DetectSeconds }},
 	{"hit rate / central exact hit rate", "×", targetHitRatio, true, []float64{256},
 		func(r scale.Result) float64 { return ratio(r) }},
+}
+
+// choiceP99 is the choice's own p99 (QuietChoiceP99Us), or for a run
+// before it was measured the harness's under load.
+func choiceP99(r scale.Result) float64 {
+	if r.QuietChoiceP99Us > 0 {
+		return r.QuietChoiceP99Us
+	}
+	return r.ChoiceP99Us
 }
 
 func ratio(r scale.Result) float64 {
@@ -416,7 +425,7 @@ func markdown(rep report) string {
 	}
 	b.WriteString(". Traffic is gossip payload as gossip.Stats counts it, per node per second, sent + received. " +
 		"p50 is the median over the window's samples.\n\n")
-	b.WriteString("| N | traffic KiB/s/node (sent+recv) | at the sockets | by kind, KiB/s (sent+recv) | stored p50 / p99 ms | evicted p50 / p99 ms | choice p50 / p99 µs | heap MiB/node | join KB | join s | dead out s | hit rate | central hit rate | ratio |\n")
+	b.WriteString("| N | traffic KiB/s/node (sent+recv) | at the sockets | by kind, KiB/s (sent+recv) | stored p50 / p99 ms | evicted p50 / p99 ms | choice p50 / p99 µs, under load · the load stopped | heap MiB/node | join KB | join s | dead out s | hit rate | central hit rate | ratio |\n")
 	b.WriteString("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.Results {
 		kinds := map[string]float64{}
@@ -437,10 +446,10 @@ func markdown(rep report) string {
 		for _, k := range ks {
 			parts = append(parts, fmt.Sprintf("%s %.1f", k, kinds[k]/1024))
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s / %s | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s / %s | %s / %s | %s / %s · %s / %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.N, num((r.SentBytesPerNode+r.RecvBytesPerNode)/1024, 1), num(r.SocketBytesPerNode/1024, 1), strings.Join(parts, ", "),
 			num(r.StoredP50Ms, 0), num(r.StoredP99Ms, 0), num(r.EvictedP50Ms, 0), num(r.EvictedP99Ms, 0),
-			num(r.ChoiceP50Us, 1), num(r.ChoiceP99Us, 1), num(r.HeapPerNodeMiB, 2),
+			num(r.ChoiceP50Us, 1), num(r.ChoiceP99Us, 1), num(r.QuietChoiceP50Us, 1), num(r.QuietChoiceP99Us, 1), num(r.HeapPerNodeMiB, 2),
 			num(r.JoinBytes/1e3, 0), num(r.JoinSeconds, 2), num(r.DetectSeconds, 2), num(r.HitRate, 3), num(r.CentralHitRate, 3), num(ratio(r), 3))
 	}
 	b.WriteString("\nSamples and checks per N: stored/evicted propagation samples timed (missed: not every peer agreed within the harness's deadline), blocks stored per node per second, requests, gossip inbox and outbox drops (a message lost at a full queue, either end) and sequence gaps.\n\n")
