@@ -18,6 +18,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -158,11 +159,11 @@ type Result struct {
 	ChoiceP50Us float64 `json:"choice_p50_us"`
 	ChoiceP99Us float64 `json:"choice_p99_us"`
 	ChoiceViews float64 `json:"choice_views"`
-	// QuietChoiceP50Us and QuietChoiceP99Us time the same choice after
-	// the window, the load stopped and the engines idle: its own cost on
-	// the table the run built, with only the meshes' background beside
-	// it, where ChoiceP50Us's choices waited for the CPU N meshes under
-	// load hold. 0 in runs before it was measured.
+	// QuietChoiceP50Us and QuietChoiceP99Us time the same choice at the
+	// end of the run, every other node stopped: its own cost on the
+	// table the run built, beside one node's mesh as in a sidecar, where
+	// ChoiceP50Us's choices waited for the CPU N meshes under load hold.
+	// 0 in runs before it was measured.
 	QuietChoiceP50Us float64 `json:"quiet_choice_p50_us,omitempty"`
 	QuietChoiceP99Us float64 `json:"quiet_choice_p99_us,omitempty"`
 	// HeapPerNodeMiB is the process's in-use heap after a GC, less what
@@ -512,8 +513,6 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	res.HeapPerNodeMiB = float64(int64(ms.HeapInuse)-int64(base.HeapInuse)) / float64(cfg.Nodes) / (1 << 20)
-	cfg.Progress(fmt.Sprintf("N=%d: timing the choice with the load stopped", cfg.Nodes))
-	res.QuietChoiceP50Us, res.QuietChoiceP99Us = quietChoice(nodes[0], long)
 
 	// A joining node: bytes it receives and time until it holds a digest
 	// of every other node.
@@ -547,6 +546,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.JoinBytes += float64(v)
 	}
 	res.DetectSeconds = detect(ctx, nodes, cfg.Nodes-1, deadline, cfg.routeConfig())
+
+	// The choice's own cost at N: every other node stopped as a killed
+	// pod is (no leave), so node 0's table still holds them all for the
+	// seconds its failure detection takes, and node 0 runs as a sidecar
+	// does, beside its own mesh only.
+	cfg.Progress(fmt.Sprintf("N=%d: timing the choice, every other node stopped", cfg.Nodes))
+	for _, n := range nodes[1:] {
+		n.close()
+	}
+	res.QuietChoiceP50Us, res.QuietChoiceP99Us = quietChoice(nodes[0], long)
 	return res.inMeshTime(cfg.slow()), nil
 }
 
@@ -554,6 +563,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 // quietWarm untimed ones (the first of a loop pay for caches the mesh's
 // work left cold), and returns their p50 and p99 in µs.
 func quietChoice(n *node, req route.Request) (p50, p99 float64) {
+	// No collection during the loop: this process holds what N nodes
+	// left (a GiB at 128), whose marking a sidecar, holding one node's,
+	// does not do.
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	for range quietWarm {
 		n.choose(req, time.Now())
 	}
