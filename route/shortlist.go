@@ -457,7 +457,9 @@ func (k *picker) firstPass() (allOver bool) {
 			k.inBound(i, w)
 			continue
 		}
-		// score's, for a plain score at the base price.
+		// score's, for a plain score at the base price, written out:
+		// score's offer as a call (not inlined: over the budget) cost
+		// about a microsecond of a thousand-peer choice. Keep the two alike.
 		s := k.pr.at(float64(gpuTokens(int(w.depth), k.tpk, k.pr.prompt)), int(w.queued), w.load, k.pr.base)
 		if !k.aff.full() || s > float64(k.aff.last()) {
 			k.aff.offer(i, byScore(s), byScore.ahead)
